@@ -1,0 +1,44 @@
+# The two commands of README.md: `make demo` and `make test`. Both install what they need
+# into .venv first (Python 3.11+, git and Node.js are all they expect on the machine).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(CURDIR)/$(VENV)/bin
+STAMP := $(VENV)/.installed
+export PATH := $(BIN):$(PATH)
+
+.PHONY: install demo test test-fast migrate web worker beat clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make demo: a real two-stage pipeline on a real repository through a separate Celery worker.
+demo: install
+	$(BIN)/python manage.py migrate -v 0
+	$(BIN)/python manage.py demo
+
+## make test: the whole suite (slow end-to-end tests included).
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+migrate: install
+	$(BIN)/python manage.py migrate
+
+web: migrate
+	$(BIN)/python manage.py runserver 127.0.0.1:8000
+
+worker: migrate
+	$(BIN)/celery -A controlpanel worker -l info
+
+beat: migrate
+	$(BIN)/celery -A controlpanel beat -l info --schedule var/celerybeat-schedule
+
+clean:
+	rm -rf var/test

@@ -1,0 +1,154 @@
+"""Settings for the Control Panel and the Run Engine.
+
+Every setting comes from the environment through django-environ; the defaults run one
+machine on embedded services (a SQLite file and kombu's filesystem broker, both under the
+var directory). Each variable is documented in README.md with its default.
+"""
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+#: Where the database file, the broker's folders, run worktrees and control records live.
+VAR_DIR = Path(env.str("CP_VAR_DIR", default=str(BASE_DIR / "var"))).resolve()
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="insecure-dev-key-change-me-in-production")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "engine.apps.EngineConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlpanel.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "controlpanel.wsgi.application"
+
+_default_db = "sqlite:///" + str(VAR_DIR / "controlpanel.sqlite3")
+DATABASES = {"default": env.db_url("DATABASE_URL", default=_default_db)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Writers are serialised: every transaction takes the write lock at BEGIN, so a
+    # read-then-write never fails half way with "database is locked" (field case C16),
+    # and WAL lets readers go on while a writer holds the lock.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.int("CP_SQLITE_TIMEOUT", default=60),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+    DATABASES["default"]["TEST"] = {
+        "NAME": env.str("CP_TEST_SQLITE", default=str(VAR_DIR / "test.sqlite3")),
+    }
+DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# ---------------------------------------------------------------- Celery (the Run Engine)
+_default_broker = "filesystem://"
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=_default_broker)
+CELERY_BROKER_IS_FILESYSTEM = CELERY_BROKER_URL.startswith("filesystem")
+BROKER_DIR = VAR_DIR / "broker"
+if CELERY_BROKER_IS_FILESYSTEM:
+    for _name in ("queue", "processed", "control"):
+        (BROKER_DIR / _name).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+        "control_folder": str(BROKER_DIR / "control"),
+        # seconds between looks at the queue folder when it is empty
+        "polling_interval": env.float("CP_BROKER_POLL", default=0.1),
+    }
+else:
+    # Longer than the longest step: a message held by a live worker is not redelivered
+    # while it still runs (field case C15). The claim protects us when it is anyway.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env.int("CP_VISIBILITY_TIMEOUT", default=6 * 3600),
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_DEFAULT_QUEUE = env.str("CP_QUEUE", default="runs")
+
+# ---------------------------------------------------------------- the Run Engine's own settings
+#: Run branches are named <prefix>/run-<id>.
+CP_BRANCH_PREFIX = env.str("CP_BRANCH_PREFIX", default="agent")
+#: Seconds between reconciliation passes (Celery beat).
+CP_RECONCILE_PERIOD = env.float("CP_RECONCILE_PERIOD", default=30.0)
+#: Seconds between heartbeats of a worker that holds a run's lease.
+CP_HEARTBEAT_INTERVAL = env.float("CP_HEARTBEAT_INTERVAL", default=5.0)
+#: Seconds without a heartbeat after which a running step's lease is stale.
+CP_HEARTBEAT_STALE = env.float("CP_HEARTBEAT_STALE", default=60.0)
+#: Seconds a queued run may wait unclaimed before reconciliation enqueues it again.
+CP_QUEUED_STALE = env.float("CP_QUEUED_STALE", default=60.0)
+#: First port of the range handed to runs, and the size of each run's range.
+CP_PORT_BASE = env.int("CP_PORT_BASE", default=20000)
+CP_PORT_SPAN = env.int("CP_PORT_SPAN", default=20)
+#: Seconds a gate command may run when the pipeline gives no deadline.
+CP_GATE_DEADLINE = env.float("CP_GATE_DEADLINE", default=1800.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "engine": {"handlers": ["console"], "level": env.str("CP_LOG_LEVEL", default="INFO")},
+    },
+}

@@ -1,0 +1,15 @@
+"""Settings for the test suite: the real settings, with a var directory of their own.
+
+Tests never share the var directory (database file, broker folders, worktrees, control
+records) of a person's real runs, nor of another test session running at the same time:
+unless CP_VAR_DIR is set (worker processes started by the tests get their session's), it is
+``var/test/session-<pid>``, removed when the session ends.
+"""
+import os
+from pathlib import Path
+
+if "CP_VAR_DIR" not in os.environ:
+    os.environ["CP_VAR_DIR"] = str(Path(__file__).resolve().parent.parent / "var" / "test" / f"session-{os.getpid()}")
+    os.environ["CP_TEST_SESSION_VAR"] = "1"
+
+from .settings import *  # noqa: E402,F401,F403

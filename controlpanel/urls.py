@@ -1,0 +1,9 @@
+"""URLs of the Control Panel: the admin site is the product's user interface."""
+from django.contrib import admin
+from django.urls import path
+from django.views.generic import RedirectView
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,106 @@
+"""The adapter interface: (role, prompt, workspace, profile, deadline) -> AgentResult.
+
+Adapters build an argument array, pass the prompt by the CLI's supported mechanism, run it
+under ``engine.process.run_supervised`` (own session, stdin from /dev/null, streamed and
+redacted capture, deadline with tree kill) and turn what it printed into an AgentResult.
+This module imports no Django models.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+#: Usage keys every adapter reports; None means "not reported" and is never shown as 0.
+USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cache_creation_tokens", "reasoning_tokens",
+              "cost_usd")
+
+#: Failure kinds an attempt can end with (besides none).
+FAILURE_KINDS = ("missing_executable", "auth_failed", "timeout", "malformed_result", "crashed", "cancelled")
+
+
+def empty_usage() -> dict:
+    """A usage mapping with every key unknown (None)."""
+    return {key: None for key in USAGE_KEYS}
+
+
+@dataclass
+class AgentRequest:
+    """Everything an adapter needs for one attempt.
+
+    ``deadline_seconds`` is wall-clock seconds from launch; ``log_path``/``raw_path`` are
+    absolute paths of the display log and the raw (redacted) byte log; ``env`` is the run's
+    environment for the process; ``marker`` tags every descendant for the tree kill;
+    ``should_stop`` is polled while the process runs (a lost lease stops it);
+    ``on_start(pid, create_time)`` lets the engine persist the pid before it matters;
+    ``operation_attempt`` is 1 for the first attempt of this operation in this stage, 2 for the next...
+    """
+
+    role: str
+    operation: str
+    prompt: str
+    workspace: str
+    profile: dict
+    deadline_seconds: float
+    log_path: str
+    raw_path: str
+    env: dict
+    stage_key: str
+    attempt_number: int
+    control_dir: str
+    operation_attempt: int = 1
+    marker: str = ""
+    secrets: list = field(default_factory=list)
+    should_stop: Callable[[], bool] | None = None
+    on_start: Callable[[int, float], None] | None = None
+
+
+@dataclass
+class AgentResult:
+    """What one attempt produced. ``usage`` has the keys of USAGE_KEYS (tokens, cost in USD)."""
+
+    exit_code: int | None
+    signal: int | None
+    elapsed_seconds: float
+    failure_kind: str | None
+    failure_message: str = ""
+    usage: dict = field(default_factory=empty_usage)
+    session_id: str = ""
+    final_message: str = ""
+    cli_version: str = ""
+    simulated: bool = False
+    output_bytes: int = 0
+    redactions: int = 0
+    pid: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Adapter:
+    """Base class of the adapters. Subclasses set ``name`` and ``simulated`` and implement ``run``."""
+
+    name = ""
+    simulated = False
+
+    def run(self, request: AgentRequest) -> AgentResult:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def version(self, profile: dict) -> str:
+        """The CLI's version string, or '' when it cannot be told."""
+        return ""
+
+
+def classify_process(result) -> tuple[str | None, str]:
+    """Failure kind and sentence for a finished ``engine.process.ProcessResult`` (None when clean)."""
+    if result.missing_executable:
+        return "missing_executable", f"The agent command was not found: {result.error or result.argv[0]}"
+    if result.cancelled:
+        return "cancelled", "The attempt was stopped because the run's lease was lost or the run was failed."
+    if result.timed_out:
+        return "timeout", f"The attempt passed its deadline and its process tree was terminated after {result.elapsed_seconds:.1f} s."
+    if result.signal is not None:
+        return "crashed", f"The agent process was killed by signal {result.signal}."
+    if result.exit_code != 0:
+        return "crashed", f"The agent process exited with status {result.exit_code}."
+    return None, ""

@@ -1,0 +1,102 @@
+"""The scripted test adapter: a real child process that follows a scenario (simulated runs only).
+
+It exists for controlled failures and offline tests. It is chosen only explicitly (a profile
+with ``adapter: scripted``), and every run that uses it is labelled simulated. The scenario
+(docs/pipeline-format.md) gives, per stage and operation, a list of steps; the Nth attempt of
+an operation takes the Nth step, the last one repeating. Stages the scenario does not name take
+the ``default`` list.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+
+from .. import process
+from ..redaction import Redactor
+from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage
+
+AGENT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripted_agent.py")
+
+
+def pick_step(scenario: dict, stage_key: str, operation: str, nth: int) -> dict:
+    """The scenario step for the ``nth`` (1-based) attempt of ``operation`` in ``stage_key``.
+
+    Returns {} when the scenario has nothing for it (the agent then changes nothing).
+    """
+    steps = ((scenario.get("stages") or {}).get(stage_key) or {}).get(operation)
+    if steps is None:
+        steps = scenario.get("default") if operation == "implement" else None
+    if not steps:
+        return {}
+    return steps[min(nth, len(steps)) - 1]
+
+
+class ScriptedAdapter(Adapter):
+    """Runs ``scripted_agent.py`` with one scenario step; the result is labelled simulated."""
+
+    name = "scripted"
+    simulated = True
+
+    def version(self, profile: dict) -> str:
+        return f"scripted-agent (simulated) on Python {sys.version.split()[0]}"
+
+    def run(self, request: AgentRequest) -> AgentResult:
+        nth = request.operation_attempt
+        step = pick_step(request.profile.get("scenario") or {}, request.stage_key, request.operation, nth)
+        session_id = str(uuid.uuid4())
+        step_file = os.path.join(request.control_dir, f"scripted-step-{request.attempt_number}.json")
+        with open(step_file, "w", encoding="utf-8") as fh:
+            json.dump({"step": step, "stage": request.stage_key, "operation": request.operation,
+                       "attempt": request.attempt_number, "session_id": session_id}, fh)
+        argv = [sys.executable, AGENT_SCRIPT, step_file]
+        result = process.run_supervised(
+            argv, cwd=request.workspace, env=request.env, deadline_seconds=request.deadline_seconds,
+            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
+            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
+            grace_seconds=float(request.profile.get("grace_seconds", 5.0)),
+        )
+        failure_kind, failure_message = classify_process(result)
+        usage, final, extra = empty_usage(), "", {}
+        parsed = _last_result_line(request.raw_path)
+        if parsed is not None:
+            reported = parsed.get("usage") or {}
+            for key in usage:
+                if reported.get(key) is not None:
+                    usage[key] = reported[key]
+            final = str(parsed.get("result") or "")
+            if "verdict" in parsed:
+                extra["verdict"] = parsed["verdict"]
+        elif failure_kind is None:
+            failure_kind, failure_message = "malformed_result", "The scripted agent printed no result line."
+        return AgentResult(
+            exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,
+            failure_kind=failure_kind, failure_message=failure_message, usage=usage,
+            session_id=session_id if parsed is not None else "", final_message=final,
+            cli_version=self.version(request.profile), simulated=True, output_bytes=result.output_bytes,
+            redactions=result.redactions, pid=result.pid, extra=extra,
+        )
+
+
+def _last_result_line(raw_path: str, window: int = 256 * 1024) -> dict | None:
+    """The last ``{"type": "result"}`` JSON line in the tail of the raw log, or None."""
+    try:
+        with open(raw_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - window))
+            tail = fh.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.splitlines()):
+        line = line.strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("type") == "result":
+            return data
+    return None

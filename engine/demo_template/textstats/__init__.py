@@ -1,0 +1,1 @@
+"""textstats: small text statistics (word counts, most frequent words)."""

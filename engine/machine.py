@@ -1,0 +1,275 @@
+"""The state machine: the only place that decides a run's next step and changes a status.
+
+Two kinds of functions live here:
+
+* compare-and-swap moves (``queue_run``, ``claim``) that are correct on PostgreSQL and on
+  SQLite alike (``select_for_update`` does nothing on SQLite, a conditional UPDATE does), and
+* moves applied to a run already locked by the caller inside ``transaction.atomic()``
+  (``next_step``, ``stop``, ``succeed``, ``hand_off``, the stage moves).
+
+Every status assignment in the project goes through ``_set_run_status`` or ``_set_stage``,
+which refuse a move the transition table does not allow.
+"""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from .models import (
+    RUN_STOPPED,
+    Decision,
+    Run,
+    RunEvent,
+    RunStatus,
+    StagePhase,
+    StageRun,
+    StageStatus,
+)
+
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.PENDING: frozenset({RunStatus.QUEUED, RunStatus.FAILED}),
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.FAILED}),
+    RunStatus.RUNNING: frozenset(
+        {RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL, RunStatus.SUCCEEDED, RunStatus.FAILED}
+    ),
+    RunStatus.WAITING_REVIEW: frozenset({RunStatus.QUEUED, RunStatus.FAILED}),
+    RunStatus.WAITING_APPROVAL: frozenset({RunStatus.QUEUED, RunStatus.WAITING_REVIEW, RunStatus.FAILED}),
+    RunStatus.SUCCEEDED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+}
+
+STAGE_TRANSITIONS: dict[str, frozenset[str]] = {
+    StageStatus.PENDING: frozenset({StageStatus.RUNNING, StageStatus.FAILED}),
+    StageStatus.RUNNING: frozenset(
+        {StageStatus.RUNNING, StageStatus.WAITING_REVIEW, StageStatus.WAITING_APPROVAL, StageStatus.PASSED,
+         StageStatus.FAILED}
+    ),
+    StageStatus.WAITING_REVIEW: frozenset({StageStatus.RUNNING, StageStatus.FAILED}),
+    StageStatus.WAITING_APPROVAL: frozenset({StageStatus.RUNNING, StageStatus.WAITING_REVIEW, StageStatus.FAILED}),
+    StageStatus.PASSED: frozenset(),
+    StageStatus.FAILED: frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    """A move the transition table does not allow (a bug, never a user error)."""
+
+
+def new_token() -> str:
+    """A fresh fencing token (32 hex characters)."""
+    return secrets.token_hex(16)
+
+
+def _check(table: dict, current: str, target: str, what: str) -> None:
+    if target not in table[current]:
+        raise IllegalTransition(f"{what}: {current} -> {target} is not allowed")
+
+
+def _set_run_status(run: Run, target: str) -> None:
+    _check(RUN_TRANSITIONS, run.status, target, f"run {run.pk}")
+    run.status = target
+    if target in RUN_STOPPED:
+        run.lease_owner = ""
+        run.lease_token = ""
+    if target in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+        run.finished_at = timezone.now()
+
+
+def _set_stage(stage: StageRun, status: str, phase: str | None = None) -> None:
+    if stage.status != status:
+        _check(STAGE_TRANSITIONS, stage.status, status, f"stage {stage.key} of run {stage.run_id}")
+        stage.status = status
+    if phase is not None:
+        stage.phase = phase
+    if status == StageStatus.RUNNING and stage.started_at is None:
+        stage.started_at = timezone.now()
+    if status in (StageStatus.PASSED, StageStatus.FAILED):
+        stage.finished_at = timezone.now()
+    stage.save()
+
+
+def event(run: Run, kind: str, message: str, **refs) -> RunEvent:
+    """Append a sentence to the run's story; ``refs`` may name stage, attempt, gate_check, decision, data."""
+    return RunEvent.objects.create(run=run, kind=kind, message=message, **refs)
+
+
+# ----------------------------------------------------------------------------- compare-and-swap moves
+
+
+def queue_run(run_id: int) -> bool:
+    """pending -> queued, as a conditional update; False when the run was not pending.
+
+    Exactly one of any number of concurrent callers gets True (PostgreSQL and SQLite).
+    """
+    _check(RUN_TRANSITIONS, RunStatus.PENDING, RunStatus.QUEUED, "queue")
+    return bool(
+        Run.objects.filter(pk=run_id, status=RunStatus.PENDING).update(
+            status=RunStatus.QUEUED, queued_at=timezone.now(), updated_at=timezone.now()
+        )
+    )
+
+
+def claim(run_id: int, token: str | None, owner: str) -> str | None:
+    """Take the run's lease for one step; returns the new fencing token, or None when not ours.
+
+    ``token`` None claims a queued run (queued -> running); a token claims the step that the
+    previous step handed off (running, that token, no owner). A redelivered or duplicated
+    message carries no token that still matches, so it claims nothing (field case C15).
+    """
+    mine = new_token()
+    now = timezone.now()
+    with transaction.atomic():
+        if token is None:
+            _check(RUN_TRANSITIONS, RunStatus.QUEUED, RunStatus.RUNNING, "claim")
+            won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
+                status=RunStatus.RUNNING, lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now
+            )
+            if won:
+                Run.objects.filter(pk=run_id, started_at__isnull=True).update(started_at=now)
+        else:
+            won = Run.objects.filter(
+                pk=run_id, status=RunStatus.RUNNING, lease_token=token, lease_owner=""
+            ).update(lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now)
+    return mine if won else None
+
+
+def heartbeat(run_id: int, token: str, seconds: float) -> bool:
+    """Add ``seconds`` of active time and refresh the heartbeat; False when the lease is lost."""
+    from django.db.models import F
+
+    return bool(
+        Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token).update(
+            heartbeat_at=timezone.now(), active_seconds=F("active_seconds") + seconds
+        )
+    )
+
+
+# ----------------------------------------------------------------------------- decisions on a locked run
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the run does next: ``kind`` in implement, verify, checkpoint, finish."""
+
+    kind: str
+    stage_id: int | None = None
+
+
+def next_step(run: Run) -> Step:
+    """The next step of a running run, from its stages' phases (run locked by the caller)."""
+    for stage in run.stages.order_by("order"):
+        if stage.status == StageStatus.PASSED:
+            continue
+        if stage.phase == StagePhase.IMPLEMENT:
+            return Step("implement", stage.pk)
+        if stage.phase == StagePhase.VERIFY:
+            return Step("verify", stage.pk)
+        if stage.phase == StagePhase.CHECKPOINT:
+            return Step("checkpoint", stage.pk)
+        raise IllegalTransition(f"stage {stage.key} is {stage.status} in phase {stage.phase}")
+    return Step("finish")
+
+
+def start_stage(stage: StageRun, base_commit: str) -> None:
+    """A stage begins (or resumes) work from ``base_commit``."""
+    if not stage.base_commit:
+        stage.base_commit = base_commit
+    _set_stage(stage, StageStatus.RUNNING)
+
+
+def implemented(stage: StageRun) -> None:
+    """The agent finished cleanly: its files go to verification."""
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
+
+
+def verified(stage: StageRun, digest: str) -> None:
+    """Every gate passed on the files with ``digest``: they may be checkpointed."""
+    stage.accepted_manifest = digest
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
+
+
+def reverify(stage: StageRun) -> None:
+    """The files changed after verification: they must be verified again before a checkpoint."""
+    stage.accepted_manifest = ""
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
+
+
+def checkpointed(stage: StageRun, commit: str) -> None:
+    """The stage's accepted files are committed; the next stage starts from ``commit``."""
+    stage.checkpoint_commit = commit
+    _set_stage(stage, StageStatus.PASSED, StagePhase.DONE)
+    following = stage.run.stages.filter(order__gt=stage.order).order_by("order").first()
+    if following is not None and not following.base_commit:
+        following.base_commit = commit
+        following.save(update_fields=["base_commit"])
+
+
+def hand_off(run: Run) -> str:
+    """End this step's lease and return the token the next step must present."""
+    run.lease_owner = ""
+    run.lease_token = new_token()
+    run.steps += 1
+    run.save()
+    return run.lease_token
+
+
+def stop(run: Run, reason: str, message: str, *, stage: StageRun | None = None, evidence: dict | None = None,
+         status: str = RunStatus.WAITING_REVIEW) -> Decision | None:
+    """Stop a running run with a stable ``reason`` code and a sentence; waiting_review opens a Decision.
+
+    ``evidence`` names the rows that show why, e.g. ``{"attempt": 3}`` or ``{"check": 7}``.
+    """
+    _set_run_status(run, status)
+    run.stop_reason = reason
+    run.stop_message = message
+    run.stop_evidence = evidence or {}
+    run.save()
+    decision = None
+    if stage is not None:
+        target = StageStatus.WAITING_REVIEW if status == RunStatus.WAITING_REVIEW else StageStatus.FAILED
+        if stage.status != target:
+            _set_stage(stage, target)
+    if status == RunStatus.WAITING_REVIEW:
+        decision = Decision.objects.create(
+            run=run, stage=stage, kind=Decision.Kind.REVIEW, reason=reason,
+            artifact=(stage.accepted_manifest if stage else ""),
+        )
+    event(run, "stopped", f"Stopped ({reason}): {message}", stage=stage, decision=decision, data=evidence or {})
+    return decision
+
+
+def succeed(run: Run) -> None:
+    """Every stage passed: the run succeeded."""
+    _set_run_status(run, RunStatus.SUCCEEDED)
+    run.stop_reason = ""
+    run.stop_message = ""
+    run.save()
+    event(run, "succeeded", "Every stage passed its gates and was checkpointed; the run succeeded.")
+
+
+def resume(run: Run, stage: StageRun | None) -> None:
+    """waiting_review -> queued after a person's recovery decision; the stage is worked on again."""
+    _set_run_status(run, RunStatus.QUEUED)
+    run.stop_reason = ""
+    run.stop_message = ""
+    run.stop_evidence = {}
+    run.queued_at = timezone.now()
+    run.save()
+    if stage is not None and stage.status == StageStatus.WAITING_REVIEW:
+        _set_stage(stage, StageStatus.RUNNING)
+
+
+def fail(run: Run, reason: str, message: str) -> None:
+    """Any non-terminal run -> failed (an operator's decision or an unrecoverable fault)."""
+    _set_run_status(run, RunStatus.FAILED)
+    run.stop_reason = reason
+    run.stop_message = message
+    run.save()
+    for stage in run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.FAILED]):
+        if stage.status != StageStatus.PENDING or stage.attempts.exists():
+            _set_stage(stage, StageStatus.FAILED)
+    run.decisions.filter(state=Decision.State.PENDING).update(state=Decision.State.SUPERSEDED)
+    event(run, "failed", f"Failed ({reason}): {message}")

@@ -1,0 +1,97 @@
+"""``python manage.py demo``: the main job, end to end, on the embedded defaults.
+
+Creates a small real repository with real pytest tests, loads pipelines/example.yaml, starts a
+separate Celery worker process, creates and starts a run, follows it live, checks the result
+(two checkpoint commits, the second stage started from the first one's, the original checkout
+unchanged) and says where to look in the Control Panel.
+"""
+import os
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from engine import operations
+from engine.demo import git, make_demo_repo
+from engine.pipeline_format import load_file
+from engine.worker_process import start_worker, stop_worker
+
+from ._base import EngineCommand
+
+BASE_DIR = Path(settings.BASE_DIR)
+
+
+class Command(EngineCommand):
+    help = "Run the example pipeline on a fresh demo repository through a separate Celery worker."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--pipeline-file", default=str(BASE_DIR / "pipelines" / "example.yaml"))
+        parser.add_argument("--no-worker", action="store_true", help="use a worker you started yourself")
+        parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the run")
+        parser.add_argument("--profile", action="append", default=None, metavar="ROLE=PROFILE",
+                            help="profile override (default: the scripted test adapter for every role)")
+
+    def handle(self, *args, **options):
+        out = self.stdout.write
+        demo_dir = Path(settings.VAR_DIR) / "demo"
+        demo_dir.mkdir(parents=True, exist_ok=True)
+        repo = make_demo_repo(str(demo_dir / time.strftime("textstats-%Y%m%d-%H%M%S")))
+        before = {"head": git(repo["path"], "rev-parse", "HEAD"), "status": git(repo["path"], "status", "--porcelain")}
+        out(f"1. demo repository: {repo['path']} (commit {repo['commit'][:12]}, tag v0, one untracked file)")
+        call_command("load_pipelines", options["pipeline_file"], stdout=self.stdout)
+        pipeline_name = load_file(options["pipeline_file"])["name"]
+        overrides = options["profile"] or ["implementer=scripted", "reviewer=scripted", "documenter=scripted"]
+        override = dict(item.split("=", 1) for item in overrides)
+        worker = None
+        if not options["no_worker"]:
+            log_path = demo_dir / "worker.log"
+            out(f"2. starting a Celery worker process (log: {log_path})")
+            worker = start_worker(str(log_path))
+        try:
+            run = operations.create_run(pipeline_name, repo["path"], "v0", override)
+            if run.simulated:
+                out("   NOTE: this run is SIMULATED: the scripted test adapter stands in for a coding agent "
+                    "(the real Claude Code and Codex adapters come in a later version).")
+            out(f"3. run {run.pk} created (pending); starting it")
+            operations.request_start(run, requested_by=os.environ.get("USER", "demo"), source="demo")
+            call_command("run_status", str(run.pk), follow=True, timeout=options["timeout"], stdout=self.stdout)
+        finally:
+            if worker is not None:
+                stop_worker(worker)
+        self.verify(run, repo, before)
+
+    def verify(self, run, repo, before):
+        out = self.stdout.write
+        data = operations.run_status(run)
+        after = {"head": git(repo["path"], "rev-parse", "HEAD"), "status": git(repo["path"], "status", "--porcelain")}
+        problems = []
+        if data["status"] != "succeeded":
+            problems.append(f"the run ended {data['status']} ({data['stop_reason']}: {data['stop_message']})")
+        checkpoints = [s["checkpoint"] for s in data["stages"]]
+        if all(checkpoints):
+            commits = git(repo["path"], "rev-list", f"{data['commit']}..{data['branch']}").split()
+            if len(commits) != 2:
+                problems.append(f"expected 2 checkpoint commits on {data['branch']}, found {len(commits)}")
+            if data["stages"][1]["base_commit"] != checkpoints[0]:
+                problems.append("the second stage did not start from the first stage's checkpoint")
+        if after != before:
+            problems.append("the original checkout changed")
+        out("")
+        out(f"Run {data['id']}: {data['status']}" + (" [SIMULATED]" if data["simulated"] else ""))
+        for stage in data["stages"]:
+            out(f"  stage {stage['key']}: {stage['status']}, started from {(stage['base_commit'] or '-')[:12]}, "
+                f"checkpoint {(stage['checkpoint'] or '-')[:12]}")
+        out(f"  branch {data['branch']} in {data['worktree']}")
+        out(f"  original checkout {repo['path']}: unchanged (HEAD and git status as before)"
+            if after == before else "  original checkout CHANGED")
+        out(f"  not included (uncommitted in the checkout): {', '.join(c['path'] for c in data['not_included'])}")
+        out("")
+        out("Where to look:")
+        out(f"  python manage.py run_status {data['id']}            (add --json for the full record)")
+        out(f"  git -C {repo['path']} log --format='%h %s' {data['branch']}")
+        out("  Control Panel: python manage.py createsuperuser, then make web, and open")
+        out(f"  http://127.0.0.1:8000/admin/engine/run/{data['id']}/change/")
+        if problems:
+            raise CommandError("the demo did not do what it should: " + "; ".join(problems))

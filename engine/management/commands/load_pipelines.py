@@ -1,0 +1,24 @@
+"""``python manage.py load_pipelines FILE...``: create or update saved pipelines from YAML files."""
+from django.core.management.base import CommandError
+
+from engine import operations
+from engine.pipeline_format import PipelineFormatError
+
+from ._base import EngineCommand
+
+
+class Command(EngineCommand):
+    help = ("Validate pipeline YAML files and create or update the saved pipelines. A bad file is refused "
+            "whole, naming the file, the field and the problem; then nothing is saved.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("files", nargs="+", metavar="FILE")
+
+    def handle(self, *args, **options):
+        try:
+            results = operations.load_pipelines(options["files"])
+        except PipelineFormatError as exc:
+            raise CommandError(f"nothing was loaded:\n{exc}") from None
+        for pipeline, outcome in results:
+            self.stdout.write(f"{outcome}: pipeline {pipeline.name!r} (id {pipeline.pk}, v{pipeline.version}, "
+                              f"{len(pipeline.definition['stages'])} stages)")

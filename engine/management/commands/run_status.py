@@ -1,0 +1,73 @@
+"""``python manage.py run_status RUN_ID [--json] [--follow]``: where a run is and why."""
+
+import time
+
+from engine import operations
+from engine.models import RunEvent
+
+from ._base import EngineCommand
+
+
+class Command(EngineCommand):
+    help = "Show a run: status, stages, attempts, checks; --follow prints progress until the run stops."
+
+    def add_arguments(self, parser):
+        parser.add_argument("run_id")
+        parser.add_argument("--json", action="store_true", help="print the run record as JSON")
+        parser.add_argument("--follow", action="store_true", help="print progress lines until the run stops")
+        parser.add_argument("--interval", type=float, default=0.5, help="seconds between polls with --follow")
+        parser.add_argument("--timeout", type=float, default=0, help="give up following after this many seconds")
+
+    def handle(self, *args, **options):
+        run = operations.get_run(options["run_id"])
+        if options["follow"]:
+            self.follow(run, options["interval"], options["timeout"])
+        if options["json"]:
+            self.print_json(operations.run_status(run))
+        elif not options["follow"]:
+            self.summary(operations.run_status(run))
+
+    def follow(self, run, interval, timeout):
+        seen = 0
+        started = time.monotonic()
+        sim = " [SIMULATED: scripted test adapter]" if run.simulated else ""
+        self.stdout.write(f"following run {run.pk} of {run.pipeline_name}{sim}")
+        while True:
+            for event in RunEvent.objects.filter(run=run, pk__gt=seen).order_by("id"):
+                seen = event.pk
+                self.stdout.write(f"{event.at:%H:%M:%S} {event.kind:<18} {event.message}")
+            run.refresh_from_db()
+            if operations.run_stopped(run):
+                for event in RunEvent.objects.filter(run=run, pk__gt=seen).order_by("id"):
+                    seen = event.pk
+                    self.stdout.write(f"{event.at:%H:%M:%S} {event.kind:<18} {event.message}")
+                self.stdout.write(f"run {run.pk} is {run.status}" + (f" ({run.stop_reason})" if run.stop_reason else ""))
+                return
+            if timeout and time.monotonic() - started > timeout:
+                self.stdout.write(f"run {run.pk} is still {run.status} after {timeout:.0f} s; stopped following")
+                return
+            time.sleep(interval)
+
+    def summary(self, data):
+        sim = " [SIMULATED]" if data["simulated"] else ""
+        lines = [f"run {data['id']} of {data['pipeline']}{sim}: {data['status']}",
+                 f"  commit {data['commit']} ({data['revision']}), branch {data['branch']}",
+                 f"  worktree {data['worktree']}"]
+        if data["waiting_for"] == "start":
+            lines.append(f"  needs Start: python manage.py start_run {data['id']}")
+        elif data["waiting_for"] == "worker":
+            lines.append("  queued: waiting for a worker to claim it (is `celery -A controlpanel worker` running?)")
+        if data["stop_reason"]:
+            lines.append(f"  stopped: {data['stop_reason']}: {data['stop_message']}")
+        for stage in data["stages"]:
+            lines.append(f"  stage {stage['key']}: {stage['status']} ({stage['phase']})"
+                         + (f", checkpoint {stage['checkpoint'][:12]}" if stage["checkpoint"] else ""))
+            for a in stage["attempts"]:
+                lines.append(f"    attempt {a['number']} {a['operation']} [{a['adapter']}]: {a['status']}, exit "
+                             f"{a['exit_code']}" + (f", {a['failure_kind']}" if a["failure_kind"] else ""))
+            for c in stage["checks"]:
+                mark = "pass" if c["passed"] else "FAIL"
+                lines.append(f"    check {c['name']}: {mark} (exit {c['exit_code']}) `{c['command']}`"
+                             + (" [stale]" if c["stale"] else ""))
+        self.stdout.write("\n".join(lines))
+

@@ -1,0 +1,411 @@
+"""The Run Engine's records: definitions, runs, their steps and the evidence they leave.
+
+The database is the truth. Files (prompts, logs, patches, manifests, the frozen definition)
+live under the run's control records, ``<CP_VAR_DIR>/runs/<run-id>/``; rows refer to them by
+a path relative to ``CP_VAR_DIR`` and, where it matters, their sha256.
+
+Nothing here assigns a status: ``engine.machine`` is the only place that does.
+"""
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    """A run's status. ACTIVE runs own (or wait for) a worker; TERMINAL runs accept no action."""
+
+    PENDING = "pending", "pending (needs Start)"
+    QUEUED = "queued", "queued (waiting for a worker)"
+    RUNNING = "running", "running"
+    WAITING_REVIEW = "waiting_review", "waiting for review"
+    WAITING_APPROVAL = "waiting_approval", "waiting for approval"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+
+
+RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+RUN_WAITING = frozenset({RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL})
+RUN_TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED})
+#: A run in one of these has stopped moving until a person acts (or for good).
+RUN_STOPPED = RUN_WAITING | RUN_TERMINAL
+
+
+class StageStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    WAITING_REVIEW = "waiting_review", "waiting for review"
+    WAITING_APPROVAL = "waiting_approval", "waiting for approval"
+    PASSED = "passed", "passed (checkpointed)"
+    FAILED = "failed", "failed"
+
+
+class StagePhase(models.TextChoices):
+    """Where a stage is in implement -> verify -> checkpoint."""
+
+    IMPLEMENT = "implement", "implement"
+    VERIFY = "verify", "verify"
+    CHECKPOINT = "checkpoint", "checkpoint"
+    DONE = "done", "done"
+
+
+class AttemptStatus(models.TextChoices):
+    PREPARING = "preparing", "preparing"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    TIMEOUT = "timeout", "timeout"
+    CANCELLED = "cancelled", "cancelled"
+    INTERRUPTED = "interrupted", "interrupted"
+
+
+ATTEMPT_OPEN = frozenset({AttemptStatus.PREPARING, AttemptStatus.RUNNING})
+
+
+class Operation(models.TextChoices):
+    IMPLEMENT = "implement", "implement"
+    REVIEW = "review", "review"
+    REPAIR = "repair", "repair"
+    DOCUMENT = "document", "document"
+
+
+class Pipeline(models.Model):
+    """A saved pipeline: the validated definition loaded from a YAML file.
+
+    ``definition`` has the normalized shape of ``engine.pipeline_format`` (docs/pipeline-format.md).
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    definition = models.JSONField()
+    sha256 = models.CharField(max_length=64, help_text="sha256 of the canonical JSON definition")
+    source_path = models.CharField(max_length=1000, blank=True)
+    version = models.PositiveIntegerField(default=1, help_text="raised each time the definition changes")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"{self.name} (v{self.version}, {len(self.definition.get('stages', []))} stages)"
+
+
+class Profile(models.Model):
+    """An agent profile of a pipeline: which adapter runs a role, and how (model, turns, flags)."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="profiles")
+    name = models.CharField(max_length=100)
+    adapter = models.CharField(max_length=40)
+    settings = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["pipeline__name", "name"]
+        constraints = [models.UniqueConstraint(fields=["pipeline", "name"], name="profile_unique_per_pipeline")]
+
+    @property
+    def simulated(self) -> bool:
+        return self.adapter == "scripted"
+
+    def __str__(self):
+        label = " (simulated)" if self.simulated else ""
+        return f"{self.pipeline.name}/{self.name}: {self.adapter}{label}"
+
+
+class Run(models.Model):
+    """One execution of a frozen pipeline definition on one commit of one repository."""
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.PROTECT, related_name="runs")
+    pipeline_name = models.CharField(max_length=100)
+    repo_path = models.CharField(max_length=1000, help_text="top level of the original checkout")
+    revision = models.CharField(max_length=255, help_text="the revision as the person gave it")
+    commit = models.CharField(max_length=40, help_text="the revision resolved to a full commit id")
+    definition = models.JSONField(help_text="frozen definition and profiles at creation")
+    definition_sha256 = models.CharField(max_length=64)
+    profile_override = models.JSONField(default=dict, blank=True)
+    simulated = models.BooleanField(default=False, help_text="uses the scripted test adapter")
+    not_included = models.JSONField(
+        default=list, blank=True, help_text="uncommitted changes of the original checkout, not in the run"
+    )
+
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
+    stop_reason = models.CharField(max_length=60, blank=True)
+    stop_message = models.TextField(blank=True)
+    stop_evidence = models.JSONField(default=dict, blank=True)
+
+    branch = models.CharField(max_length=255, blank=True)
+    worktree = models.CharField(max_length=1000, blank=True)
+    branch_created = models.BooleanField(default=False)
+    port_base = models.PositiveIntegerField(null=True, blank=True)
+
+    lease_owner = models.CharField(max_length=200, blank=True, help_text="host:pid of the worker in a step")
+    lease_token = models.CharField(max_length=64, blank=True, help_text="fencing token of the current step")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    active_seconds = models.FloatField(default=0.0, help_text="seconds of execution, kept across restarts")
+    steps = models.PositiveIntegerField(default=0)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status"])]
+
+    def __str__(self):
+        sim = " [simulated]" if self.simulated else ""
+        return f"run {self.pk} of {self.pipeline_name} on {self.commit[:12]}: {self.status}{sim}"
+
+    @property
+    def control_dir(self) -> str:
+        """Control records folder, relative to CP_VAR_DIR."""
+        return f"runs/{self.pk}"
+
+
+class StartRequest(models.Model):
+    """The durable record of a Start: at most one per run (the unique key refuses a second)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="start_request")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    requested_by = models.CharField(max_length=150, blank=True)
+    source = models.CharField(max_length=40, default="api")
+    enqueued_times = models.PositiveIntegerField(default=0)
+    last_enqueued_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"start request for run {self.run_id} by {self.requested_by or 'unknown'} via {self.source}"
+
+
+class StageRun(models.Model):
+    """One stage of one run: its phase, its starting commit and its checkpoint."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="stages")
+    key = models.CharField(max_length=100)
+    order = models.PositiveIntegerField()
+    status = models.CharField(max_length=20, choices=StageStatus.choices, default=StageStatus.PENDING)
+    phase = models.CharField(max_length=20, choices=StagePhase.choices, default=StagePhase.IMPLEMENT)
+    base_commit = models.CharField(max_length=40, blank=True, help_text="the checkpoint this stage started from")
+    checkpoint_commit = models.CharField(max_length=40, blank=True)
+    accepted_manifest = models.CharField(max_length=64, blank=True, help_text="digest of the files verified")
+    repairs_used = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run_id", "order"]
+        constraints = [models.UniqueConstraint(fields=["run", "key"], name="stage_unique_per_run")]
+
+    def __str__(self):
+        return f"run {self.run_id} stage {self.order + 1} '{self.key}': {self.status}"
+
+    @property
+    def spec(self) -> dict:
+        """This stage's frozen definition from the run's snapshot."""
+        for stage in self.run.definition["pipeline"]["stages"]:
+            if stage["key"] == self.key:
+                return stage
+        raise KeyError(self.key)
+
+
+class Manifest(models.Model):
+    """A content manifest of the deliverable files: git tree id as digest, file list on disk."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="manifests")
+    stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, null=True, blank=True, related_name="manifests")
+    digest = models.CharField(max_length=64, help_text="git tree id of the deliverable files")
+    base_commit = models.CharField(max_length=40)
+    path = models.CharField(max_length=1000, help_text="JSON file, relative to CP_VAR_DIR")
+    sha256 = models.CharField(max_length=64)
+    files = models.PositiveIntegerField(default=0)
+    added = models.PositiveIntegerField(default=0)
+    modified = models.PositiveIntegerField(default=0)
+    deleted = models.PositiveIntegerField(default=0)
+    excluded = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"manifest {self.digest[:12]} (+{self.added} ~{self.modified} -{self.deleted})"
+
+
+class Attempt(models.Model):
+    """One agent session: persisted before launch, completed with its outcome and evidence."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempts")
+    stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, related_name="attempts")
+    operation = models.CharField(max_length=20, choices=Operation.choices)
+    number = models.PositiveIntegerField(help_text="1, 2, ... within the stage, across operations")
+    role = models.CharField(max_length=20)
+    profile_name = models.CharField(max_length=100)
+    adapter = models.CharField(max_length=40)
+    simulated = models.BooleanField(default=False)
+    status = models.CharField(max_length=20, choices=AttemptStatus.choices, default=AttemptStatus.PREPARING)
+    failure_kind = models.CharField(max_length=60, blank=True)
+    failure_message = models.TextField(blank=True)
+
+    deadline_seconds = models.FloatField()
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    start_commit = models.CharField(max_length=40, blank=True)
+    start_manifest = models.CharField(max_length=64, blank=True)
+    lease_token = models.CharField(max_length=64, blank=True)
+
+    host = models.CharField(max_length=255, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    pid_create_time = models.FloatField(null=True, blank=True)
+    marker = models.CharField(max_length=64, blank=True)
+
+    prompt_path = models.CharField(max_length=1000, blank=True)
+    prompt_sha256 = models.CharField(max_length=64, blank=True)
+    log_path = models.CharField(max_length=1000, blank=True)
+    raw_path = models.CharField(max_length=1000, blank=True)
+    patch_path = models.CharField(max_length=1000, blank=True)
+    patch_sha256 = models.CharField(max_length=64, blank=True)
+    result_manifest = models.ForeignKey(
+        Manifest, on_delete=models.SET_NULL, null=True, blank=True, related_name="attempts"
+    )
+
+    exit_code = models.IntegerField(null=True, blank=True)
+    signal = models.IntegerField(null=True, blank=True)
+    elapsed_seconds = models.FloatField(null=True, blank=True)
+    usage = models.JSONField(null=True, blank=True, help_text="tokens and cost; null fields are unknown")
+    session_id = models.CharField(max_length=200, blank=True)
+    final_message = models.TextField(blank=True)
+    cli_version = models.CharField(max_length=200, blank=True)
+    output_bytes = models.BigIntegerField(default=0)
+    redactions = models.PositiveIntegerField(default=0)
+    late = models.BooleanField(default=False, help_text="its result arrived after the run moved on")
+
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["stage__order", "number"]
+        constraints = [models.UniqueConstraint(fields=["stage", "number"], name="attempt_number_unique_per_stage")]
+
+    def __str__(self):
+        sim = " [simulated]" if self.simulated else ""
+        return f"run {self.run_id} {self.stage.key} attempt {self.number} ({self.operation}, {self.adapter}): {self.status}{sim}"
+
+
+class Check(models.Model):
+    """One gate command's execution: what ran, where, when, its exit status and the files it tested."""
+
+    class Kind(models.TextChoices):
+        BASELINE = "baseline", "baseline check"
+        GATE = "gate", "stage gate"
+        HEALTH = "health", "health check"
+        FINAL = "final", "final verification"
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checks")
+    stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, null=True, blank=True, related_name="checks")
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.GATE)
+    name = models.CharField(max_length=100)
+    command = models.TextField(help_text="the frozen command as defined")
+    argv = models.JSONField(default=list, help_text="what was executed")
+    cwd = models.CharField(max_length=1000)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    elapsed_seconds = models.FloatField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    signal = models.IntegerField(null=True, blank=True)
+    passed = models.BooleanField(default=False, help_text="true only for an actual exit status 0")
+    failure_kind = models.CharField(max_length=60, blank=True)
+    log_path = models.CharField(max_length=1000, blank=True)
+    manifest = models.ForeignKey(Manifest, on_delete=models.SET_NULL, null=True, blank=True, related_name="checks")
+    manifest_digest = models.CharField(max_length=64, blank=True)
+    stale = models.BooleanField(default=False, help_text="the files changed after it ran; it no longer counts")
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        outcome = "passed" if self.passed else (f"exit {self.exit_code}" if self.exit_code is not None else "failed")
+        return f"run {self.run_id} check '{self.name}': {outcome}"
+
+
+class Decision(models.Model):
+    """A point where a person decides: approve a human gate, or recover a stopped run."""
+
+    class Kind(models.TextChoices):
+        APPROVAL = "approval", "approval"
+        REVIEW = "review", "review (recover or fail)"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        APPROVED = "approved", "approved"
+        RECOVERED = "recovered", "recovered"
+        SUPERSEDED = "superseded", "superseded"
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="decisions")
+    stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, null=True, blank=True, related_name="decisions")
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    reason = models.CharField(max_length=60, blank=True, help_text="the stop reason that asked for it")
+    artifact = models.CharField(max_length=64, blank=True, help_text="manifest digest it is about")
+    decided_by = models.CharField(max_length=150, blank=True)
+    note = models.TextField(blank=True)
+    action = models.CharField(max_length=20, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"decision {self.pk} ({self.kind}) on run {self.run_id}: {self.state}"
+
+
+class JournalEntry(models.Model):
+    """Checkpoint journal: the intent is recorded before git runs, so recovery can find the truth."""
+
+    class State(models.TextChoices):
+        INTENT = "intent", "intent"
+        DONE = "done", "done"
+        ABANDONED = "abandoned", "abandoned"
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="journal")
+    stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, related_name="journal")
+    operation = models.CharField(max_length=40, default="checkpoint")
+    state = models.CharField(max_length=20, choices=State.choices, default=State.INTENT)
+    parent_commit = models.CharField(max_length=40)
+    expected_tree = models.CharField(max_length=64)
+    commit = models.CharField(max_length=40, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "journal entries"
+
+    def __str__(self):
+        return f"journal {self.uid} {self.operation} of run {self.run_id} stage {self.stage.key}: {self.state}"
+
+
+class RunEvent(models.Model):
+    """A sentence in the run's story: why it continued or stopped, pointing at the evidence."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True)
+    kind = models.CharField(max_length=40)
+    message = models.TextField()
+    stage = models.ForeignKey(StageRun, on_delete=models.SET_NULL, null=True, blank=True)
+    attempt = models.ForeignKey(Attempt, on_delete=models.SET_NULL, null=True, blank=True)
+    gate_check = models.ForeignKey(Check, on_delete=models.SET_NULL, null=True, blank=True)
+    decision = models.ForeignKey(Decision, on_delete=models.SET_NULL, null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"run {self.run_id} [{self.kind}] {self.message}"

@@ -1,0 +1,390 @@
+"""The public verbs of the Run Engine, one per spec heading.
+
+Admin actions, views, the API and management commands call these and nothing else. Each
+validates its inputs and raises ``OperationError`` (a stable ``code``, the ``field`` at fault,
+a sentence) without leaving anything half done.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from . import machine, workspace
+from .agents import adapters
+from .models import (
+    RUN_STOPPED,
+    Decision,
+    Pipeline,
+    Profile,
+    Run,
+    RunStatus,
+    StagePhase,
+    StageRun,
+    StartRequest,
+)
+from .pipeline_format import PipelineFormatError, load_file
+
+ROLES = ("implementer", "reviewer", "documenter")
+
+
+class OperationError(Exception):
+    """A refused operation: ``code`` (stable), ``field`` (the input at fault or ''), ``message``."""
+
+    def __init__(self, code: str, message: str, field: str = ""):
+        super().__init__(message)
+        self.code, self.message, self.field = code, message, field
+
+    def as_dict(self) -> dict:
+        return {"error": self.code, "field": self.field, "message": self.message}
+
+
+def canonical_sha256(data) -> str:
+    """sha256 (hex) of the canonical JSON of ``data`` (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- pipelines
+
+
+def load_pipelines(paths: list[str]) -> list[tuple[Pipeline, str]]:
+    """Validate every file, then create or update one saved pipeline per file.
+
+    Returns ``[(pipeline, "created" | "updated" | "unchanged")]``. Raises PipelineFormatError
+    (every problem with file, field and problem) before anything is saved when any file is bad.
+    """
+    definitions, problems = [], []
+    for path in paths:
+        try:
+            definitions.append((path, load_file(path)))
+        except PipelineFormatError as exc:
+            problems.extend(exc.errors)
+    if problems:
+        raise PipelineFormatError(problems)
+    names = [d["name"] for _, d in definitions]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise PipelineFormatError([(p, "name", f"the name {d['name']!r} is used by more than one file")
+                                   for p, d in definitions if d["name"] in duplicates])
+    results = []
+    with transaction.atomic():
+        for path, definition in definitions:
+            results.append(save_pipeline(definition, os.path.abspath(path)))
+    return results
+
+
+def save_pipeline(definition: dict, source_path: str = "") -> tuple[Pipeline, str]:
+    """Create or update the saved pipeline named in a normalized definition, and its profiles."""
+    digest = canonical_sha256(definition)
+    with transaction.atomic():
+        pipeline = Pipeline.objects.select_for_update().filter(name=definition["name"]).first()
+        if pipeline is None:
+            pipeline = Pipeline.objects.create(name=definition["name"], description=definition.get("description", ""),
+                                               definition=definition, sha256=digest, source_path=source_path)
+            outcome = "created"
+        elif pipeline.sha256 == digest:
+            return pipeline, "unchanged"
+        else:
+            pipeline.definition = definition
+            pipeline.description = definition.get("description", "")
+            pipeline.sha256 = digest
+            pipeline.source_path = source_path
+            pipeline.version += 1
+            pipeline.save()
+            outcome = "updated"
+        pipeline.profiles.exclude(name__in=list(definition["profiles"])).delete()
+        for name, profile in definition["profiles"].items():
+            Profile.objects.update_or_create(pipeline=pipeline, name=name,
+                                             defaults={"adapter": profile["adapter"], "settings": profile})
+    return pipeline, outcome
+
+
+def get_pipeline(ref) -> Pipeline:
+    """A saved pipeline by instance, id or name; OperationError ``unknown_pipeline`` otherwise."""
+    if isinstance(ref, Pipeline):
+        return ref
+    found = None
+    if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+        found = Pipeline.objects.filter(pk=int(ref)).first()
+    if found is None and isinstance(ref, str):
+        found = Pipeline.objects.filter(name=ref).first()
+    if found is None:
+        known = ", ".join(Pipeline.objects.values_list("name", flat=True)) or "none loaded yet"
+        raise OperationError("unknown_pipeline", f"There is no saved pipeline {ref!r} (saved: {known}).", "pipeline")
+    return found
+
+
+def get_run(ref) -> Run:
+    """A run by instance or id; OperationError ``unknown_run`` otherwise."""
+    if isinstance(ref, Run):
+        return ref
+    try:
+        return Run.objects.get(pk=int(ref))
+    except (Run.DoesNotExist, ValueError, TypeError):
+        raise OperationError("unknown_run", f"There is no run {ref!r}.", "run") from None
+
+
+# ----------------------------------------------------------------------------- Create A Run
+
+
+def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
+    definition = pipeline.definition
+    roles = dict(definition["roles"])
+    for role, profile in (override or {}).items():
+        if role not in ROLES:
+            raise OperationError("unknown_role", f"The profile override names the role {role!r}; roles are "
+                                 f"{', '.join(ROLES)}.", "profile")
+        if profile not in definition["profiles"]:
+            raise OperationError("unknown_profile", f"The profile override asks for profile {profile!r} for "
+                                 f"{role}, but pipeline {pipeline.name!r} defines only "
+                                 f"{', '.join(sorted(definition['profiles']))}.", "profile")
+        roles[role] = profile
+    available = adapters()
+    for role, name in roles.items():
+        adapter = definition["profiles"][name]["adapter"]
+        if adapter not in available:
+            raise OperationError(
+                "adapter_unavailable",
+                f"Profile {name!r} ({role}) uses the adapter {adapter!r}, which this Run Engine cannot run yet "
+                f"(it can run: {', '.join(sorted(available))}). Choose another profile with "
+                f"--profile {role}=PROFILE.", "profile")
+    return roles
+
+
+def create_run(pipeline, repo_path: str, revision: str, profile_override: dict | None = None) -> Run:
+    """Validate the inputs, resolve the commit and freeze definition and profiles into a pending run.
+
+    ``pipeline``: a Pipeline, its id or its name; ``repo_path``: any path inside a git work
+    tree (the top level is recorded); ``revision``: a commit id, branch or tag (peeled to its
+    commit); ``profile_override``: ``{role: profile_name}``. Nothing is created when any input
+    is refused (OperationError with the field at fault). The original checkout is only read;
+    its uncommitted changes are listed on the run as not included.
+    """
+    pipeline = get_pipeline(pipeline)
+    if not repo_path:
+        raise OperationError("path_not_found", "A repository path is required.", "repo")
+    if not revision:
+        raise OperationError("unknown_revision", "A revision is required.", "rev")
+    roles = _effective_roles(pipeline, profile_override)
+    try:
+        repo = workspace.repo_root(repo_path)
+        commit = workspace.resolve_commit(repo, revision)
+        not_included = workspace.uncommitted_changes(repo)
+    except workspace.WorkspaceError as exc:
+        field = "repo" if exc.code in ("path_not_found", "not_a_repository") else "rev"
+        raise OperationError(exc.code, exc.message, field) from None
+    definition = pipeline.definition
+    snapshot = {
+        "pipeline": definition,
+        "pipeline_id": pipeline.pk,
+        "pipeline_version": pipeline.version,
+        "pipeline_sha256": pipeline.sha256,
+        "roles": roles,
+        "profiles": definition["profiles"],
+    }
+    digest = canonical_sha256(snapshot)
+    simulated = any(definition["profiles"][name]["adapter"] == "scripted" for name in roles.values())
+    control = None
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                pipeline=pipeline, pipeline_name=pipeline.name, repo_path=repo, revision=revision, commit=commit,
+                definition=snapshot, definition_sha256=digest, profile_override=dict(profile_override or {}),
+                simulated=simulated, not_included=not_included,
+            )
+            run.branch = f"{settings.CP_BRANCH_PREFIX}/run-{run.pk}"
+            run.worktree = str(Path(settings.VAR_DIR) / "worktrees" / str(run.pk))
+            run.port_base = settings.CP_PORT_BASE + (run.pk % 1000) * settings.CP_PORT_SPAN
+            run.save()
+            for order, stage in enumerate(definition["stages"]):
+                StageRun.objects.create(run=run, key=stage["key"], order=order)
+            control = Path(settings.VAR_DIR) / run.control_dir
+            _set_aside_stale_records(control)
+            control.mkdir(parents=True)
+            _write_snapshot(control, snapshot, digest)
+            sim = " It is simulated: it uses the scripted test adapter." if simulated else ""
+            left = f" {len(not_included)} uncommitted change(s) in the checkout are not included." if not_included else ""
+            machine.event(run, "created", f"Run created from pipeline {pipeline.name!r} v{pipeline.version} on "
+                          f"{commit[:12]} ({revision}); definition frozen (sha256 {digest[:12]}).{left}{sim}",
+                          data={"not_included": len(not_included)})
+    except Exception:
+        if control is not None:
+            shutil.rmtree(control, ignore_errors=True)
+        raise
+    return run
+
+
+def _set_aside_stale_records(control: Path) -> None:
+    """Control records already at a new run's path belong to no run of this database (a reset
+    database, or an id SQLite gave out again after a rollback): keep them, renamed, never delete."""
+    if control.exists():
+        control.rename(control.with_name(f"{control.name}.orphan-{timezone.now():%Y%m%d%H%M%S%f}"))
+
+
+def _write_snapshot(control: Path, snapshot: dict, digest: str) -> None:
+    (control / "definition.json").write_text(json.dumps(snapshot, indent=1, sort_keys=True), encoding="utf-8")
+    (control / "definition.sha256").write_text(digest + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- Queue The Start Request
+
+
+def request_start(run, requested_by: str = "", source: str = "api") -> StartRequest:
+    """Durably request execution of a pending run and return at once.
+
+    The request row and the move pending -> queued commit together; the message that wakes a
+    worker is sent only after that commit. A second Start for the same run raises
+    OperationError ``already_started`` (exactly one wins, however many arrive at once).
+    """
+    run = get_run(run)
+    with transaction.atomic():
+        if not machine.queue_run(run.pk):
+            current = Run.objects.get(pk=run.pk)
+            raise OperationError("already_started", f"Run {run.pk} was already started: it is {current.status}, "
+                                 "and a run is started once.", "run")
+        try:
+            with transaction.atomic():
+                start = StartRequest.objects.create(run_id=run.pk, requested_by=requested_by, source=source,
+                                                    enqueued_times=1, last_enqueued_at=timezone.now())
+        except IntegrityError:
+            raise OperationError("already_started", f"Run {run.pk} already has a start request.", "run") from None
+        run.refresh_from_db()
+        machine.event(run, "start_requested", f"Start requested by {requested_by or 'an unnamed client'} via "
+                      f"{source}; waiting for a worker to claim the run.")
+        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+    return start
+
+
+def _enqueue(run_id: int, token: str | None) -> None:
+    from .runner import enqueue
+
+    enqueue(run_id, token)
+
+
+# ----------------------------------------------------------------------------- Recover (minimal; see issue tracker)
+
+
+def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Decision:
+    """Resume a run waiting for review: ``retry`` (a new attempt) or ``verify`` (gates on the existing result).
+
+    Requires the pending review decision's id and a note. Raises OperationError on a stale or
+    unknown decision, a missing note, an unknown action or a run that is not waiting for review.
+    """
+    run = get_run(run)
+    if not (note or "").strip():
+        raise OperationError("note_required", "A recovery note is required.", "note")
+    if action not in ("retry", "verify"):
+        raise OperationError("unknown_action", f"The action must be retry or verify, not {action!r}.", "action")
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.status != RunStatus.WAITING_REVIEW:
+            raise OperationError("not_waiting_review", f"Run {run.pk} is {run.status}; only a run waiting for review "
+                                 "can be recovered.", "run")
+        decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
+        if decision is None or decision.kind != Decision.Kind.REVIEW:
+            raise OperationError("unknown_decision", f"Run {run.pk} has no review decision {decision_id!r}.",
+                                 "decision")
+        if decision.state != Decision.State.PENDING:
+            raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending.",
+                                 "decision")
+        stage = decision.stage
+        if action == "verify" and stage is not None and not stage.attempts.exclude(result_manifest=None).exists():
+            raise OperationError("nothing_to_verify", f"Stage '{stage.key}' has no result to verify; use retry.",
+                                 "action")
+        decision.state = Decision.State.RECOVERED
+        decision.action, decision.note, decision.decided_by = action, note, reviewer
+        decision.decided_at = timezone.now()
+        decision.save()
+        if stage is not None:
+            stage.phase = StagePhase.IMPLEMENT if action == "retry" else StagePhase.VERIFY
+            stage.save(update_fields=["phase"])
+        machine.resume(run, stage)
+        StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
+                                                    last_enqueued_at=timezone.now())
+        machine.event(run, "recovered", f"Recovery by {reviewer or 'an operator'}: {action}. Note: {note}",
+                      stage=stage, decision=decision)
+        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+    return decision
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def run_status(run) -> dict:
+    """The public JSON shape of a run (a contract: later versions add fields, never rename).
+
+    Keys: id, status, simulated, pipeline, repo, revision, commit, branch, worktree, stop_reason,
+    stop_message, stop_evidence, waiting_for ('start' | 'worker' | 'review' | 'approval' | None),
+    active_seconds, not_included, pending_decision, stages[{key, status, phase, base_commit,
+    checkpoint, attempts[...], checks[...]}].
+    """
+    run = get_run(run)
+    run.refresh_from_db()
+    var = Path(settings.VAR_DIR)
+
+    def ref(rel):
+        return str(var / rel) if rel else None
+
+    waiting = {RunStatus.PENDING: "start", RunStatus.QUEUED: "worker", RunStatus.WAITING_REVIEW: "review",
+               RunStatus.WAITING_APPROVAL: "approval"}.get(run.status)
+    pending = run.decisions.filter(state=Decision.State.PENDING).order_by("-id").first()
+    stages = []
+    for stage in run.stages.order_by("order"):
+        attempts = [
+            {
+                "id": a.pk, "operation": a.operation, "number": a.number, "status": a.status, "adapter": a.adapter,
+                "profile": a.profile_name, "simulated": a.simulated, "exit_code": a.exit_code, "signal": a.signal,
+                "elapsed_seconds": a.elapsed_seconds, "usage": a.usage, "failure_kind": a.failure_kind or None,
+                "failure_message": a.failure_message or None, "session_id": a.session_id or None,
+                "final_message": a.final_message or None, "cli_version": a.cli_version or None,
+                "prompt": ref(a.prompt_path), "prompt_sha256": a.prompt_sha256 or None, "log": ref(a.log_path),
+                "patch": ref(a.patch_path), "patch_sha256": a.patch_sha256 or None,
+                "start_commit": a.start_commit or None, "start_manifest": a.start_manifest or None,
+                "manifest": a.result_manifest.digest if a.result_manifest_id else None,
+                "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
+            }
+            for a in stage.attempts.select_related("result_manifest").order_by("number")
+        ]
+        checks = [
+            {
+                "id": c.pk, "name": c.name, "kind": c.kind, "command": c.command, "cwd": c.cwd,
+                "exit_code": c.exit_code, "signal": c.signal, "passed": c.passed, "failure_kind": c.failure_kind or None,
+                "stale": c.stale, "log": ref(c.log_path), "manifest": c.manifest_digest or None,
+                "started_at": c.started_at.isoformat() if c.started_at else None,
+                "ended_at": c.ended_at.isoformat() if c.ended_at else None,
+                "elapsed_seconds": c.elapsed_seconds,
+            }
+            for c in stage.checks.order_by("id")
+        ]
+        stages.append({"key": stage.key, "status": stage.status, "phase": stage.phase,
+                       "base_commit": stage.base_commit or None, "checkpoint": stage.checkpoint_commit or None,
+                       "accepted_manifest": stage.accepted_manifest or None, "attempts": attempts, "checks": checks})
+    return {
+        "id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
+        "pipeline": run.pipeline_name, "repo": run.repo_path, "revision": run.revision, "commit": run.commit,
+        "branch": run.branch, "worktree": run.worktree, "stop_reason": run.stop_reason or None,
+        "stop_message": run.stop_message or None, "stop_evidence": run.stop_evidence or None,
+        "waiting_for": waiting, "active_seconds": round(run.active_seconds, 3),
+        "definition_sha256": run.definition_sha256, "control_records": str(var / run.control_dir),
+        "not_included": run.not_included, "roles": run.definition["roles"],
+        "pending_decision": ({"id": pending.pk, "kind": pending.kind, "reason": pending.reason,
+                              "artifact": pending.artifact or None} if pending else None),
+        "created_at": run.created_at.isoformat(), "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "stages": stages,
+    }
+
+
+def run_stopped(run: Run) -> bool:
+    """True when the run waits for a person or has ended."""
+    return run.status in RUN_STOPPED
+
+
+__all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover",
+           "run_status", "run_stopped", "get_run", "get_pipeline"]

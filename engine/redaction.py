@@ -1,0 +1,376 @@
+"""Streaming credential redaction for captured process output.
+
+Everything an agent or a gate prints goes through a :class:`Redactor` *before* it is
+written anywhere (field case C14: redaction happens before anything is persisted, not
+only when output is displayed).  The redactor works on bytes, chunk by chunk, with a
+bounded hold-back so that a credential split across two reads is still caught.
+
+What is redacted (each occurrence is replaced by ``[REDACTED]``):
+
+* literal secret values handed to the :class:`Redactor` (for example the values of the
+  process's own secret environment variables, see :func:`secret_env_values`), also in
+  their JSON-escaped form;
+* Anthropic / OpenAI keys ``sk-...``, ``sk-ant-...``, ``sk-proj-...`` (body of at least
+  20 characters from ``[A-Za-z0-9_-]``);
+* Stripe keys ``sk_live_``, ``rk_live_``, ``sk_test_``, ``rk_test_``;
+* GitHub tokens ``ghp_``, ``gho_``, ``ghs_``, ``ghu_``, ``ghr_``, ``github_pat_``;
+* Google API keys ``AIza...``; Slack tokens ``xox[abeoprs]-...``;
+* AWS access key ids ``AKIA``/``ASIA`` + 16 characters, and the value of AWS secret
+  access keys given as ``aws_secret_access_key = ...``, ``AWS_SECRET_ACCESS_KEY=...`` or
+  ``"SecretAccessKey": "..."`` (any case, quoted or not, JSON-escaped or not);
+* the token after ``Bearer`` (``Authorization: Bearer <token>``): 8+ characters with a
+  digit, or 20+ characters;
+* private key blocks ``-----BEGIN ... PRIVATE KEY-----`` through
+  ``-----END ... PRIVATE KEY-----`` (through the end of the base64 body when the END
+  line never comes);
+* the password in URLs ``scheme://user:PASSWORD@host``.
+
+JSON-escaped output (stream-json lines, C14) is handled: token bodies never include a
+backslash or a quote, so a key inside ``"...sk_live_XXXX\\n..."`` ends at the ``\\`` of
+``\\n`` and the closing quote is kept; escaped ``\\/`` inside base64 values and escaped
+newlines inside private key blocks are redacted with the value.
+
+Speed: each rule is one compiled bytes regex that starts with a literal, so the regex
+engine scans for it at C speed; there is no per-byte Python loop.  Pattern checks run on
+the original bytes or on one ``bytes.lower()`` copy of them (same offsets).
+
+Not covered (by design, to keep false positives and cost low): free-form secrets with no
+recognisable prefix (``PASSWORD=hunter2`` in a ``.env`` file) unless they are given as
+literal values, because name-based rules misfire constantly on source code;
+``Authorization: Basic`` credentials; URLs written with JSON-escaped slashes
+(``https:\\/\\/``); key bodies longer than the per-rule bound (1,024 bytes; 16 KiB
+for private key blocks), whose remainder is not redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "REDACTED",
+    "MIN_SECRET_LENGTH",
+    "Redactor",
+    "redact_text",
+    "secret_env_values",
+]
+
+#: Replacement written in place of every redacted value.
+REDACTED = b"[REDACTED]"
+
+#: Literal secrets shorter than this (in characters) are ignored: they would cause
+#: redaction of ordinary words and numbers.
+MIN_SECRET_LENGTH = 8
+
+# Minimum number of bytes held back at the end of every feed() so that a partial
+# credential at the end of a chunk is not emitted before it can be recognised.  Must be
+# at least the longest prefix any rule needs to *decide* whether it matches (the URL
+# rule is the longest: 3 + 128 + 1 + 2*256 + 1 bytes).
+_MIN_HOLD = 1024
+
+# How many already-emitted bytes are kept as left context for lookbehind checks.
+_CONTEXT = 16
+
+
+@dataclass(frozen=True)
+class _Rule:
+    name: str
+    regex: re.Pattern[bytes]
+    group: int = 0  # which group is replaced: 0 = the whole match
+    lower: bool = False  # run on the lowercased copy of the buffer (same offsets)
+    back: int = 0  # bytes before m.start() that belong to the match (anchor offset)
+    # Every match contains one of these bytes; when none is in the buffer the scan is
+    # skipped (a memchr, far cheaper than the regex scan).  Empty: always scan.
+    needs: tuple[bytes, ...] = ()
+    # A match ending less than this many bytes before the end of the data may still
+    # grow (an optional trailing part not yet complete), so it is held back.
+    margin: int = 0
+
+
+_TOKEN = rb"[A-Za-z0-9_-]"
+_B64ISH = rb"(?:[a-z0-9._~+-]|\\?/)"  # on the lowercased copy; \/ is JSON-escaped /
+
+_RULES: tuple[_Rule, ...] = (
+    # OpenAI / Anthropic (sk-, sk-proj-, sk-ant-...) and Stripe (sk_/rk_ live/test).
+    # Anchored on the literal "k" for speed; the lookbehinds check the s/r before it
+    # and that the key starts a word.
+    _Rule(
+        "sk_key",
+        re.compile(
+            rb"k(?<=[sr]k)(?<![A-Za-z0-9_-].k)"
+            rb"(?:-(?<=sk-)" + _TOKEN + rb"{20,1024}"
+            rb"|_(?:live|test)_[A-Za-z0-9]{10,1024})"
+        ),
+        back=1,
+        needs=(b"-", b"_"),
+    ),
+    _Rule(
+        "github_token",
+        re.compile(rb"gh(?<![A-Za-z0-9_]gh)[pousr]_[A-Za-z0-9]{20,1024}"),
+        needs=(b"_",),
+    ),
+    _Rule(
+        "github_pat",
+        re.compile(rb"github_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{20,1024}"),
+        needs=(b"_",),
+    ),
+    # Google API keys and AWS access key ids share the literal "A".
+    _Rule(
+        "google_or_aws_key_id",
+        re.compile(
+            rb"A(?:Iza" + _TOKEN + rb"{30,1024}"
+            rb"|(?<![A-Z0-9]A)[KS]IA[0-9A-Z]{16}(?![A-Z0-9]))"
+        ),
+    ),
+    _Rule(
+        "slack_token",
+        re.compile(rb"xox[abeoprs]-[A-Za-z0-9-]{10,1024}"),
+        needs=(b"-",),
+    ),
+    _Rule(
+        "private_key",
+        re.compile(
+            rb"-----BEGIN (?:[A-Z0-9]+ ){0,4}PRIVATE KEY(?: BLOCK)?-----"
+            rb"(?:(?!-----END)(?:[A-Za-z0-9+/=\s:,.()-]|\\[nrt/])){0,16384}"
+            rb"(?:-----END (?:[A-Z0-9]+ ){0,4}PRIVATE KEY(?: BLOCK)?-----)?"
+        ),
+        needs=(b"-",),
+        margin=64,  # the END line may be arriving
+    ),
+    _Rule(
+        "url_password",
+        re.compile(rb"://[^\s/@:\"'\\<>]{0,128}:((?:[^\s/@\"\\<>]|\\\\){1,256})(?=@)"),
+        group=1,
+        needs=(b":",),
+    ),
+    # On the lowercased copy: case-insensitive at no extra scan.
+    _Rule(
+        "bearer_token",
+        re.compile(
+            rb"bearer[ \t]{1,8}((?=" + _B64ISH + rb"{0,4095}[0-9])" + _B64ISH + rb"{8,4096}=*"
+            rb"|" + _B64ISH + rb"{20,4096}=*)"
+        ),
+        group=1,
+        lower=True,
+        needs=(b" ", b"\t"),
+    ),
+    _Rule(
+        "aws_secret_access_key",
+        re.compile(
+            rb"secret_?access_?key(?:\\?[\"'])?[ \t]{0,8}[=:][ \t]{0,8}(?:\\?[\"'])?"
+            rb"((?:[a-z0-9+=]|\\?/){16,1024})(?![a-z0-9+=/])"
+        ),
+        group=1,
+        lower=True,
+        needs=(b"=", b":"),
+    ),
+)
+
+
+def _literal_variants(secret: str) -> set[bytes]:
+    """The byte forms in which ``secret`` can appear: raw UTF-8 and JSON-escaped."""
+    variants = {secret.encode("utf-8", "surrogatepass")}
+    for ascii_only in (False, True):
+        escaped = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
+        variants.add(escaped.encode("utf-8", "surrogatepass"))
+    variants |= {v.replace(b"/", b"\\/") for v in list(variants) if b"/" in v}
+    return variants
+
+
+class Redactor:
+    """Streaming credential redactor for bytes.
+
+    Feed raw output chunks in order; each call returns the bytes that are safe to
+    persist now, with credentials replaced by ``[REDACTED]``.  Up to a bounded tail is
+    held back until the next call (or :meth:`flush`) so that a credential split across
+    two chunks is still found.  The hold-back is normally the current unfinished line,
+    capped at ``max(1 KiB, longest literal secret)`` bytes, and can grow to the length of
+    the longest possible match (about 16 KiB, for a private key block) while a match is
+    still open at the end of the data.  Memory use is therefore bounded whatever the
+    output size.
+
+    :param secrets: literal secret values (``str``) to redact wherever they appear,
+        raw or JSON-escaped.  Values shorter than :data:`MIN_SECRET_LENGTH` (8)
+        characters are ignored.
+    :ivar count: number of values redacted so far (overlapping matches count once).
+
+    Not thread-safe: use one instance per output stream, from one thread.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        variants: set[bytes] = set()
+        for secret in secrets:
+            if isinstance(secret, str) and len(secret) >= MIN_SECRET_LENGTH:
+                variants |= _literal_variants(secret)
+        ordered = sorted(variants, key=lambda v: (-len(v), v))
+        self._literals: list[re.Pattern[bytes]] = [re.compile(re.escape(v)) for v in ordered]
+        longest = len(ordered[0]) if ordered else 0
+        self._hold = max(_MIN_HOLD, longest + 1)
+        # Every rule is single-line except private key blocks, which are found as soon
+        # as their header is complete; so a newline ends the region any future match
+        # could reach back into, unless a literal secret itself spans lines.
+        self._newline_safe = not any(b"\n" in v for v in ordered)
+        self._tail = b""  # left context + held-back bytes, carried to the next feed()
+        self._start = 0  # offset in _tail where the held-back (not yet emitted) part begins
+        self.count = 0
+
+    def feed(self, data: bytes) -> bytes:
+        """Take the next chunk of output; return redacted bytes safe to persist now.
+
+        :param data: raw bytes, any length (may be empty).
+        :returns: redacted bytes; may be shorter or longer than ``data`` (the held-back
+            tail comes out with a later call or :meth:`flush`).
+        """
+        if not data:
+            return b""
+        return self._process(self._tail + data, final=False)
+
+    def flush(self) -> bytes:
+        """Return the held-back rest, redacted; call once at end of stream.
+
+        The redactor can be reused afterwards (it starts a new stream, keeping
+        :attr:`count`).
+        """
+        out = self._process(self._tail, final=True)
+        self._tail = b""
+        self._start = 0
+        return out
+
+    # -- internals -------------------------------------------------------------
+
+    def _process(self, buf: bytes, *, final: bool) -> bytes:
+        # buf = left context (already emitted) + held-back tail + new data
+        start = self._start
+        end = len(buf)
+        if start >= end:
+            return b""
+
+        # spans: (match start, match end, redact start, redact end, open-until)
+        spans: list[tuple[int, int, int, int, int]] = []
+        low: bytes | None = None
+        for rule in _RULES:
+            if rule.needs and not any(b in buf for b in rule.needs):
+                continue
+            if rule.lower:
+                if low is None:
+                    low = buf.lower()
+                haystack = low
+            else:
+                haystack = buf
+            for m in rule.regex.finditer(haystack, start):
+                s = m.start() - rule.back
+                if s < start:  # anchor offset reaches into already-emitted context
+                    continue
+                rs, re_ = m.span(rule.group)
+                if rule.group == 0:
+                    rs = s
+                spans.append((s, m.end(), rs, re_, m.end() + rule.margin))
+        for lit in self._literals:
+            for m in lit.finditer(buf, start):
+                spans.append((m.start(), m.end(), m.start(), m.end(), m.end()))
+
+        if final:
+            safe = end
+        else:
+            safe = max(start, end - self._hold)
+            if self._newline_safe:
+                nl = buf.rfind(b"\n", safe)
+                if nl != -1:
+                    safe = nl + 1
+            # A match that reaches the end may still grow; a match that crosses the
+            # cut is kept whole: hold both back from their start.
+            changed = True
+            while changed:
+                changed = False
+                for s, e, _rs, _re, open_until in spans:
+                    if s < safe and (e > safe or open_until >= end):
+                        safe = s
+                        changed = True
+
+        redact = sorted((rs, re_) for s, e, rs, re_, _o in spans if e <= safe and re_ > rs)
+        if not redact:
+            out = buf[start:safe]
+        else:
+            parts: list[bytes] = []
+            pos = start
+            cur_s, cur_e = redact[0]
+            for rs, re_ in redact[1:]:
+                if rs < cur_e:  # overlaps the current span: merge
+                    cur_e = max(cur_e, re_)
+                    continue
+                parts += (buf[pos:cur_s], REDACTED)
+                self.count += 1
+                pos = cur_e
+                cur_s, cur_e = rs, re_
+            parts += (buf[pos:cur_s], REDACTED, buf[cur_e:safe])
+            self.count += 1
+            out = b"".join(parts)
+
+        keep_from = max(0, safe - _CONTEXT)
+        self._tail = buf[keep_from:] if not final else b""
+        self._start = safe - keep_from if not final else 0
+        return out
+
+
+def redact_text(text: str, secrets: Iterable[str] = ()) -> tuple[str, int]:
+    """Redact a whole string at once.
+
+    :param text: any string (e.g. a prompt before it is stored, a log message).
+    :param secrets: literal secret values, as for :class:`Redactor`.
+    :returns: ``(redacted_text, number_of_redactions)``.
+    """
+    redactor = Redactor(secrets)
+    raw = text.encode("utf-8", "surrogatepass")
+    out = redactor.feed(raw) + redactor.flush()
+    return out.decode("utf-8", "surrogatepass"), redactor.count
+
+
+_SECRET_NAME_WORDS = (
+    "KEY",
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "CREDENTIAL",
+    "AUTH",
+    "COOKIE",
+    "SESSION",
+)
+_NON_SECRET_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "none", "null"})
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def secret_env_values(env: Mapping[str, str]) -> list[str]:
+    """Values of environment variables that look like secrets.
+
+    A variable counts when its NAME contains (case-insensitive) KEY, TOKEN, SECRET,
+    PASSWORD, PASSWD, CREDENTIAL, AUTH, COOKIE or SESSION, and its value is at least
+    :data:`MIN_SECRET_LENGTH` (8) characters and not an obvious non-secret: an absolute
+    path (starts with ``/``), a boolean word (true/false/yes/no/on/off/none/null) or a
+    number.
+
+    :param env: a mapping of variable names to values, e.g. the environment a child
+        process is started with.
+    :returns: distinct values, in the mapping's order; pass them to :class:`Redactor`.
+    """
+    found: list[str] = []
+    seen: set[str] = set()
+    for name, value in env.items():
+        if not isinstance(value, str) or len(value) < MIN_SECRET_LENGTH:
+            continue
+        upper = name.upper()
+        if not any(word in upper for word in _SECRET_NAME_WORDS):
+            continue
+        stripped = value.strip()
+        if (
+            stripped.startswith("/")
+            or stripped.lower() in _NON_SECRET_WORDS
+            or _NUMBER.fullmatch(stripped)
+        ):
+            continue
+        if value not in seen:
+            seen.add(value)
+            found.append(value)
+    return found

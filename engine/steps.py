@@ -1,0 +1,587 @@
+"""The steps of a stage: implement, verify, checkpoint, and the run's finish.
+
+Each step has three parts, called by ``engine.runner``:
+
+* ``begin(run, step, lease)``: inside the short locking transaction; persists the intent
+  (an Attempt row before an agent starts, a JournalEntry before git commits) and returns a
+  plain ``plan`` dict;
+* ``execute(plan, should_stop)``: outside any transaction; runs git, the agent, the gates;
+  returns a plain ``outcome`` dict;
+* ``finish(run, plan, outcome)``: inside the second locking transaction; records evidence and
+  asks ``engine.machine`` for the transition.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from . import context, machine, process, workspace
+from .agents import AgentRequest, get_adapter
+from .models import (
+    Attempt,
+    AttemptStatus,
+    Check,
+    JournalEntry,
+    Manifest,
+    Run,
+    RunStatus,
+    StageRun,
+    StageStatus,
+)
+from .redaction import Redactor, redact_text, secret_env_values
+
+log = logging.getLogger("engine.steps")
+
+#: Environment variables of the Control Panel itself that never reach an agent or a gate.
+_PRIVATE_ENV_PREFIXES = ("CP_", "DJANGO_", "CELERY_", "PYTEST_", "DATABASE_URL")
+
+
+# ----------------------------------------------------------------------------- paths and environment
+
+
+def var_path(rel: str) -> Path:
+    """Absolute path of a file recorded relative to CP_VAR_DIR."""
+    return Path(settings.VAR_DIR) / rel
+
+
+def control_path(run: Run, *parts: str) -> str:
+    """Relative path (to CP_VAR_DIR) of a control record of ``run``; creates its folder."""
+    rel = os.path.join(run.control_dir, *parts)
+    var_path(rel).parent.mkdir(parents=True, exist_ok=True)
+    return rel
+
+
+def scratch_dirs(run_id: int) -> dict[str, str]:
+    """The run's own temporary and data folders (outside the worktree and the control records)."""
+    base = Path(settings.VAR_DIR) / "scratch" / f"run-{run_id}"
+    dirs = {"tmp": str(base / "tmp"), "data": str(base / "data")}
+    for path in dirs.values():
+        os.makedirs(path, exist_ok=True)
+    return dirs
+
+
+def run_env(run: Run, stage_key: str) -> dict[str, str]:
+    """The environment of the run's commands: the worker's, less the Control Panel's own
+    settings, plus the run's folders and port range.
+
+    Variables: CP_RUN_ID, CP_STAGE, CP_WORKTREE, TMPDIR and CP_TMP_DIR, CP_DATA_DIR,
+    CP_PORT_BASE and CP_PORT_COUNT (ports CP_PORT_BASE .. CP_PORT_BASE + CP_PORT_COUNT - 1
+    are this run's), PYTHONDONTWRITEBYTECODE=1, GIT_TERMINAL_PROMPT=0.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIXES)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    dirs = scratch_dirs(run.pk)
+    env.update(
+        {
+            "CP_RUN_ID": str(run.pk),
+            "CP_STAGE": stage_key,
+            "CP_WORKTREE": run.worktree,
+            "TMPDIR": dirs["tmp"],
+            "CP_TMP_DIR": dirs["tmp"],
+            "CP_DATA_DIR": dirs["data"],
+            "CP_PORT_BASE": str(run.port_base or 0),
+            "CP_PORT_COUNT": str(settings.CP_PORT_SPAN),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "GIT_TERMINAL_PROMPT": "0",
+        }
+    )
+    return env
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _excludes(run: Run) -> list[str]:
+    return list(workspace.DEFAULT_EXCLUDES) + list(run.definition["pipeline"].get("exclude") or [])
+
+
+def _stage_row(plan: dict) -> StageRun:
+    return StageRun.objects.select_related("run").get(pk=plan["stage_id"])
+
+
+def _fenced(run_id: int, lease: str):
+    """Lock the run inside the caller's transaction; None when ``lease`` is no longer its token."""
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.lease_token != lease or run.status != RunStatus.RUNNING:
+        return None
+    return run
+
+
+# ----------------------------------------------------------------------------- manifests
+
+
+def save_manifest(run: Run, stage: StageRun | None, data: dict) -> Manifest:
+    """Store a manifest dict (``workspace.manifest``) as a control record and a row; reuses an equal one."""
+    existing = Manifest.objects.filter(run=run, stage=stage, digest=data["digest"], base_commit=data["base"]).first()
+    if existing is not None:
+        return existing
+    rel = control_path(run, "manifests", f"{data['digest']}-{data['base'][:12]}.json")
+    path = var_path(rel)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+    counts = {"added": 0, "modified": 0, "deleted": 0}
+    for change in data["changes"]:
+        key = {"added": "added", "deleted": "deleted"}.get(change["status"], "modified")
+        counts[key] += 1
+    return Manifest.objects.create(
+        run=run, stage=stage, digest=data["digest"], base_commit=data["base"], path=rel, sha256=sha256_file(path),
+        files=len(data["entries"]), excluded=data.get("excluded", []), **counts,
+    )
+
+
+# ----------------------------------------------------------------------------- begin
+
+
+def begin(run: Run, step: machine.Step, lease: str) -> dict:
+    """Persist the intent of ``step`` (run locked by the caller) and return its plan."""
+    plan = {"kind": step.kind, "run_id": run.pk, "lease": lease, "stage_id": step.stage_id}
+    if step.kind == "finish":
+        return plan
+    stage = StageRun.objects.select_related("run").get(pk=step.stage_id)
+    if stage.status == StageStatus.PENDING or not stage.base_commit:
+        previous = run.stages.filter(order__lt=stage.order).order_by("-order").first()
+        machine.start_stage(stage, previous.checkpoint_commit if previous else run.commit)
+    elif stage.status != StageStatus.RUNNING:
+        machine.start_stage(stage, stage.base_commit)
+    plan["stage_key"] = stage.key
+    if step.kind == "implement":
+        plan.update(_begin_attempt(run, stage, "implement", "implementer", lease))
+    elif step.kind == "checkpoint":
+        entry = JournalEntry.objects.create(
+            run=run, stage=stage, parent_commit=stage.base_commit, expected_tree=stage.accepted_manifest
+        )
+        plan["journal_id"] = entry.pk
+        machine.event(run, "checkpoint_intent",
+                      f"Checkpoint of stage '{stage.key}' journaled (entry {entry.uid}) before git runs.",
+                      stage=stage)
+    elif step.kind == "verify":
+        machine.event(run, "verify", f"Verifying stage '{stage.key}': running its gates on the worktree.",
+                      stage=stage)
+    return plan
+
+
+def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: str) -> dict:
+    definition = run.definition
+    profile_name = definition["roles"][role]
+    profile = definition["profiles"][profile_name]
+    deadline = float(definition["pipeline"]["deadlines"][operation])
+    number = (stage.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
+    nth = stage.attempts.filter(operation=operation).count() + 1
+    attempt = Attempt.objects.create(
+        run=run, stage=stage, operation=operation, number=number, role=role, profile_name=profile_name,
+        adapter=profile["adapter"], simulated=profile["adapter"] == "scripted", deadline_seconds=deadline,
+        start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
+        marker=f"cp-run-{run.pk}-attempt-{number}-{lease[:8]}",
+    )
+    folder = f"attempts/{number:03d}-{operation}"
+    attempt.log_path = control_path(run, folder, "output.log")
+    attempt.raw_path = control_path(run, folder, "output.raw")
+    attempt.save()
+    sim = " (simulated: scripted test adapter)" if attempt.simulated else ""
+    machine.event(run, "attempt_intent",
+                  f"Attempt {number} ({operation}) of stage '{stage.key}' recorded before launch with profile "
+                  f"'{profile_name}'{sim}, deadline {deadline:.0f} s.", stage=stage, attempt=attempt)
+    return {"attempt_id": attempt.pk, "operation": operation, "role": role, "profile": profile,
+            "operation_attempt": nth, "folder": folder}
+
+
+# ----------------------------------------------------------------------------- execute
+
+
+def execute(plan: dict, should_stop) -> dict:
+    """Do the step's slow work outside any transaction; returns its outcome dict."""
+    kind = plan["kind"]
+    if kind == "implement":
+        return _execute_agent(plan, should_stop)
+    if kind == "verify":
+        return _execute_verify(plan, should_stop)
+    if kind == "checkpoint":
+        return _execute_checkpoint(plan)
+    return {}
+
+
+def _prepare_workspace(run: Run, lease: str) -> dict:
+    """Make sure the run's worktree exists on its branch (C01, C02, C04 handled by workspace).
+
+    A branch of the run's name that this run did not create is taken only when it points at
+    the run's own commit (nothing on it could be lost); otherwise ``workspace_branch_exists``.
+    A branch checked out in another worktree is refused first (``workspace_branch_in_use``).
+    """
+    owned = run.branch_created or workspace.branch_tip(run.repo_path, run.branch) == run.commit
+    info = workspace.ensure_worktree(
+        run.repo_path, run.worktree, run.branch, run.commit, branch_owned=owned,
+        lock_dir=str(Path(settings.VAR_DIR) / "locks"),
+    )
+    if not run.branch_created:
+        with transaction.atomic():
+            locked = _fenced(run.pk, lease)
+            if locked is not None:
+                locked.branch_created = True
+                locked.save(update_fields=["branch_created", "updated_at"])
+                machine.event(locked, "workspace",
+                              f"Worktree {run.worktree} created on branch {run.branch} from {run.commit[:12]}.")
+    elif info.get("created") or info.get("pruned_stale"):
+        with transaction.atomic():
+            locked = _fenced(run.pk, lease)
+            if locked is not None:
+                note = " after pruning a stale registration" if info.get("pruned_stale") else ""
+                machine.event(locked, "workspace", f"Worktree {run.worktree} re-created{note}.")
+    return info
+
+
+def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
+    summaries = []
+    for key in stage_def.get("depends_on") or []:
+        dep = run.stages.get(key=key)
+        last = dep.attempts.exclude(result_manifest=None).order_by("-number").first()
+        lines = []
+        if last is not None and last.result_manifest is not None:
+            data = json.loads(var_path(last.result_manifest.path).read_text(encoding="utf-8"))
+            lines += [f"- {c['status']}: {c['path']}" for c in data["changes"]]
+            if last.final_message:
+                lines += ["", "Agent's final message:", last.final_message]
+        summaries.append({"key": key, "checkpoint": dep.checkpoint_commit,
+                          "summary": "\n".join(lines) or "(no file changes)"})
+    return summaries
+
+
+def _execute_agent(plan: dict, should_stop) -> dict:
+    stage = _stage_row(plan)
+    run = stage.run
+    attempt = Attempt.objects.get(pk=plan["attempt_id"])
+    try:
+        _prepare_workspace(run, plan["lease"])
+        run.refresh_from_db()
+        start = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
+        prompt = context.assemble_prompt(
+            pipeline=run.definition["pipeline"], stage=stage.spec, worktree=run.worktree,
+            operation=plan["operation"], dependencies=_dependency_summaries(run, stage.spec),
+        )
+    except workspace.WorkspaceError as exc:
+        return {"failure_kind": exc.code, "failure_message": exc.message, "launched": False}
+    except context.ContextError as exc:
+        return {"failure_kind": exc.code, "failure_message": exc.message, "launched": False}
+    env = run_env(run, stage.key)
+    secrets = secret_env_values(env)
+    prompt, prompt_redactions = redact_text(prompt, secrets)
+    prompt_rel = control_path(run, plan["folder"], "prompt.md")
+    var_path(prompt_rel).write_text(prompt, encoding="utf-8")
+    now = timezone.now()
+    with transaction.atomic():
+        if _fenced(run.pk, plan["lease"]) is None:
+            return {"failure_kind": "cancelled", "failure_message": "The lease was lost before launch.",
+                    "launched": False}
+        Attempt.objects.filter(pk=attempt.pk).update(
+            status=AttemptStatus.RUNNING, start_manifest=start["digest"], prompt_path=prompt_rel,
+            prompt_sha256=sha256_file(var_path(prompt_rel)), started_at=now,
+            deadline_at=now + timedelta(seconds=attempt.deadline_seconds),
+        )
+
+    def on_start(pid: int, create_time: float) -> None:
+        Attempt.objects.filter(pk=attempt.pk).update(pid=pid, pid_create_time=create_time)
+
+    adapter = get_adapter(plan["profile"]["adapter"])
+    control_dir = str(var_path(control_path(run, plan["folder"], "adapter")).parent)
+    request = AgentRequest(
+        role=plan["role"], operation=plan["operation"], prompt=prompt, workspace=run.worktree,
+        profile=plan["profile"], deadline_seconds=attempt.deadline_seconds,
+        log_path=str(var_path(attempt.log_path)), raw_path=str(var_path(attempt.raw_path)), env=env,
+        stage_key=stage.key, attempt_number=attempt.number, control_dir=control_dir,
+        operation_attempt=plan["operation_attempt"], marker=attempt.marker, secrets=secrets,
+        should_stop=should_stop, on_start=on_start,
+    )
+    result = adapter.run(request)
+    outcome = {"launched": True, "result": result.as_dict(), "prompt_redactions": prompt_redactions}
+    after = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
+    patch_rel = control_path(run, plan["folder"], "patch.diff")
+    patch = workspace.write_patch(run.worktree, stage.base_commit, after["tree"], str(var_path(patch_rel)))
+    outcome.update({"manifest": after, "patch_path": patch_rel, "patch": patch})
+    return outcome
+
+
+def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, env: dict, should_stop,
+              round_no: int) -> Check:
+    """Run one frozen gate command in the worktree with ``bash -eo pipefail -c`` and record a Check."""
+    argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
+    check = Check.objects.create(
+        run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=run.worktree,
+        started_at=timezone.now(), manifest_digest=digest_before,
+    )
+    log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
+    deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"].get("gate")
+                     or settings.CP_GATE_DEADLINE)
+    result = process.run_supervised(
+        argv, cwd=run.worktree, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+        redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-check-{check.pk}",
+        should_stop=should_stop, grace_seconds=5.0,
+    )
+    failure = ""
+    if result.missing_executable:
+        failure = "missing_executable"
+    elif result.timed_out:
+        failure = "timeout"
+    elif result.cancelled:
+        failure = "cancelled"
+    elif result.signal is not None:
+        failure = "killed"
+    elif result.exit_code == 127:
+        failure = "command_not_found"
+    elif result.exit_code != 0:
+        failure = "nonzero_exit"
+    check.log_path = log_rel
+    check.ended_at = timezone.now()
+    check.elapsed_seconds = result.elapsed_seconds
+    check.exit_code = result.exit_code
+    check.signal = result.signal
+    check.passed = result.exit_code == 0 and not result.timed_out and not result.cancelled
+    check.failure_kind = failure
+    check.save()
+    return check
+
+
+def _execute_verify(plan: dict, should_stop) -> dict:
+    """Run the baseline checks and the stage's gates until they ran on one unchanged artifact.
+
+    A gate that changes the files (or anything else that does) makes passing results belong to
+    the old manifest: they are marked stale and every gate runs again on the new one, up to 3
+    rounds. A failed gate ends verification at once: a failure is never re-run away.
+    """
+    stage = _stage_row(plan)
+    run = stage.run
+    pipeline = run.definition["pipeline"]
+    gates = [(g, Check.Kind.BASELINE) for g in pipeline.get("baseline_checks") or []]
+    gates += [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
+    env = run_env(run, stage.key)
+    excludes = _excludes(run)
+    for round_no in range(1, 4):
+        before = workspace.manifest(run.worktree, stage.base_commit, excludes)
+        manifest_row = save_manifest(run, stage, before)
+        checks = []
+        for gate, kind in gates:
+            check = _run_gate(run, stage, gate, kind, before["digest"], env, should_stop, round_no)
+            Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
+            checks.append(check.pk)
+            if should_stop():
+                return {"cancelled": True, "checks": checks}
+            if not check.passed:
+                # a failure stops the stage whatever the files are now: nothing to re-run for
+                return {"digest": before["digest"], "checks": checks, "rounds": round_no}
+        after = workspace.manifest(run.worktree, stage.base_commit, excludes)
+        if after["digest"] == before["digest"]:
+            return {"digest": before["digest"], "checks": checks, "rounds": round_no}
+        Check.objects.filter(pk__in=checks).update(stale=True)
+        with transaction.atomic():
+            locked = _fenced(run.pk, plan["lease"])
+            if locked is not None:
+                machine.event(locked, "artifact_changed",
+                              f"The files changed while the gates ran ({before['digest'][:12]} -> "
+                              f"{after['digest'][:12]}); those results belong to the old files and every gate "
+                              f"runs again.", stage=stage)
+    return {"unstable": True, "checks": checks}
+
+
+def _execute_checkpoint(plan: dict) -> dict:
+    stage = _stage_row(plan)
+    run = stage.run
+    entry = JournalEntry.objects.get(pk=plan["journal_id"])
+    existing = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
+    if existing:
+        return {"commit": existing, "created": False, "recovered": True}
+    current = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
+    if current["digest"] != stage.accepted_manifest:
+        return {"changed": True, "digest": current["digest"]}
+    message = f"{run.pipeline_name}: stage {stage.key} (run {run.pk})\n\n{stage.spec['title'] or stage.key}"
+    trailers = {"Control-Panel-Run": str(run.uid), "Control-Panel-Stage": stage.key,
+                "Control-Panel-Journal": str(entry.uid), "Control-Panel-Manifest": current["digest"]}
+    try:
+        result = workspace.commit_checkpoint(run.worktree, run.branch, current["tree"], stage.base_commit, message,
+                                             trailers)
+    except workspace.WorkspaceError as exc:
+        return {"failure_kind": exc.code, "failure_message": exc.message}
+    return {"commit": result["commit"], "created": result["created"]}
+
+
+def crashed(plan: dict, exc: BaseException) -> dict:
+    """The outcome of a step whose own machinery raised: infrastructure broke, not the agent."""
+    return {"crashed": True, "failure_kind": "crashed", "failure_message": f"{type(exc).__name__}: {exc}"}
+
+
+# ----------------------------------------------------------------------------- finish
+
+
+def finish(run: Run, plan: dict, outcome: dict) -> None:
+    """Record the outcome of a step on the locked ``run`` and move it on or stop it."""
+    if plan["kind"] == "finish":
+        machine.succeed(run)
+        return
+    stage = StageRun.objects.select_related("run").get(pk=plan["stage_id"])
+    stage.run = run
+    if outcome.get("crashed"):
+        if plan.get("attempt_id"):
+            Attempt.objects.filter(pk=plan["attempt_id"]).update(
+                status=AttemptStatus.FAILED, failure_kind="crashed", failure_message=outcome["failure_message"],
+                ended_at=timezone.now())
+        machine.stop(run, "crashed", f"The engine failed during the {plan['kind']} step of stage '{stage.key}': "
+                     f"{outcome['failure_message']}", stage=stage)
+        return
+    FINISHERS[plan["kind"]](run, stage, plan, outcome)
+
+
+def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
+    attempt.ended_at = timezone.now()
+    if not outcome.get("launched"):
+        attempt.status = AttemptStatus.FAILED
+        attempt.failure_kind = outcome["failure_kind"]
+        attempt.failure_message = outcome["failure_message"]
+        attempt.save()
+        return
+    result = outcome["result"]
+    attempt.exit_code = result["exit_code"]
+    attempt.signal = result["signal"]
+    attempt.elapsed_seconds = result["elapsed_seconds"]
+    attempt.usage = result["usage"]
+    attempt.session_id = result["session_id"]
+    attempt.final_message = result["final_message"]
+    attempt.cli_version = result["cli_version"]
+    attempt.output_bytes = result["output_bytes"]
+    attempt.redactions = result["redactions"] + outcome.get("prompt_redactions", 0)
+    attempt.failure_kind = result["failure_kind"] or ""
+    attempt.failure_message = result["failure_message"]
+    attempt.patch_path = outcome["patch_path"]
+    attempt.patch_sha256 = outcome["patch"]["sha256"]
+    kind = result["failure_kind"]
+    attempt.status = {None: AttemptStatus.SUCCEEDED, "timeout": AttemptStatus.TIMEOUT,
+                      "cancelled": AttemptStatus.CANCELLED}.get(kind, AttemptStatus.FAILED)
+    attempt.save()
+
+
+def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+    attempt = Attempt.objects.get(pk=plan["attempt_id"])
+    _apply_attempt_result(attempt, outcome)
+    if outcome.get("launched"):
+        manifest = save_manifest(run, stage, outcome["manifest"])
+        attempt.result_manifest = manifest
+        attempt.save(update_fields=["result_manifest"])
+    evidence = {"attempt": attempt.pk}
+    if attempt.status != AttemptStatus.SUCCEEDED:
+        what = {"workspace_branch_in_use": "the run's branch is checked out in another worktree",
+                "missing_executable": "the agent's executable was not found"}.get(attempt.failure_kind, "")
+        message = attempt.failure_message or what or f"attempt {attempt.number} ended {attempt.status}"
+        machine.event(run, "attempt_failed",
+                      f"Attempt {attempt.number} ({attempt.operation}) of stage '{stage.key}' ended "
+                      f"{attempt.status} ({attempt.failure_kind}).", stage=stage, attempt=attempt)
+        machine.stop(run, attempt.failure_kind or "crashed", message, stage=stage, evidence=evidence)
+        return
+    changes = outcome["manifest"]["changes"]
+    machine.event(run, "attempt_done",
+                  f"Attempt {attempt.number} ({attempt.operation}) of stage '{stage.key}' exited 0 after "
+                  f"{attempt.elapsed_seconds:.1f} s and changed {len(changes)} file(s); its claim is not evidence, "
+                  f"the gates decide.", stage=stage, attempt=attempt)
+    machine.implemented(stage)
+
+
+def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+    checks = list(Check.objects.filter(pk__in=outcome.get("checks", [])).order_by("id"))
+    if outcome.get("cancelled"):
+        machine.stop(run, "interrupted", f"Verification of stage '{stage.key}' was stopped before it finished.",
+                     stage=stage)
+        return
+    if outcome.get("unstable"):
+        machine.stop(run, "artifact_unstable",
+                     f"The files of stage '{stage.key}' kept changing while the gates ran (3 rounds); no result "
+                     f"can be trusted.", stage=stage, evidence={"checks": [c.pk for c in checks]})
+        return
+    for check in checks:
+        machine.event(run, "check_passed" if check.passed else "check_failed", _check_sentence(check),
+                      stage=stage, gate_check=check)
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        check = failed[0]
+        machine.stop(run, "gate_failed", _check_sentence(check), stage=stage,
+                     evidence={"check": check.pk, "gate": check.name, "manifest": check.manifest_digest})
+        return
+    machine.event(run, "verified",
+                  f"Every gate of stage '{stage.key}' exited 0 on files {outcome['digest'][:12]}; they go to "
+                  f"the checkpoint.", stage=stage)
+    machine.verified(stage, outcome["digest"])
+
+
+def _check_sentence(check: Check) -> str:
+    label = {"baseline": "Baseline check", "gate": "Gate"}.get(check.kind, "Check")
+    if check.passed:
+        return f"{label} '{check.name}' passed: `{check.command}` exited 0."
+    reasons = {
+        "command_not_found": f"`{check.command}` failed: command not found (exit 127)",
+        "missing_executable": f"`{check.command}` could not start: bash was not found",
+        "timeout": f"`{check.command}` passed its deadline and was killed",
+        "killed": f"`{check.command}` was killed by signal {check.signal}",
+        "cancelled": f"`{check.command}` was stopped because the run stopped",
+    }
+    why = reasons.get(check.failure_kind, f"`{check.command}` exited {check.exit_code}")
+    return f"{label} '{check.name}' failed: {why}; only an exit status of 0 passes."
+
+
+def _finish_checkpoint(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+    entry = JournalEntry.objects.get(pk=plan["journal_id"])
+    if outcome.get("changed"):
+        entry.state = JournalEntry.State.ABANDONED
+        entry.save()
+        machine.event(run, "artifact_changed",
+                      f"The files of stage '{stage.key}' changed after verification (now {outcome['digest'][:12]}); "
+                      f"they are verified again before any checkpoint.", stage=stage)
+        machine.reverify(stage)
+        return
+    if outcome.get("failure_kind"):
+        entry.state = JournalEntry.State.ABANDONED
+        entry.save()
+        machine.stop(run, outcome["failure_kind"], outcome["failure_message"], stage=stage,
+                     evidence={"journal": entry.pk})
+        return
+    entry.state = JournalEntry.State.DONE
+    entry.commit = outcome["commit"]
+    entry.save()
+    how = "committed as" if outcome.get("created") else ("found already committed as" if outcome.get("recovered")
+                                                          else "unchanged; reusing")
+    machine.event(run, "checkpoint",
+                  f"Stage '{stage.key}' checkpoint {how} {outcome['commit'][:12]} on {run.branch}.", stage=stage,
+                  data={"commit": outcome["commit"]})
+    machine.checkpointed(stage, outcome["commit"])
+
+
+def record_late(run: Run, plan: dict, outcome: dict) -> None:
+    """A result that arrived after the run moved on: kept as evidence, changes nothing."""
+    if plan.get("attempt_id"):
+        attempt = Attempt.objects.get(pk=plan["attempt_id"])
+        if attempt.status in (AttemptStatus.PREPARING, AttemptStatus.RUNNING) and "launched" in outcome:
+            _apply_attempt_result(attempt, outcome)
+        attempt.late = True
+        attempt.save(update_fields=["late"])
+    machine.event(run, "late_result",
+                  f"A result of the {plan['kind']} step arrived after the run moved on; it was stored as late "
+                  f"and changed nothing.", data={"step": plan["kind"]})
+
+
+FINISHERS = {"implement": _finish_agent, "verify": _finish_verify, "checkpoint": _finish_checkpoint}
+
+
+def remove_scratch(run_id: int) -> None:
+    """Remove the run's temporary folders (its worktree and control records stay)."""
+    shutil.rmtree(Path(settings.VAR_DIR) / "scratch" / f"run-{run_id}", ignore_errors=True)
+
+
+__all__ = ["begin", "execute", "finish", "crashed", "record_late", "run_env", "var_path", "save_manifest"]

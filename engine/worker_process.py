@@ -1,0 +1,65 @@
+"""Start and stop a Celery worker of the Run Engine as a separate process (demo and tests).
+
+The worker is the real one (``celery -A controlpanel worker``); this only launches it with
+the flags the embedded filesystem broker needs and waits until it says it is ready.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def worker_argv(concurrency: int = 2, queue: str = "runs", loglevel: str = "info", beat: bool = False) -> list[str]:
+    """The argument array of a worker: prefork pool, no gossip/mingle/heartbeat (the filesystem
+    broker has no fanout exchange for them); ``beat`` embeds the beat scheduler (one per system)."""
+    argv = [sys.executable, "-m", "celery", "-A", "controlpanel", "worker", "-l", loglevel, "-c", str(concurrency),
+            "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"engine-{os.getpid()}@%h"]
+    if beat:
+        argv += ["-B", "-s", os.path.join(os.environ.get("CP_VAR_DIR", str(BASE_DIR / "var")), "celerybeat-schedule")]
+    return argv
+
+
+def start_worker(log_path: str, env: dict | None = None, concurrency: int = 2, ready_timeout: float = 60.0,
+                 beat: bool = False) -> subprocess.Popen:
+    """Launch a worker in its own session writing to ``log_path``; returns once it logged 'ready'.
+
+    Raises RuntimeError (with the log's tail) when it exits or is not ready within ``ready_timeout`` seconds.
+    """
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(worker_argv(concurrency, beat=beat), cwd=str(BASE_DIR), env=env or os.environ.copy(),
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the worker exited with {proc.returncode}:\n{_tail(log_path)}")
+        if b" ready." in Path(log_path).read_bytes():
+            return proc
+        time.sleep(0.2)
+    stop_worker(proc)
+    raise RuntimeError(f"the worker was not ready after {ready_timeout:.0f} s:\n{_tail(log_path)}")
+
+
+def stop_worker(proc: subprocess.Popen, timeout: float = 20.0) -> int | None:
+    """Warm shutdown (SIGTERM to its process group), then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+    return proc.returncode
+
+
+def _tail(path: str, size: int = 4000) -> str:
+    data = Path(path).read_bytes()
+    return data[-size:].decode("utf-8", errors="replace")

@@ -1,0 +1,1244 @@
+"""Git plumbing for the Run Engine: worktree and branch, status, manifest, patch, checkpoint.
+
+A mechanism module: it takes and returns plain values (strings, lists, dicts) and does not
+import Django. Every git invocation goes through :func:`git` with an argument array (never a
+shell), ``-c core.quotepath=false``, ``-z`` output wherever paths are parsed, no terminal
+prompts and the C locale, so git's messages are stable and paths with spaces, non-ASCII
+characters or newlines survive.
+
+The original checkout is never modified: read-only questions are asked with
+``--no-optional-locks`` (so ``git status`` does not even refresh its index), and the shared
+repository state written is limited to run branches, the ``.git/worktrees/<id>`` entries this
+module creates or proves stale, and the submodule initialisation git records for a worktree.
+
+Facts about git used here were checked against git 2.39.5:
+
+* ``git worktree list --porcelain -z`` (2.36+), ``git rev-parse --end-of-options`` (2.30+).
+* ``git read-tree -m <tree>`` with a single tree keeps the stat information of index entries
+  whose content matches the tree, so ``git add -A`` re-hashes only files that changed.
+* ``git ls-files -c -i --exclude-from=<file>`` applies gitignore semantics (directory patterns,
+  ``!`` negation) to tracked paths.
+* ``git worktree remove --force`` removes a worktree with initialised submodules.
+* ``%(trailers:key=<k>,valueonly)`` in ``git log --format`` (2.22+).
+
+Errors are raised as :class:`WorkspaceError` with a stable ``code`` and a sentence a person
+understands in ``message``.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Iterator
+
+__all__ = [
+    "CHECKPOINT_IDENTITY",
+    "DEFAULT_EXCLUDES",
+    "WorkspaceError",
+    "branch_tip",
+    "commit_checkpoint",
+    "ensure_worktree",
+    "find_commit_with_trailer",
+    "git",
+    "manifest",
+    "remove_worktree",
+    "repo_lock",
+    "repo_root",
+    "resolve_commit",
+    "uncommitted_changes",
+    "write_patch",
+]
+
+#: Gitignore-style patterns (same syntax and semantics as a ``.gitignore`` file, including
+#: ``!`` negation) for transient data and secrets that are never taken into a manifest, a
+#: patch or a checkpoint, tracked or not. An excluded path keeps its state at the base commit.
+#:
+#: * secrets: dotenv files (``.env``, ``.env.*`` except ``.env.example``), private keys
+#:   (``*.pem``, ``id_rsa*``, ``id_ed25519*``, ``id_ecdsa*``, ``id_dsa*``);
+#: * caches and virtual environments: ``__pycache__/``, ``*.pyc``, ``.pytest_cache/``,
+#:   ``.mypy_cache/``, ``.ruff_cache/``, ``.tox/``, ``.nox/``, ``.venv/``, ``venv/``,
+#:   ``node_modules/``;
+#: * build and coverage output: ``build/``, ``dist/``, ``*.egg-info/``, ``.coverage``,
+#:   ``htmlcov/``;
+#: * desktop litter: ``.DS_Store``;
+#: * ``.cp/``: the run's own scratch directory, should it ever be placed inside a worktree.
+#:
+#: Patterns without a slash match at any depth; a trailing ``/`` matches directories only.
+DEFAULT_EXCLUDES: list[str] = [
+    ".env",
+    ".env.*",
+    "!.env.example",
+    "*.pem",
+    "id_rsa*",
+    "id_ed25519*",
+    "id_ecdsa*",
+    "id_dsa*",
+    "__pycache__/",
+    "*.pyc",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".tox/",
+    ".nox/",
+    ".venv/",
+    "venv/",
+    "node_modules/",
+    "build/",
+    "dist/",
+    "*.egg-info/",
+    ".coverage",
+    "htmlcov/",
+    ".DS_Store",
+    ".cp/",
+]
+
+#: Author and committer of checkpoint commits (set through the environment, so no user git
+#: configuration is needed).
+CHECKPOINT_IDENTITY = {"name": "Control Panel", "email": "engine@controlpanel.local"}
+
+#: Seconds allowed for ``git submodule update --init --recursive`` in a new worktree.
+SUBMODULE_TIMEOUT_SECONDS = 900
+
+_NULL_OID = "0" * 40
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+_TRAILER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*")
+
+# Variables that would point git at another repository, index or configuration than the one
+# we name; inherited values (for example when the engine runs under a git hook) are dropped.
+_REDIRECTING_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_CONFIG_COUNT",
+    "GIT_QUARANTINE_PATH",
+)
+
+# Settings for commands that work on a temporary index: never split it, never cache
+# untracked directories in it, never ask an fsmonitor hook about it.
+_TEMP_INDEX_CONFIG = [
+    "-c", "core.splitIndex=false",
+    "-c", "core.untrackedCache=false",
+    "-c", "core.fsmonitor=false",
+    "-c", "advice.addEmbeddedRepo=false",
+]
+
+
+class WorkspaceError(Exception):
+    """A workspace operation failed or was refused.
+
+    Attributes:
+        code: stable machine code, one of ``path_not_found``, ``not_a_repository``,
+            ``unknown_revision``, ``ambiguous_revision``, ``not_a_commit``,
+            ``workspace_branch_in_use``, ``workspace_branch_exists``,
+            ``workspace_path_exists``, ``submodule_init_failed``, ``head_moved``,
+            ``git_failed``.
+        message: one sentence a person understands, naming the path or revision.
+        detail: git's own stderr (decoded), when there is one; may be empty.
+    """
+
+    def __init__(self, code: str, message: str, *, detail: str = "") -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+# ---------------------------------------------------------------------------------------------
+# Running git
+# ---------------------------------------------------------------------------------------------
+
+
+def _git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _REDIRECTING_ENV}
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    env["LC_ALL"] = "C"
+    env.pop("LANGUAGE", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", "replace").strip()
+
+
+def git(
+    args: list[str],
+    cwd: str,
+    *,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    input: bytes | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``git -c core.quotepath=false <args>`` in ``cwd`` and capture its output as bytes.
+
+    Args:
+        args: git arguments after the program name, e.g. ``["rev-parse", "HEAD"]``.
+        cwd: directory to run in.
+        env: extra environment variables, applied on top of the process environment (from
+            which variables that would redirect git, like ``GIT_DIR`` or ``GIT_INDEX_FILE``,
+            are removed unless given here). ``GIT_TERMINAL_PROMPT=0`` and ``LC_ALL=C`` are set.
+        check: raise on a non-zero exit status.
+        input: bytes for stdin; stdin is ``/dev/null`` when None, so git never waits on it.
+        timeout: seconds before the command is killed (None: no limit).
+
+    Returns:
+        ``subprocess.CompletedProcess`` with ``stdout``/``stderr`` as bytes.
+
+    Raises:
+        WorkspaceError: ``git_failed`` when ``check`` and git exits non-zero, when git cannot
+            be started, or on timeout; the message names the command and quotes git's stderr.
+    """
+    cmd = ["git", "-c", "core.quotepath=false", *args]
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=cwd,
+            env=_git_env(env),
+            input=input,
+            stdin=subprocess.DEVNULL if input is None else None,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise WorkspaceError(
+            "git_failed",
+            f"git {' '.join(args[:2])} in {cwd} did not finish within {timeout} seconds.",
+            detail=_decode(exc.stderr),
+        ) from None
+    except OSError as exc:
+        raise WorkspaceError(
+            "git_failed", f"Could not run git {' '.join(args[:2])} in {cwd}: {exc}."
+        ) from None
+    if check and proc.returncode != 0:
+        stderr = _decode(proc.stderr)
+        raise WorkspaceError(
+            "git_failed",
+            f"git {' '.join(args[:2])} failed in {cwd} (exit {proc.returncode}): "
+            f"{stderr or 'no message'}",
+            detail=stderr,
+        )
+    return proc
+
+
+def _out(args: list[str], cwd: str, **kwargs) -> str:
+    """stdout of a successful git command, decoded, trailing newline removed."""
+    return git(args, cwd, **kwargs).stdout.decode("utf-8", "surrogateescape").rstrip("\n")
+
+
+def _fs(path: bytes) -> str:
+    """A path from git's -z output as a str usable with the os module (lossless)."""
+    return os.fsdecode(path)
+
+
+def _split_z(data: bytes) -> list[bytes]:
+    items = data.split(b"\0")
+    if items and items[-1] == b"":
+        items.pop()
+    return items
+
+
+# ---------------------------------------------------------------------------------------------
+# Repository and revisions
+# ---------------------------------------------------------------------------------------------
+
+
+def repo_root(path: str) -> str:
+    """Absolute top-level directory of the git work tree that contains ``path``.
+
+    Args:
+        path: a file or directory inside a work tree (the original checkout or a worktree).
+
+    Returns:
+        The absolute, symlink-resolved top-level directory (str).
+
+    Raises:
+        WorkspaceError: ``path_not_found`` if ``path`` does not exist; ``not_a_repository``
+            if it is not inside a git work tree (a bare repository, or a ``.git`` directory
+            itself, is refused the same way).
+    """
+    if not os.path.exists(path):
+        raise WorkspaceError("path_not_found", f"The path {path} does not exist.")
+    start = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    proc = git(["rev-parse", "--is-bare-repository", "--is-inside-work-tree"], start,
+               check=False)
+    lines = proc.stdout.decode().split()
+    if proc.returncode != 0 or lines != ["false", "true"]:
+        raise WorkspaceError(
+            "not_a_repository",
+            f"The path {path} is not inside a git work tree"
+            + (" (it is a bare repository)." if lines[:1] == ["true"] else "."),
+            detail=_decode(proc.stderr),
+        )
+    top = _out(["rev-parse", "--show-toplevel"], start)
+    return os.path.realpath(top)
+
+
+def _check_rev_text(rev: str) -> None:
+    if not isinstance(rev, str) or not rev or rev.startswith("-") or any(
+        c in rev for c in "\0\n\r"
+    ):
+        raise WorkspaceError(
+            "unknown_revision",
+            f"The revision {rev!r} is not a valid revision name.",
+        )
+
+
+def _ambiguous(stderr: str) -> bool:
+    return "is ambiguous" in stderr
+
+
+def resolve_commit(repo: str, rev: str) -> str:
+    """Resolve a revision name to the full id of the commit it names.
+
+    A branch, a tag (annotated tags are peeled, through nested tags too), a full or short
+    commit id, or any rev-parse expression naming a commit (``HEAD~2``, ``main@{1}``) is
+    accepted.
+
+    Args:
+        repo: a directory inside the repository.
+        rev: the revision name as a person typed it.
+
+    Returns:
+        The commit id, 40 lowercase hex characters.
+
+    Raises:
+        WorkspaceError: ``unknown_revision`` if nothing by that name exists, or ``rev`` is
+            empty or starts with ``-`` (refused so it is never read as an option);
+            ``ambiguous_revision`` for a short id matching several objects or a name
+            matching several refs (e.g. a tag and a branch both called ``v1``);
+            ``not_a_commit`` if it names a tree or a blob (e.g. ``HEAD:README``) or a tag of
+            one; ``git_failed`` for other git failures.
+    """
+    _check_rev_text(rev)
+    proc = git(["rev-parse", "--verify", "--end-of-options", f"{rev}^{{commit}}"], repo,
+               check=False)
+    stderr = _decode(proc.stderr)
+    if _ambiguous(stderr):
+        raise WorkspaceError(
+            "ambiguous_revision",
+            f"The revision {rev!r} is ambiguous in {repo}: use a longer commit id or a full "
+            f"ref name such as refs/heads/{rev} or refs/tags/{rev}.",
+            detail=stderr,
+        )
+    if proc.returncode == 0:
+        oid = proc.stdout.decode().strip()
+        if _HEX40.fullmatch(oid):
+            return oid
+    # Tell the kinds apart: resolve without the peel (``HEAD:path^{commit}`` would otherwise
+    # be read as a path) and look at the object's type.
+    proc = git(["rev-parse", "--verify", "--end-of-options", rev], repo, check=False)
+    stderr = _decode(proc.stderr)
+    if _ambiguous(stderr):
+        raise WorkspaceError(
+            "ambiguous_revision",
+            f"The revision {rev!r} is ambiguous in {repo}: use a longer commit id or a full "
+            f"ref name.",
+            detail=stderr,
+        )
+    if proc.returncode != 0:
+        raise WorkspaceError(
+            "unknown_revision",
+            f"The revision {rev!r} does not exist in {repo}.",
+            detail=stderr,
+        )
+    oid = proc.stdout.decode().strip()
+    peeled = git(["rev-parse", "--verify", "--end-of-options", f"{oid}^{{}}"], repo,
+                 check=False)
+    target = peeled.stdout.decode().strip() if peeled.returncode == 0 else oid
+    kind = git(["cat-file", "-t", target], repo, check=False)
+    if kind.returncode != 0:
+        raise WorkspaceError(
+            "unknown_revision",
+            f"The revision {rev!r} names object {oid} which is not in {repo}.",
+            detail=_decode(kind.stderr),
+        )
+    kind_name = kind.stdout.decode().strip()
+    raise WorkspaceError(
+        "not_a_commit",
+        f"The revision {rev!r} in {repo} names a {kind_name}, not a commit.",
+    )
+
+
+def _rev_or_none(repo: str, name: str) -> str | None:
+    proc = git(["rev-parse", "--verify", "--quiet", "--end-of-options", name], repo,
+               check=False)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.decode().strip() or None
+
+
+def _check_branch_name(branch: str) -> None:
+    if not isinstance(branch, str) or not branch or branch.startswith("-") or any(
+        c in branch for c in "\0\n\r"
+    ):
+        raise ValueError(f"Invalid branch name {branch!r}.")
+    proc = git(["check-ref-format", f"refs/heads/{branch}"], "/", check=False)
+    if proc.returncode != 0 or branch == "HEAD":
+        raise ValueError(f"Invalid branch name {branch!r}.")
+
+
+def branch_tip(repo: str, branch: str) -> str | None:
+    """The commit id at the tip of local branch ``branch``, or None if it does not exist.
+
+    Args:
+        repo: a directory inside the repository (any of its worktrees).
+        branch: short branch name, e.g. ``cp/run-7`` (looked up as ``refs/heads/<branch>``).
+
+    Returns:
+        40-hex commit id, or None.
+
+    Raises:
+        ValueError: ``branch`` is not a valid branch name.
+    """
+    _check_branch_name(branch)
+    return _rev_or_none(repo, f"refs/heads/{branch}^{{commit}}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Status of the original checkout
+# ---------------------------------------------------------------------------------------------
+
+_UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
+
+
+def _status_word(xy: str) -> str:
+    if xy == "??":
+        return "untracked"
+    if xy in _UNMERGED:
+        return "conflicted"
+    if "R" in xy:
+        return "renamed"
+    if "C" in xy:
+        return "copied"
+    if xy[0] == "A":
+        return "added"
+    if "D" in xy:
+        return "deleted"
+    if "T" in xy:
+        return "type_changed"
+    return "modified"
+
+
+def uncommitted_changes(repo: str) -> list[dict]:
+    """What in the original checkout will NOT be included in a run (it starts from a commit).
+
+    Read-only: runs ``git --no-optional-locks status --porcelain=v1 -z
+    --untracked-files=all``, so git does not refresh or rewrite the index (its bytes and
+    mtime stay the same). Ignored files are not listed; submodules with changes are listed
+    as ``modified``.
+
+    Args:
+        repo: the original checkout (any directory inside it).
+
+    Returns:
+        A list in git's order of ``{"path": str, "status": str, "xy": str}`` where ``xy`` is
+        the two-letter porcelain code and ``status`` one of ``modified``, ``added``,
+        ``deleted``, ``renamed``, ``copied``, ``type_changed``, ``untracked``,
+        ``conflicted``. Renames and copies also carry ``"orig_path"``.
+
+    Raises:
+        WorkspaceError: ``git_failed`` if git status fails.
+    """
+    proc = git(
+        ["--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all",
+         "--ignore-submodules=none"],
+        repo,
+        env={"GIT_OPTIONAL_LOCKS": "0"},
+    )
+    items = _split_z(proc.stdout)
+    result: list[dict] = []
+    i = 0
+    while i < len(items):
+        raw = items[i]
+        xy = raw[:2].decode("ascii", "replace")
+        entry = {"path": _fs(raw[3:]), "status": _status_word(xy), "xy": xy}
+        i += 1
+        if "R" in xy or "C" in xy:
+            if i < len(items):
+                entry["orig_path"] = _fs(items[i])
+            i += 1
+        result.append(entry)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Worktrees
+# ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def repo_lock(lock_dir: str, repo: str) -> Iterator[str]:
+    """Hold an exclusive lock for worktree add/remove/prune on one source repository.
+
+    The lock is ``fcntl.flock(LOCK_EX)`` on ``<lock_dir>/<sha256 of realpath(repo)>.lock``;
+    it blocks until granted and is released when the block exits (or the process dies). It
+    is shared by all processes (and threads: each acquisition opens its own descriptor)
+    using the same ``lock_dir``. It is not re-entrant: do not nest two locks on one repo.
+    Pass the repository's top-level directory so all callers agree on the key.
+
+    Args:
+        lock_dir: directory for lock files (created if missing), outside any worktree.
+        repo: the source repository's top-level directory.
+
+    Yields:
+        The lock file path.
+    """
+    os.makedirs(lock_dir, exist_ok=True)
+    key = hashlib.sha256(os.fsencode(os.path.realpath(repo))).hexdigest()
+    lock_path = os.path.join(lock_dir, f"{key}.lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield lock_path
+    finally:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _common_dir(repo: str) -> str:
+    common = _out(["rev-parse", "--git-common-dir"], repo)
+    return os.path.realpath(os.path.join(repo, common))
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _worktree_list(repo: str) -> list[dict]:
+    """Parse ``git worktree list --porcelain -z`` into dicts (path, head, branch, flags)."""
+    data = git(["worktree", "list", "--porcelain", "-z"], repo).stdout
+    records: list[dict] = []
+    current: dict | None = None
+    for field in data.split(b"\0"):
+        if field == b"":
+            if current is not None:
+                records.append(current)
+                current = None
+            continue
+        key, _, value = field.partition(b" ")
+        if key == b"worktree":
+            if current is not None:
+                records.append(current)
+            current = {"path": _fs(value), "head": None, "branch": None, "detached": False,
+                       "bare": False, "locked": None, "prunable": None}
+        elif current is None:
+            continue
+        elif key == b"HEAD":
+            current["head"] = value.decode()
+        elif key == b"branch":
+            current["branch"] = _fs(value)
+        elif key in (b"detached", b"bare"):
+            current[key.decode()] = True
+        elif key in (b"locked", b"prunable"):
+            current[key.decode()] = value.decode("utf-8", "replace")
+    if current is not None:
+        records.append(current)
+    return records
+
+
+def _admin_dirs(common: str) -> set[str]:
+    base = os.path.join(common, "worktrees")
+    try:
+        return {os.path.join(base, name) for name in os.listdir(base)}
+    except FileNotFoundError:
+        return set()
+
+
+def _admin_dir_for(common: str, path: str) -> str | None:
+    """The ``.git/worktrees/<id>`` directory whose ``gitdir`` file points at ``path``/.git."""
+    for admin in sorted(_admin_dirs(common)):
+        try:
+            with open(os.path.join(admin, "gitdir"), "rb") as fh:
+                gitdir = os.fsdecode(fh.read().rstrip(b"\n"))
+        except OSError:
+            continue
+        if not os.path.isabs(gitdir):
+            gitdir = os.path.join(admin, gitdir)
+        if os.path.basename(gitdir) == ".git" and _same_path(os.path.dirname(gitdir), path):
+            return admin
+    return None
+
+
+def _gitlinks(directory: str) -> list[tuple[str, str]]:
+    """(path, pinned commit) of the gitlinks in the index of the repository at directory."""
+    out = git(["ls-files", "--stage", "-z"], directory).stdout
+    links = []
+    for item in _split_z(out):
+        meta, _, path = item.partition(b"\t")
+        mode, oid, _stage = meta.split(b" ")
+        if mode == b"160000":
+            links.append((_fs(path), oid.decode()))
+    return links
+
+
+def _submodule_report(directory: str, prefix: str = "") -> list[dict]:
+    """Each (recursive) submodule's path, pinned commit and checked-out commit (or None)."""
+    report = []
+    for path, pinned in _gitlinks(directory):
+        sub = os.path.join(directory, path)
+        head = None
+        if os.path.exists(os.path.join(sub, ".git")):
+            head = _rev_or_none(sub, "HEAD^{commit}")
+        report.append({"path": prefix + path, "commit": head, "pinned": pinned})
+        if head is not None:
+            report.extend(_submodule_report(sub, prefix + path + "/"))
+    return report
+
+
+def _summary(stderr: str) -> str:
+    """git's first fatal/error line, and its last line when that differs."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    first = next((line for line in lines if line.startswith(("fatal:", "error:"))), lines[-1])
+    return first if first == lines[-1] else f"{first} ({lines[-1]})"
+
+
+def _init_submodules(worktree: str) -> None:
+    env = {}
+    if "GIT_SSH_COMMAND" not in os.environ and "GIT_SSH" not in os.environ:
+        env["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"  # never wait for a passphrase
+    try:
+        proc = git(
+            ["-c", "protocol.file.allow=always", "-c", "core.hooksPath=/dev/null",
+             "submodule", "update", "--init", "--recursive"],
+            worktree, env=env, check=False, timeout=SUBMODULE_TIMEOUT_SECONDS,
+        )
+    except WorkspaceError as exc:  # timeout or git missing
+        raise WorkspaceError("submodule_init_failed", exc.message, detail=exc.detail) from None
+    if proc.returncode != 0:
+        stderr = _decode(proc.stderr)
+        raise WorkspaceError(
+            "submodule_init_failed",
+            f"The submodules of worktree {worktree} could not be populated: "
+            f"{_summary(stderr) or 'git submodule update failed'}",
+            detail=stderr,
+        )
+
+
+def ensure_worktree(
+    repo: str,
+    path: str,
+    branch: str,
+    commit: str,
+    *,
+    branch_owned: bool,
+    lock_dir: str,
+) -> dict:
+    """Make sure ``path`` is a worktree of ``repo`` with ``branch`` checked out.
+
+    Every refusal is decided before anything is written (field case C01): a refused call
+    leaves no directory at ``path``, no new ``.git/worktrees/<id>`` entry, and ``git worktree
+    list`` unchanged. The whole operation holds :func:`repo_lock` for ``repo``.
+
+    Decisions, in order:
+
+    1. ``path`` is a live registered worktree of ``repo`` on ``branch``: reuse it (submodules
+       are reported, not updated, so work inside them is not reset).
+    2. ``path`` is registered but its directory is gone (C02): that one registration (the
+       ``.git/worktrees/<id>`` whose ``gitdir`` points at ``path``) is removed and creation
+       proceeds; other registrations are untouched. A *locked* stale registration is
+       respected and refused as ``workspace_path_exists``.
+    3. ``branch`` is checked out in another worktree (including the main checkout):
+       ``workspace_branch_in_use``.
+    4. ``path`` exists on disk: ``workspace_path_exists``.
+    5. ``branch`` exists: with ``branch_owned`` it is checked out as it is (``commit`` is
+       ignored: its tip holds the run's checkpoints); without, ``workspace_branch_exists``.
+       Otherwise ``branch`` is created at ``commit``.
+
+    Repository hooks are not run (``core.hooksPath=/dev/null``). If the checked-out tree has
+    ``.gitmodules``, ``git -c protocol.file.allow=always submodule update --init
+    --recursive`` runs in the new worktree (C04). Its clones live under the worktree's own
+    admin directory (``.git/worktrees/<id>/modules``); like ``git submodule init`` anywhere,
+    it records ``submodule.<name>.url``/``.active`` in the repository's shared config when
+    they are not there yet (git has no per-worktree place for them unless
+    ``extensions.worktreeConfig`` is enabled); existing values are not changed, and the
+    original checkout's files, index and submodule directories are not touched.
+
+    Args:
+        repo: the source repository (its top-level directory).
+        path: where the worktree lives (made absolute; parents are created).
+        branch: short branch name, e.g. ``cp/run-7``.
+        commit: revision the new branch starts at (resolved with :func:`resolve_commit`).
+        branch_owned: the branch belongs to this run (it was created by it earlier).
+        lock_dir: directory of the per-repository lock files.
+
+    Returns:
+        ``{"created": bool, "pruned_stale": bool, "head": str (40-hex HEAD of the worktree),
+        "path": str (absolute), "submodules": [{"path": str, "commit": str | None,
+        "pinned": str}]}``; submodule paths are relative to the worktree, nested ones joined
+        with ``/``; ``commit`` is the checked-out commit (None if not populated).
+
+    Raises:
+        WorkspaceError: ``path_not_found``/``not_a_repository`` for ``repo``;
+            ``workspace_branch_in_use``, ``workspace_path_exists``,
+            ``workspace_branch_exists``; ``unknown_revision``/``ambiguous_revision``/
+            ``not_a_commit`` for ``commit``; ``submodule_init_failed`` (the worktree is left
+            in place for inspection); ``git_failed``.
+        ValueError: ``branch`` is not a valid branch name.
+    """
+    _check_branch_name(branch)
+    top = repo_root(repo)
+    path = os.path.abspath(path)
+    ref = f"refs/heads/{branch}"
+    with repo_lock(lock_dir, repo):
+        common = _common_dir(top)
+        entries = _worktree_list(top)
+        mine = [e for e in entries if _same_path(e["path"], path)]
+        live = [e for e in mine if os.path.isdir(e["path"])]
+        stale = [e for e in mine if not os.path.isdir(e["path"])]
+
+        # 1. Reuse our own live worktree.
+        for entry in live:
+            if entry["branch"] == ref and os.path.exists(os.path.join(path, ".git")):
+                head = _out(["rev-parse", "HEAD"], path)
+                return {"created": False, "pruned_stale": False, "head": head, "path": path,
+                        "submodules": _submodule_report(path)}
+
+        # 2. A stale registration of our path will be removed (decided now, done later).
+        stale_admin: list[str] = []
+        for entry in stale:
+            if entry["locked"] is not None:
+                raise WorkspaceError(
+                    "workspace_path_exists",
+                    f"The worktree path {path} is registered in {top} as a locked worktree "
+                    f"whose directory is missing; unlock or prune it by hand.",
+                )
+            admin = _admin_dir_for(common, path)
+            if admin is None:
+                raise WorkspaceError(
+                    "git_failed",
+                    f"The stale worktree registration for {path} in {top} could not be "
+                    f"located under {common}/worktrees.",
+                )
+            stale_admin.append(admin)
+
+        # 3. Branch checked out in some other worktree.
+        for entry in entries:
+            if entry["branch"] == ref and entry not in stale:
+                where = entry["path"]
+                missing = "" if os.path.isdir(where) else (
+                    " (its directory is missing; run git worktree prune)")
+                raise WorkspaceError(
+                    "workspace_branch_in_use",
+                    f"The branch {branch} is already checked out in the worktree at "
+                    f"{where}{missing}.",
+                )
+
+        # 4. Something else at the path.
+        if os.path.lexists(path):
+            raise WorkspaceError(
+                "workspace_path_exists",
+                f"The worktree path {path} already exists and is not a worktree of {top} on "
+                f"branch {branch}.",
+            )
+
+        # 5. Branch ownership.
+        branch_exists = _rev_or_none(top, ref) is not None
+        if branch_exists and not branch_owned:
+            raise WorkspaceError(
+                "workspace_branch_exists",
+                f"The branch {branch} already exists in {top} and does not belong to this "
+                f"run; it is never taken over.",
+            )
+        start = None if branch_exists else resolve_commit(top, commit)
+
+        # --- Writes start here. ---
+        for admin in stale_admin:
+            shutil.rmtree(admin)
+        pruned = bool(stale_admin)
+
+        first_missing = path
+        while not os.path.exists(os.path.dirname(first_missing)):
+            first_missing = os.path.dirname(first_missing)
+        admins_before = _admin_dirs(common)
+        hooks_off = ["-c", "core.hooksPath=/dev/null"]
+        if branch_exists:
+            args = [*hooks_off, "worktree", "add", "--quiet", path, branch]
+        else:
+            args = [*hooks_off, "worktree", "add", "--quiet", "--no-track", "-b", branch,
+                    path, start]
+        proc = git(args, top, check=False)
+        if proc.returncode != 0:
+            if not branch_exists and _rev_or_none(top, ref) == start:
+                git(["update-ref", "-d", ref, start], top, check=False)
+            for admin in _admin_dirs(common) - admins_before:
+                shutil.rmtree(admin, ignore_errors=True)
+            if os.path.lexists(first_missing):
+                shutil.rmtree(first_missing, ignore_errors=True)
+            stderr = _decode(proc.stderr)
+            raise WorkspaceError(
+                "git_failed",
+                f"Creating the worktree {path} on branch {branch} failed: {stderr}",
+                detail=stderr,
+            )
+
+        if os.path.exists(os.path.join(path, ".gitmodules")):
+            _init_submodules(path)
+        head = _out(["rev-parse", "HEAD"], path)
+        return {"created": True, "pruned_stale": pruned, "head": head, "path": path,
+                "submodules": _submodule_report(path)}
+
+
+def remove_worktree(
+    repo: str,
+    path: str,
+    *,
+    lock_dir: str,
+    delete_branch: str | None = None,
+) -> None:
+    """Remove the worktree at ``path`` (and optionally a branch), holding :func:`repo_lock`.
+
+    Uses ``git worktree remove --force`` (uncommitted work in it is discarded). A registered
+    worktree whose directory is already gone has just its registration removed; a path that
+    is neither registered nor present is fine. A branch to delete that does not exist is
+    fine too.
+
+    Args:
+        repo: the source repository (its top-level directory).
+        path: the worktree directory.
+        lock_dir: directory of the per-repository lock files.
+        delete_branch: short name of a branch to delete afterwards (``git branch -D``).
+
+    Raises:
+        WorkspaceError: ``workspace_path_exists`` if ``path`` exists but is not a worktree of
+            ``repo`` (it is never deleted); ``workspace_branch_in_use`` if ``delete_branch``
+            is checked out in another worktree; ``git_failed``.
+        ValueError: ``delete_branch`` is not a valid branch name.
+    """
+    if delete_branch is not None:
+        _check_branch_name(delete_branch)
+    top = repo_root(repo)
+    path = os.path.abspath(path)
+    with repo_lock(lock_dir, repo):
+        common = _common_dir(top)
+        entries = [e for e in _worktree_list(top) if _same_path(e["path"], path)]
+        if entries and _same_path(entries[0]["path"], top):
+            raise WorkspaceError(
+                "workspace_path_exists",
+                f"The path {path} is the main checkout of {top}; it is never removed.",
+            )
+        if not entries:
+            if os.path.lexists(path):
+                raise WorkspaceError(
+                    "workspace_path_exists",
+                    f"The path {path} is not a worktree of {top}; it was not removed.",
+                )
+        elif not os.path.isdir(path):
+            admin = _admin_dir_for(common, path)
+            if admin is not None:
+                shutil.rmtree(admin)
+        else:
+            git(["worktree", "remove", "--force", path], top)
+
+        if delete_branch is not None:
+            ref = f"refs/heads/{delete_branch}"
+            if _rev_or_none(top, ref) is not None:
+                for entry in _worktree_list(top):
+                    if entry["branch"] == ref:
+                        raise WorkspaceError(
+                            "workspace_branch_in_use",
+                            f"The branch {delete_branch} is checked out in the worktree at "
+                            f"{entry['path']}; it was not deleted.",
+                        )
+                git(["branch", "-D", delete_branch], top)
+
+
+# ---------------------------------------------------------------------------------------------
+# Manifest and patch
+# ---------------------------------------------------------------------------------------------
+
+
+def _ls_files_stage(cwd: str, args: list[str], env: dict) -> dict[str, tuple[str, str]]:
+    out = git([*_TEMP_INDEX_CONFIG, "ls-files", "--stage", "-z", *args], cwd, env=env).stdout
+    entries = {}
+    for item in _split_z(out):
+        meta, _, path = item.partition(b"\t")
+        mode, oid, _stage = meta.split(b" ")
+        entries[_fs(path)] = (mode.decode(), oid.decode())
+    return entries
+
+
+def _ls_files_paths(cwd: str, args: list[str], env: dict, config: list[str]) -> list[str]:
+    out = git([*_TEMP_INDEX_CONFIG, *config, "ls-files", "-z", *args], cwd, env=env).stdout
+    return [_fs(p) for p in _split_z(out)]
+
+
+def _drop_listed_parents(paths: list[str]) -> list[str]:
+    listed = set(paths)
+    parents = set()
+    for path in paths:
+        parts = path.rstrip("/").split("/")
+        parents.update("/".join(parts[:i]) + "/" for i in range(1, len(parts)))
+    return [p for p in listed if p not in parents]
+
+
+def _covered(path: str, prefixes: set[str]) -> bool:
+    if path in prefixes:
+        return True
+    parts = path.rstrip("/").split("/")
+    return any("/".join(parts[:i]) + "/" in prefixes for i in range(1, len(parts)))
+
+
+def _tree_entries(cwd: str, tree: str) -> list[dict]:
+    out = git(["ls-tree", "-r", "-z", "--full-tree", tree], cwd).stdout
+    entries = []
+    for item in _split_z(out):
+        meta, _, path = item.partition(b"\t")
+        mode, _kind, oid = meta.split(b" ")
+        entries.append({"path": _fs(path), "mode": mode.decode(), "blob": oid.decode()})
+    entries.sort(key=lambda e: os.fsencode(e["path"]))
+    return entries
+
+
+_DIFF_STATUS = {"A": "added", "D": "deleted", "T": "type_changed"}
+
+
+def _tree_changes(cwd: str, base: str, tree: str) -> list[dict]:
+    out = git(["diff-tree", "-r", "-z", "--no-renames", "--no-ext-diff",
+               "--ignore-submodules=none", base, tree], cwd).stdout
+    items = _split_z(out)
+    changes = []
+    for i in range(0, len(items) - 1, 2):
+        old_mode, new_mode, old_blob, new_blob, status = items[i].lstrip(b":").decode().split()
+        letter = status[0]
+        if letter == "M":
+            word = "mode_changed" if old_blob == new_blob else "modified"
+        else:
+            word = _DIFF_STATUS.get(letter, "modified")
+        changes.append({
+            "path": _fs(items[i + 1]),
+            "status": word,
+            "old_mode": None if old_mode == "000000" else old_mode,
+            "new_mode": None if new_mode == "000000" else new_mode,
+            "old_blob": None if old_blob == _NULL_OID else old_blob,
+            "new_blob": None if new_blob == _NULL_OID else new_blob,
+        })
+    changes.sort(key=lambda c: os.fsencode(c["path"]))
+    return changes
+
+
+def manifest(worktree: str, base_commit: str, excludes: list[str] | None = None) -> dict:
+    """Content manifest of the deliverable files in ``worktree``, compared with ``base_commit``.
+
+    Computed with git's machinery in a temporary index (``GIT_INDEX_FILE`` in a temporary
+    directory): a copy of the worktree's own index, ``git read-tree -m base_commit`` (the
+    index becomes the base tree, keeping stat data of unchanged files so they are not
+    re-hashed), ``git add -A`` of the working files, then ``git write-tree``. The worktree's
+    own index, HEAD and branch are not read for content and not changed, so the manifest is
+    the same whatever the agent did with commits or branches (C31).
+
+    Deliverables are the working files except: files ignored by the repository's own rules
+    (``.gitignore`` files and ``.git/info/exclude``; the engine user's global excludes file
+    is not used, so the result does not depend on the host), and paths matching ``excludes``
+    (gitignore syntax). An excluded path, tracked or not, keeps its state at ``base_commit``.
+    A populated submodule at its pinned commit is unchanged; an initialised submodule at
+    another commit shows as ``modified`` (mode 160000).
+
+    Args:
+        worktree: top-level directory of the run's worktree.
+        base_commit: the run's recorded base commit (any revision naming a commit).
+        excludes: gitignore-style patterns; None means :data:`DEFAULT_EXCLUDES`.
+
+    Returns:
+        ``{"tree": str, "digest": str (same tree id: the artifact reference), "base": str
+        (40-hex commit), "entries": [{"path", "mode", "blob"}] (every file of the tree, from
+        ``git ls-tree -r -z --full-tree``, gitlinks with mode 160000, sorted by path bytes),
+        "changes": [{"path", "status", "old_mode", "new_mode", "old_blob", "new_blob"}]
+        (``git diff-tree -r --no-renames`` against base: a rename is a delete plus an add;
+        status one of added/deleted/modified/type_changed/mode_changed; modes and blobs are
+        None on the missing side), "excluded": [str] (paths present in the worktree,
+        untracked, not ignored by the repository, kept out by ``excludes``, plus tracked
+        excluded paths whose working state differs from base; a directory kept out entirely
+        is listed once with a trailing ``/``; sorted)}``.
+
+    Raises:
+        WorkspaceError: ``unknown_revision``/``ambiguous_revision``/``not_a_commit`` for
+            ``base_commit``; ``git_failed``.
+    """
+    patterns = DEFAULT_EXCLUDES if excludes is None else list(excludes)
+    base = resolve_commit(worktree, base_commit)
+    top = _out(["rev-parse", "--show-toplevel"], worktree)
+    own_index = _out(["rev-parse", "--path-format=absolute", "--git-path", "index"], top)
+    with tempfile.TemporaryDirectory(prefix="cp-manifest-") as tmp:
+        index = os.path.join(tmp, "index")
+        exclude_file = os.path.join(tmp, "exclude")
+        empty_file = os.path.join(tmp, "empty")
+        with open(exclude_file, "w", encoding="utf-8") as fh:
+            fh.write("".join(p + "\n" for p in patterns))
+        open(empty_file, "wb").close()
+        if os.path.exists(own_index):
+            shutil.copyfile(own_index, index)
+        env = {"GIT_INDEX_FILE": index, "GIT_OPTIONAL_LOCKS": "0"}
+
+        proc = git([*_TEMP_INDEX_CONFIG, "read-tree", "-m", base], top, env=env, check=False)
+        if proc.returncode != 0:  # e.g. unmerged entries in the copied index
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(index)
+            git([*_TEMP_INDEX_CONFIG, "read-tree", base], top, env=env)
+
+        exclude_from = [f"--exclude-from={exclude_file}"]
+        base_excluded = _ls_files_stage(top, ["--cached", "--ignored", *exclude_from], env)
+        # Untracked files matching the patterns are skipped by add through core.excludesFile
+        # (this also replaces the user's global excludes file).
+        git([*_TEMP_INDEX_CONFIG, "-c", f"core.excludesFile={exclude_file}", "add", "-A"],
+            top, env=env)
+        # The patterns are authoritative: whatever matches them now (a tracked file changed,
+        # deleted, or an untracked one let in by a repository "!" rule) goes back to base.
+        now_excluded = _ls_files_stage(top, ["--cached", "--ignored", *exclude_from], env)
+        restore = []
+        changed_tracked = []
+        for path in sorted(set(base_excluded) | set(now_excluded), key=os.fsencode):
+            old = base_excluded.get(path)
+            new = now_excluded.get(path)
+            if old == new:
+                continue
+            if old is not None:
+                changed_tracked.append(path)
+                restore.append(f"{old[0]} {old[1]}\t".encode() + os.fsencode(path) + b"\0")
+            else:
+                restore.append(f"0 {_NULL_OID}\t".encode() + os.fsencode(path) + b"\0")
+        if restore:
+            git([*_TEMP_INDEX_CONFIG, "update-index", "-z", "--index-info"], top, env=env,
+                input=b"".join(restore))
+        tree = _out([*_TEMP_INDEX_CONFIG, "write-tree"], top, env=env)
+
+        # With --directory, git lists an untracked directory whose content is all ignored
+        # as "dir/" and, below it, the entries that matched by themselves; the latter are
+        # kept (e.g. "config/.env.local" rather than "config/").
+        untracked_matching = _drop_listed_parents(_ls_files_paths(
+            top, ["--others", "--ignored", "--directory", *exclude_from], env, []))
+        repo_ignored = set(_ls_files_paths(
+            top, ["--others", "--ignored", "--directory", "--exclude-standard"], env,
+            ["-c", f"core.excludesFile={empty_file}"]))
+        excluded = {p for p in untracked_matching if not _covered(p, repo_ignored)}
+        excluded.update(changed_tracked)
+
+    return {
+        "tree": tree,
+        "digest": tree,
+        "base": base,
+        "entries": _tree_entries(top, tree),
+        "changes": _tree_changes(top, base, tree),
+        "excluded": sorted(excluded, key=os.fsencode),
+    }
+
+
+def write_patch(worktree: str, base_commit: str, tree: str, out_path: str) -> dict:
+    """Write the binary-safe patch from ``base_commit`` to ``tree`` into ``out_path``.
+
+    Runs ``git diff --binary --full-index --no-renames`` between the two trees, with options
+    that make the output independent of user configuration (no colour, no external diff or
+    textconv, ``a/`` and ``b/`` prefixes, submodules as plain gitlink changes). Output is
+    streamed to ``<out_path>.tmp`` and renamed into place, so a reader never sees a partial
+    patch. The result applies with ``git apply --binary`` at the base commit.
+
+    Args:
+        worktree: a directory of the repository holding both objects.
+        base_commit: the base revision (a commit).
+        tree: the tree id from :func:`manifest` (any tree-ish works).
+        out_path: file to write (its directory must exist).
+
+    Returns:
+        ``{"bytes": int (size of the patch file), "sha256": str (hex digest of the file),
+        "files": int (number of paths changed)}``. An empty patch has 0 bytes and 0 files.
+
+    Raises:
+        WorkspaceError: ``git_failed`` if git fails (no file is left at ``out_path``);
+            revision errors as in :func:`resolve_commit` for ``base_commit``.
+    """
+    base = resolve_commit(worktree, base_commit)
+    tmp_path = out_path + ".tmp"
+    cmd = ["git", "-c", "core.quotepath=false", "diff", "--binary", "--full-index",
+           "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv",
+           "--src-prefix=a/", "--dst-prefix=b/", "--ignore-submodules=none",
+           "--submodule=short", base, tree, "--"]
+    with open(tmp_path, "wb") as fh:
+        proc = subprocess.run(cmd, cwd=worktree, env=_git_env(), stdin=subprocess.DEVNULL,
+                              stdout=fh, stderr=subprocess.PIPE, check=False)
+    if proc.returncode != 0:
+        os.remove(tmp_path)
+        stderr = _decode(proc.stderr)
+        raise WorkspaceError(
+            "git_failed",
+            f"Writing the patch from {base} to {tree} failed in {worktree}: {stderr}",
+            detail=stderr,
+        )
+    digest = hashlib.sha256()
+    size = 0
+    with open(tmp_path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    os.replace(tmp_path, out_path)
+    names = git(["diff-tree", "-r", "-z", "--no-renames", "--name-only",
+                 "--ignore-submodules=none", base, tree], worktree).stdout
+    return {"bytes": size, "sha256": digest.hexdigest(), "files": len(_split_z(names))}
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def _checkpoint_env() -> dict[str, str]:
+    name, email = CHECKPOINT_IDENTITY["name"], CHECKPOINT_IDENTITY["email"]
+    return {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email,
+            "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email}
+
+
+def _check_trailer(key: str, value: str) -> None:
+    if not isinstance(key, str) or not _TRAILER_KEY.fullmatch(key):
+        raise ValueError(f"Invalid trailer key {key!r}: use letters, digits and '-'.")
+    if not isinstance(value, str) or not value.strip() or any(c in value for c in "\0\r\n"):
+        raise ValueError(f"Invalid value for trailer {key!r}: one non-empty line is needed.")
+
+
+def commit_checkpoint(
+    worktree: str,
+    branch: str,
+    tree: str,
+    parent: str,
+    message: str,
+    trailers: dict[str, str],
+) -> dict:
+    """Commit ``tree`` on ``branch`` as a checkpoint whose parent is ``parent``.
+
+    If ``tree`` equals the parent's tree, nothing is written and the parent is returned
+    (the current commit is reused when nothing changed). Otherwise:
+
+    1. the worktree's HEAD must be ``refs/heads/<branch>`` (checked before any write);
+    2. ``git commit-tree tree -p parent`` with the message, a blank line and one
+       ``Key: value`` trailer line per item (author and committer ``Control Panel
+       <engine@controlpanel.local>``, never signed);
+    3. ``git update-ref refs/heads/<branch> <new> <parent>``, an atomic compare-and-swap;
+    4. ``git reset -q`` (mixed) in the worktree, so its index agrees with the new commit;
+       working files are not touched.
+
+    Args:
+        worktree: the run's worktree.
+        branch: the run's branch (short name).
+        tree: tree id from :func:`manifest`.
+        parent: the commit the branch is expected to be at (40-hex).
+        message: commit message (subject and optional body); an empty one becomes
+            ``Checkpoint``.
+        trailers: ``{"Key": "value"}``; keys are letters, digits and ``-``, values one line.
+
+    Returns:
+        ``{"commit": str (40-hex), "created": bool}``.
+
+    Raises:
+        WorkspaceError: ``head_moved`` if the branch tip is not ``parent`` or the worktree's
+            HEAD is detached or on another branch; ``git_failed``.
+        ValueError: invalid branch name, trailer key or value.
+    """
+    _check_branch_name(branch)
+    for key, value in trailers.items():
+        _check_trailer(key, value)
+    parent_id = resolve_commit(worktree, parent)
+    parent_tree = _out(["rev-parse", "--verify", "--end-of-options", f"{parent_id}^{{tree}}"],
+                       worktree)
+    tree_id = _out(["rev-parse", "--verify", "--end-of-options", f"{tree}^{{tree}}"],
+                   worktree)
+    if tree_id == parent_tree:
+        return {"commit": parent_id, "created": False}
+
+    ref = f"refs/heads/{branch}"
+    head_ref = git(["symbolic-ref", "-q", "HEAD"], worktree, check=False)
+    head_name = head_ref.stdout.decode("utf-8", "replace").strip()
+    if head_ref.returncode != 0 or head_name != ref:
+        raise WorkspaceError(
+            "head_moved",
+            f"The worktree {worktree} is not on branch {branch} "
+            f"(HEAD is {head_name or 'detached'}); the checkpoint was not committed.",
+        )
+    tip = _rev_or_none(worktree, ref)
+    if tip != parent_id:
+        raise WorkspaceError(
+            "head_moved",
+            f"The branch {branch} is at {tip or 'nothing'}, not at the expected parent "
+            f"{parent_id}; the checkpoint was not committed.",
+        )
+
+    text = (message or "").strip("\n") or "Checkpoint"
+    if trailers:
+        text += "\n\n" + "".join(f"{k}: {v.strip()}\n" for k, v in trailers.items())
+    else:
+        text += "\n"
+    new = _out(["commit-tree", "--no-gpg-sign", tree_id, "-p", parent_id, "-F", "-"],
+               worktree, env=_checkpoint_env(), input=text.encode("utf-8"))
+
+    proc = git(["update-ref", "-m", "checkpoint", ref, new, parent_id], worktree,
+               env=_checkpoint_env(), check=False)
+    if proc.returncode != 0:
+        tip = _rev_or_none(worktree, ref)
+        if tip != parent_id:
+            raise WorkspaceError(
+                "head_moved",
+                f"The branch {branch} moved to {tip or 'nothing'} while the checkpoint was "
+                f"being committed (expected {parent_id}).",
+                detail=_decode(proc.stderr),
+            )
+        raise WorkspaceError(
+            "git_failed",
+            f"Updating branch {branch} to checkpoint {new} failed: {_decode(proc.stderr)}",
+            detail=_decode(proc.stderr),
+        )
+    git(["reset", "-q", "--no-recurse-submodules"], worktree)
+    return {"commit": new, "created": True}
+
+
+def find_commit_with_trailer(
+    repo: str, branch: str, key: str, value: str, max_count: int = 200
+) -> str | None:
+    """The newest commit on ``branch`` whose message has the trailer ``key: value``.
+
+    Used to recover a checkpoint journal entry left in ``intent``: if the commit carrying
+    its id exists, the checkpoint happened. Trailers are read by git
+    (``%(trailers:key=...,valueonly)``); the key matches case-insensitively, the value
+    exactly (surrounding whitespace ignored).
+
+    Args:
+        repo: a directory of the repository.
+        branch: short branch name.
+        key: trailer key, e.g. ``Checkpoint-Id``.
+        value: trailer value to look for.
+        max_count: how many commits back from the tip to search.
+
+    Returns:
+        40-hex commit id, or None (also when the branch does not exist).
+
+    Raises:
+        ValueError: invalid branch name or trailer key.
+        WorkspaceError: ``git_failed``.
+    """
+    _check_branch_name(branch)
+    _check_trailer(key, value if value.strip() else "x")
+    ref = f"refs/heads/{branch}"
+    if _rev_or_none(repo, ref) is None:
+        return None
+    out = git(["log", "-z", f"--max-count={int(max_count)}", "--no-show-signature",
+               f"--format=%H%n%(trailers:key={key},valueonly,unfold)", ref, "--"],
+              repo).stdout
+    wanted = value.strip()
+    for record in _split_z(out):
+        lines = record.decode("utf-8", "replace").split("\n")
+        if any(line.strip() == wanted for line in lines[1:]):
+            return lines[0].strip()
+    return None

@@ -1,0 +1,203 @@
+"""Shared fixtures: git repositories, saved pipelines, and real Celery worker processes.
+
+Worker processes are the real ``celery -A controlpanel worker``, connected to the same test
+database (SQLite file or PostgreSQL) and the same broker (the filesystem broker under the test
+var directory, or Redis when CELERY_BROKER_URL says so). Tests that use them are marked
+``slow`` and use ``django_db(transaction=True)`` so the workers see committed rows.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+
+from engine import operations
+from engine.pipeline_format import validate
+from engine.worker_process import start_worker, stop_worker
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid", "GIT_COMMITTER_NAME": "Test",
+           "GIT_COMMITTER_EMAIL": "test@example.invalid", "GIT_TERMINAL_PROMPT": "0"}
+ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
+
+
+def git(repo, *args, check=True) -> str:
+    """Run git in ``repo`` and return stdout (text)."""
+    result = subprocess.run(["git", *args], cwd=str(repo), env={**os.environ, **GIT_ENV}, capture_output=True,
+                            text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed: {result.stderr}")
+    return result.stdout
+
+
+def make_repo(path: Path, files: dict[str, str], message: str = "initial") -> Path:
+    """A git repository at ``path`` with ``files`` committed on main."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    for rel, content in files.items():
+        target = path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content, encoding="utf-8")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", message)
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A small Python project with a passing and a to-be-implemented test."""
+    return make_repo(tmp_path / "origin", {
+        "app/__init__.py": "",
+        "app/core.py": '"""Core."""\n',
+        "tests/test_core.py": "from app import core\n\n\ndef test_answer():\n    assert core.answer() == 42\n",
+        "docs/PLAN.md": "# Plan\nOne stage: answer.\n",
+        "docs/INDEX.md": "# Index\n- docs/PLAN.md\n",
+        "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n",
+    })
+
+
+ANSWER_STEP = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 42\n'},
+               "print": ["thinking", "writing app/core.py"], "usage": {"input_tokens": 10, "output_tokens": 5}}
+
+
+def pipeline_definition(name="p", stages=None, scenario=None, **extra) -> dict:
+    """A validated pipeline definition with a scripted profile (every role) for tests."""
+    stages = stages or [{"key": "answer", "requirement": "Make app.core.answer() return 42.",
+                         "scope": ["app/**"], "gates": [{"name": "unit", "command": "python -m pytest -q"}]}]
+    doc = {
+        "name": name,
+        "master_plan": "docs/PLAN.md",
+        "stages": stages,
+        "roles": {"implementer": "scripted", "reviewer": "scripted", "documenter": "scripted"},
+        "profiles": {"scripted": {"adapter": "scripted",
+                                  "scenario": scenario or {"stages": {"answer": {"implement": [ANSWER_STEP]}}}}},
+        "deadlines": {"implement": 60, "gate": 120},
+    }
+    doc.update(extra)
+    return validate(doc, f"<test {name}>")
+
+
+@pytest.fixture
+def make_pipeline(db):
+    """Save a pipeline from keyword arguments of ``pipeline_definition``; returns the Pipeline."""
+    def factory(**kwargs):
+        pipeline, _ = operations.save_pipeline(pipeline_definition(**kwargs))
+        return pipeline
+    return factory
+
+
+# ----------------------------------------------------------------------------- real workers
+
+
+def database_url() -> str:
+    """The URL of the test database the test process is connected to, for worker processes."""
+    from django.db import connection
+
+    data = connection.settings_dict
+    if data["ENGINE"].endswith("sqlite3"):
+        return "sqlite:///" + str(Path(data["NAME"]).resolve())
+    auth = quote(data["USER"] or "")
+    if data.get("PASSWORD"):
+        auth += ":" + quote(data["PASSWORD"])
+    host = data.get("HOST") or "127.0.0.1"
+    port = data.get("PORT") or 5432
+    return f"postgres://{auth}@{host}:{port}/{data['NAME']}"
+
+
+def purge_broker() -> None:
+    """Drop every message waiting in the runs queue (a previous session's leftovers)."""
+    from controlpanel.celery import app
+
+    with app.connection_for_write() as conn:
+        try:
+            conn.default_channel.queue_purge(settings.CELERY_TASK_DEFAULT_QUEUE)
+        except Exception as exc:  # a queue that does not exist yet has nothing to purge
+            if "NOT_FOUND" not in str(exc).upper() and "no such" not in str(exc).lower():
+                raise
+
+
+class Workers:
+    """Real worker processes and their logs."""
+
+    def __init__(self, count: int, log_dir: Path):
+        self.count, self.log_dir = count, log_dir
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Path] = []
+
+    def env(self) -> dict:
+        env = os.environ.copy()
+        env.update({"DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "controlpanel.test_settings",
+                    "CP_VAR_DIR": str(settings.VAR_DIR), "CP_HEARTBEAT_INTERVAL": "1"})
+        env["PATH"] = os.path.dirname(os.path.abspath(os.sys.executable)) + os.pathsep + env.get("PATH", "")
+        return env
+
+    def start(self, extra_env: dict | None = None) -> None:
+        for n in range(self.count):
+            log = self.log_dir / f"worker-{len(self.logs) + 1}.log"
+            self.logs.append(log)
+            self.procs.append(start_worker(str(log), env={**self.env(), **(extra_env or {})}, concurrency=1))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_worker(proc)
+        self.procs = []
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.logs if p.exists())
+
+
+@pytest.fixture(scope="session")
+def worker_pool(django_db_setup, django_db_blocker, tmp_path_factory):
+    """Two real worker processes for the whole session (started on first use)."""
+    log_dir = tmp_path_factory.mktemp("workers")
+    with django_db_blocker.unblock():
+        purge_broker()
+    pool = Workers(2, log_dir)
+    pool.start()
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture
+def workers(worker_pool, transactional_db):
+    """The session's workers, with the test using committed transactions they can see."""
+    mark = {p: p.stat().st_size if p.exists() else 0 for p in worker_pool.logs}
+    worker_pool.log_offsets = mark
+    yield worker_pool
+
+
+def new_log_text(pool: Workers) -> str:
+    """What the workers logged since the current test started."""
+    parts = []
+    for path in pool.logs:
+        data = path.read_bytes()[getattr(pool, "log_offsets", {}).get(path, 0):]
+        parts.append(data.decode("utf-8", errors="replace"))
+    return "\n".join(parts)
+
+
+def wait_for(run_id: int, statuses=("succeeded", "failed", "waiting_review", "waiting_approval"),
+             timeout: float = 120.0):
+    """Poll the database until run ``run_id`` is in one of ``statuses``; returns the Run."""
+    from engine.models import Run
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = Run.objects.get(pk=run_id)
+        if run.status in statuses:
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} is still {Run.objects.get(pk=run_id).status} after {timeout} s")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_var_dir():
+    """The session's own var directory (controlpanel.test_settings), removed at the end."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    yield
+    if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR"):
+        shutil.rmtree(settings.VAR_DIR, ignore_errors=True)

@@ -1,0 +1,372 @@
+"""Tests for engine.redaction, alone and through real child processes (C14).
+
+Secrets are generated at test time (prefix + random characters); no key-like literal is
+committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import string
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from engine.process import find_marked, kill_tree, run_supervised
+from engine.redaction import REDACTED, Redactor, redact_text, secret_env_values
+
+ALNUM = string.ascii_letters + string.digits
+UPPER_DIGITS = string.ascii_uppercase + string.digits
+
+
+def rand(n: int, alphabet: str = ALNUM) -> str:
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def rand_digit_free(n: int) -> str:
+    return rand(n, string.ascii_letters)
+
+
+# One case per kind: (name, text containing the credential, the exact part replaced).
+def _cases() -> list[tuple[str, str, str]]:
+    anthropic = "sk-ant-api03-" + rand(80) + "-" + rand(10)
+    openai = "sk-" + rand(48)
+    openai_proj = "sk-proj-" + rand(40) + "_" + rand(20)
+    stripe_live = "sk_live_" + rand(24)
+    stripe_restricted = "rk_live_" + rand(24)
+    stripe_test = "sk_test_" + rand(24)
+    ghp = "ghp_" + rand(36)
+    gho = "gho_" + rand(36)
+    ghs = "ghs_" + rand(36)
+    pat = "github_pat_" + rand(22) + "_" + rand(59)
+    google = "AIza" + rand(35, ALNUM + "-_")
+    slack = "xoxb-" + rand(12, string.digits) + "-" + rand(24)
+    akia = "AKIA" + rand(16, UPPER_DIGITS)
+    aws_secret = rand(40, ALNUM + "/+")
+    bearer = rand(40, ALNUM + "-._")
+    password = rand(16)
+    key_body = "\n".join(rand(64, ALNUM + "+/") for _ in range(5))
+    pem = f"-----BEGIN RSA PRIVATE KEY-----\n{key_body}\n-----END RSA PRIVATE KEY-----"
+    return [
+        ("anthropic", f"key: {anthropic} end", anthropic),
+        ("openai", f'OPENAI_API_KEY="{openai}"', openai),
+        ("openai_proj", f"use {openai_proj}.", openai_proj),
+        ("stripe_live", f"STRIPE={stripe_live}", stripe_live),
+        ("stripe_restricted", f"({stripe_restricted})", stripe_restricted),
+        ("stripe_test", f"{stripe_test}\n", stripe_test),
+        ("github_ghp", f"token {ghp}", ghp),
+        ("github_gho", f"[{gho}]", gho),
+        ("github_ghs", f"{ghs},", ghs),
+        ("github_pat", f"GH={pat} x", pat),
+        ("google", f"key={google}&q=1", google),
+        ("slack", f"SLACK {slack}", slack),
+        ("aws_key_id", f"id {akia}.", akia),
+        ("aws_secret_ini", f"aws_secret_access_key = {aws_secret}\n", aws_secret),
+        ("aws_secret_env", f"AWS_SECRET_ACCESS_KEY={aws_secret}", aws_secret),
+        ("aws_secret_json", f'{{"SecretAccessKey": "{aws_secret}"}}', aws_secret),
+        ("bearer_header", f"Authorization: Bearer {bearer}\r\n", bearer),
+        ("bearer_curl", f"curl -H 'authorization: bearer {bearer}' x", bearer),
+        ("private_key", f"x\n{pem}\ny", pem),
+        ("private_key_json", json.dumps({"c": pem + "\n"}), json.dumps(pem)[1:-1]),
+        ("url_password", f"postgres://app:{password}@db:5432/prod", password),
+        ("url_password_no_user", f"redis://:{password}@cache:6379", password),
+    ]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_it_redacts_each_kind(case):
+    _name, text, secret = case
+
+    out, count = redact_text(text)
+
+    assert out == text.replace(secret, "[REDACTED]")
+    assert count == 1
+
+
+def test_it_keeps_the_rest_of_a_url_and_of_a_header():
+    password = rand(20)
+    out, _ = redact_text(f"git clone https://bot:{password}@git.example.com/org/repo.git")
+    assert out == "git clone https://bot:[REDACTED]@git.example.com/org/repo.git"
+
+    token = rand(32)
+    out, _ = redact_text(f"Authorization: Bearer {token}\n")
+    assert out == "Authorization: Bearer [REDACTED]\n"
+
+
+def test_it_leaves_ordinary_text_alone():
+    text = (
+        "task-queue-worker-configuration-file and risk-assessment-for-the-whole-project\n"
+        "see http://example.com:8080/path?x=1 and https://docs.python.org/3/\n"
+        "Bearer tokens are described in RFC 6750; bearer authentication\n"
+        "SECRET_KEY = get_random_secret_key()\n"
+        "MAX_TOKENS=4096 git sha 3f2a9c1d7e6b5a4f3e2d1c0b9a8f7e6d5c4b3a21\n"
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+        "Asia/Tokyo, AKIAfoo, desk-1234567890123456789012345\n"
+    )
+    assert redact_text(text) == (text, 0)
+
+
+def test_it_redacts_literal_secrets_raw_and_json_escaped():
+    value = rand(12) + '"\\/' + rand(12)  # needs escaping in JSON
+    plain = f"echo {value} done"
+    as_json = json.dumps({"output": f"value={value}"})
+
+    out, count = redact_text(plain + "\n" + as_json, secrets=[value])
+
+    assert value not in out
+    assert json.dumps(value)[1:-1] not in out
+    assert count == 2
+    assert json.loads(out.splitlines()[1]) == {"output": "value=[REDACTED]"}
+
+
+def test_it_ignores_short_literal_secrets():
+    assert redact_text("the word secret1 stays", secrets=["secret1"]) == (
+        "the word secret1 stays",
+        0,
+    )
+
+
+def test_c14_secret_json_escaped_in_a_stream_json_line():
+    stripe = "sk_live_" + rand(24)
+    openai = "sk-" + rand(48)
+    env_file = f"STRIPE_SECRET_KEY={stripe}\nOPENAI_API_KEY={openai}\nDEBUG=1\n"
+    event = {
+        "type": "user",
+        "message": {
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": env_file}
+            ]
+        },
+    }
+    line = json.dumps(event) + "\n"
+
+    out, count = redact_text(line)
+
+    assert stripe[len("sk_live_") :] not in out
+    assert openai[len("sk-") :] not in out
+    assert count == 2
+    parsed = json.loads(out)  # the closing quote and the \n escapes survived
+    assert parsed["message"]["content"][0]["content"] == (
+        "STRIPE_SECRET_KEY=[REDACTED]\nOPENAI_API_KEY=[REDACTED]\nDEBUG=1\n"
+    )
+
+
+def test_c14_pasted_key_in_a_prompt_is_redacted_before_storing():
+    key = "sk-" + rand(48)
+    prompt = f"Use this key for the integration: {key}\nThen run the tests."
+
+    stored, count = redact_text(prompt)
+
+    assert key[3:] not in stored
+    assert count == 1
+    assert stored == "Use this key for the integration: [REDACTED]\nThen run the tests."
+
+
+def test_it_finds_a_secret_split_at_any_point_between_chunks():
+    key = "sk-ant-api03-" + rand(60)
+    pem_body = rand(64)
+    text = (
+        f'{{"a": "x {key} y"}}\nAuthorization: Bearer {rand(30)}\n'
+        f"-----BEGIN PRIVATE KEY-----\n{pem_body}\n-----END PRIVATE KEY-----\nend\n"
+    ).encode()
+    whole_redactor = Redactor()
+    whole = whole_redactor.feed(text) + whole_redactor.flush()
+
+    for cut in range(1, len(text)):
+        redactor = Redactor()
+        out = redactor.feed(text[:cut]) + redactor.feed(text[cut:]) + redactor.flush()
+        assert out == whole, cut
+        assert redactor.count == whole_redactor.count == 3
+    assert key.encode() not in whole and pem_body.encode() not in whole
+
+
+def test_it_redacts_a_stream_fed_byte_by_byte():
+    literal = rand(30)
+    key = "ghp_" + rand(36)
+    text = f"start {literal} middle {key} end\n".encode()
+    redactor = Redactor([literal])
+
+    out = b"".join(redactor.feed(text[i : i + 1]) for i in range(len(text)))
+    out += redactor.flush()
+
+    assert out == b"start [REDACTED] middle [REDACTED] end\n"
+    assert redactor.count == 2
+
+
+def test_it_holds_back_only_a_bounded_tail():
+    redactor = Redactor()
+    fed = emitted = 0
+    chunk = (rand_digit_free(50) + " ").encode() * 1000  # no newline at all
+    for _ in range(200):
+        fed += len(chunk)
+        emitted += len(redactor.feed(chunk))
+        assert fed - emitted <= 2048
+    emitted += len(redactor.flush())
+    assert emitted == fed
+
+
+def test_it_emits_whole_lines_at_once():
+    redactor = Redactor()
+    assert redactor.feed(b"first line\nsecond") == b"first line\n"
+    assert redactor.flush() == b"second"
+
+
+def test_it_is_fast_on_large_input():
+    line = b'{"type":"assistant","text":"ordinary output, paths /usr/lib, urls https://x.org"}\n'
+    data = line * (16 * 1024 * 1024 // len(line))
+    chunks = [data[i : i + 65536] for i in range(0, len(data), 65536)]
+    redactor = Redactor([rand(40)])
+
+    started = time.perf_counter()
+    out = b"".join(redactor.feed(c) for c in chunks) + redactor.flush()
+    elapsed = time.perf_counter() - started
+
+    assert out == data
+    assert elapsed < 2.0  # about 0.1 s here; a per-byte Python loop would take minutes
+
+
+def test_it_secret_env_values_picks_secret_looking_variables():
+    token = rand(24)
+    env = {
+        "ANTHROPIC_API_KEY": "sk-ant-" + rand(30),
+        "GITHUB_TOKEN": token,
+        "DB_PASSWORD": rand(10),
+        "aws_session_token": rand(40),
+        "COOKIE_JAR_SECRET": rand(16),
+        "MY_CREDENTIALS": rand(12),
+        "HTTP_AUTH": rand(12),
+        "DUPLICATE_TOKEN": token,
+        "SHORT_TOKEN": "abc",
+        "KEY_FILE": "/etc/ssl/private/key.pem",
+        "USE_AUTH": "true",
+        "TOKEN_LIMIT": "100000000",
+        "API_TIMEOUT_MS": "600000",
+        "SESSION_RATIO": "1.25e10",
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/home/agent",
+        "EDITOR_THEME": rand(20),
+    }
+
+    values = secret_env_values(env)
+
+    assert values == [
+        env["ANTHROPIC_API_KEY"],
+        token,
+        env["DB_PASSWORD"],
+        env["aws_session_token"],
+        env["COOKIE_JAR_SECRET"],
+        env["MY_CREDENTIALS"],
+        env["HTTP_AUTH"],
+    ]
+
+
+# --- through a real child process -----------------------------------------------------
+
+
+@pytest.fixture
+def marker():
+    value = f"test-{uuid.uuid4().hex}"
+    yield value
+    kill_tree(None, marker=value, grace_seconds=0)
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def test_it_redacts_a_secret_split_across_two_writes_of_a_child(tmp_path, marker):
+    key = "sk-ant-api03-" + rand(60)
+    env_secret = rand(28)  # no recognisable prefix: found because it is in the env
+    half = len(key) // 2
+    code = """
+        import os, sys, time
+        key, env_secret = sys.argv[1], os.environ["SERVICE_TOKEN"]
+        os.write(1, ("key " + key[:%d]).encode())
+        time.sleep(0.2)
+        os.write(1, (key[%d:] + " and " + env_secret[:9]).encode())
+        time.sleep(0.2)
+        os.write(1, (env_secret[9:] + " done\\n").encode())
+    """ % (half, half)
+    env = dict(os.environ, SERVICE_TOKEN=env_secret)
+
+    result = run_supervised(
+        _py(code) + [key],
+        cwd=str(tmp_path),
+        env=env,
+        deadline_seconds=10,
+        grace_seconds=1,
+        log_path=tmp_path / "out.log",
+        raw_path=tmp_path / "out.raw",
+        marker=marker,
+    )
+
+    assert result.exit_code == 0
+    assert result.redactions == 2
+    expected = b"key [REDACTED] and [REDACTED] done\n"
+    assert (tmp_path / "out.raw").read_bytes() == expected
+    assert (tmp_path / "out.log").read_bytes() == expected
+    assert find_marked(marker) == []
+
+
+def test_c14_child_cats_env_file_into_stream_json(tmp_path, marker):
+    stripe = "sk_live_" + rand(24)
+    (tmp_path / ".env").write_text(f"STRIPE_SECRET_KEY={stripe}\n")
+    code = """
+        import json, subprocess, sys
+        out = subprocess.run(["cat", ".env"], capture_output=True, text=True).stdout
+        events = [
+            {"type": "assistant", "message": {"content": [{"type": "tool_use",
+             "name": "Bash", "input": {"command": "cat .env"}}]}},
+            {"type": "user", "message": {"content": [{"type": "tool_result",
+             "content": out}]}},
+            {"type": "result", "is_error": False, "result": "done"},
+        ]
+        for event in events:
+            sys.stdout.write(json.dumps(event) + "\\n")
+            sys.stdout.flush()
+    """
+
+    result = run_supervised(
+        _py(code),
+        cwd=str(tmp_path),
+        env=dict(os.environ),
+        deadline_seconds=10,
+        grace_seconds=1,
+        log_path=tmp_path / "out.log",
+        raw_path=tmp_path / "out.raw",
+        redactor=Redactor(),
+        marker=marker,
+    )
+
+    assert result.exit_code == 0
+    assert result.redactions == 1
+    body = stripe[len("sk_live_") :].encode()
+    for name in ("out.raw", "out.log"):
+        stored = (tmp_path / name).read_bytes()
+        assert body not in stored
+        lines = [json.loads(line) for line in stored.decode().splitlines()]
+        assert lines[1]["message"]["content"][0]["content"] == "STRIPE_SECRET_KEY=[REDACTED]\n"
+        assert lines[2]["result"] == "done"
+
+
+def test_it_counts_redactions_per_run_with_a_shared_redactor(tmp_path, marker):
+    redactor = Redactor()
+    key = "ghp_" + rand(36)
+    for i in range(2):
+        result = run_supervised(
+            ["echo", key],
+            cwd=str(tmp_path),
+            env=None,
+            deadline_seconds=10,
+            log_path=tmp_path / f"{i}.log",
+            redactor=redactor,
+            marker=marker,
+        )
+        assert result.redactions == 1
+        assert (tmp_path / f"{i}.log").read_bytes() == REDACTED + b"\n"
+    assert redactor.count == 2
