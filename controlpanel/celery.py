@@ -7,6 +7,10 @@ Workers start with ``celery -A controlpanel worker``; exactly one beat process r
 import os
 
 from celery import Celery
+from kombu.transport import TRANSPORT_ALIASES
+
+# the embedded broker: kombu's filesystem transport with an atomic publish (fs_broker.py)
+TRANSPORT_ALIASES["filesystem"] = "controlpanel.fs_broker:Transport"
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
 

@@ -101,7 +101,8 @@ def advance(run_id: int, token: str | None = None) -> str:
         run = Run.objects.select_for_update().get(pk=run_id)
         step = machine.next_step(run)
         plan = steps.begin(run, step, lease)
-    log.info("run %s: %s step claimed by %s", run_id, step.kind, owner)
+        simulated = " [simulated]" if run.simulated else ""
+    log.info("run %s%s: %s step claimed by %s", run_id, simulated, step.kind, owner)
     beat = Heartbeat(run_id, lease, settings.CP_HEARTBEAT_INTERVAL)
     beat.start()
     try:

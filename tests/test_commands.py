@@ -1,0 +1,142 @@
+"""The management commands: load_pipelines, create_run (see test_create_run), start_run, run_status,
+recover and demo. Every command has a test here or in the module named after its operation."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from engine import operations
+from engine.models import Pipeline, Profile, Run
+
+from .conftest import wait_for
+
+BASE = Path(settings.BASE_DIR)
+EXAMPLE = BASE / "pipelines" / "example.yaml"
+
+
+@pytest.mark.django_db
+def test_load_pipelines_creates_then_updates(tmp_path, capsys):
+    call_command("load_pipelines", str(EXAMPLE))
+    assert "created: pipeline 'textstats-example'" in capsys.readouterr().out
+    pipeline = Pipeline.objects.get(name="textstats-example")
+    assert set(Profile.objects.filter(pipeline=pipeline).values_list("name", flat=True)) == {
+        "claude-code", "codex", "scripted"}
+    assert pipeline.profiles.get(name="scripted").simulated
+    call_command("load_pipelines", str(EXAMPLE))
+    assert "unchanged" in capsys.readouterr().out
+    changed = tmp_path / "example.yaml"
+    changed.write_text(EXAMPLE.read_text().replace("Build textstats.core.word_count", "Build word_count"))
+    (tmp_path / "scenarios").mkdir()
+    (tmp_path / "scenarios" / "example.yaml").write_text((BASE / "pipelines/scenarios/example.yaml").read_text())
+    call_command("load_pipelines", str(changed))
+    assert "updated" in capsys.readouterr().out
+    pipeline.refresh_from_db()
+    assert pipeline.version == 2 and pipeline.description.startswith("Build word_count")
+
+
+@pytest.mark.django_db
+def test_load_pipelines_refuses_a_bad_file_whole(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("name: good\nstages:\n  - key: a\n    requirement: r\n    scope: ['**']\n    gates: ['true']\n"
+                    "roles: {implementer: s, reviewer: s, documenter: s}\n"
+                    "profiles:\n  s: {adapter: scripted, scenario: {default: [{print: hi}]}}\n")
+    malformed = tmp_path / "bad.yaml"
+    malformed.write_text("name: bad\nstages: [\n  - key: a\n")
+    with pytest.raises(CommandError) as info:
+        call_command("load_pipelines", str(good), str(malformed))
+    message = str(info.value)
+    assert "nothing was loaded" in message and str(malformed) in message and "(yaml)" in message
+    assert "line" in message
+    assert Pipeline.objects.count() == 0
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(good.read_text().replace("adapter: scripted", "adapter: scriptd"))
+    with pytest.raises(CommandError) as info:
+        call_command("load_pipelines", str(wrong))
+    assert f"{wrong}: profiles.s.adapter:" in str(info.value)
+    assert Pipeline.objects.count() == 0
+    call_command("load_pipelines", str(good))
+    assert Pipeline.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_run_status_says_a_pending_run_needs_start(make_pipeline, repo, capsys):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    call_command("run_status", str(run.pk))
+    out = capsys.readouterr().out
+    assert "pending" in out and f"needs Start: python manage.py start_run {run.pk}" in out and "[SIMULATED]" in out
+    call_command("run_status", str(run.pk), json=True)
+    data = json.loads(capsys.readouterr().out)
+    assert data["waiting_for"] == "start"
+    with pytest.raises(CommandError) as info:
+        call_command("run_status", "999999")
+    assert "unknown_run" in str(info.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_start_run_queues_and_run_status_says_it_waits_for_a_worker(make_pipeline, repo, capsys, monkeypatch):
+    from engine import runner
+
+    sent = []
+    monkeypatch.setattr(runner, "enqueue", lambda run_id, token: sent.append((run_id, token)))
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    call_command("start_run", str(run.pk))
+    out = capsys.readouterr().out
+    assert "start request recorded" in out and "[simulated]" in out
+    assert sent == [(run.pk, None)]
+    call_command("run_status", str(run.pk))
+    assert "queued: waiting for a worker" in capsys.readouterr().out
+    with pytest.raises(CommandError) as info:
+        call_command("start_run", str(run.pk))
+    assert "already_started [run]" in str(info.value)
+    assert sent == [(run.pk, None)]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_run_status_follow_prints_progress_until_the_run_stops(workers, make_pipeline, repo):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    env = workers.env()
+    result = subprocess.run([sys.executable, "manage.py", "run_status", str(run.pk), "--follow", "--timeout", "120"],
+                            cwd=BASE, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"following run {run.pk}") and "SIMULATED" in lines[0]
+    text = result.stdout
+    for kind in ("attempt_intent", "workspace", "check_passed", "checkpoint", "succeeded"):
+        assert kind in text
+    assert lines[-1] == f"run {run.pk} is succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_recover_command_refuses_without_a_pending_decision(make_pipeline, repo):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    with pytest.raises(CommandError) as info:
+        call_command("recover", str(run.pk), "--decision", "1", "--note", "x", "--action", "retry")
+    assert "not_waiting_review" in str(info.value)
+    with pytest.raises(CommandError) as info:
+        call_command("recover", str(run.pk), "--decision", "1", "--note", " ", "--action", "retry")
+    assert "note_required [note]" in str(info.value)
+
+
+@pytest.mark.slow
+def test_make_demo_runs_the_main_job(tmp_path):
+    """The README's first command, on its own var directory: a real worker process, two stages."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update({"CP_VAR_DIR": str(tmp_path / "var"), "DJANGO_SETTINGS_MODULE": "controlpanel.settings"})
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=BASE, env=env, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "manage.py", "demo"], cwd=BASE, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "SIMULATED" in out
+    assert "Run 1: succeeded" in out
+    assert "original checkout" in out and "unchanged" in out
+    assert "http://127.0.0.1:8000/admin/engine/run/1/change/" in out
