@@ -315,7 +315,7 @@ def test_c08_sigterm_ignored(tmp_path, marker):
             print("got", signum, time.time(), flush=True)
         signal.signal(signal.SIGINT, note)
         signal.signal(signal.SIGTERM, note)
-        print("ready", flush=True)
+        print("ready", time.time(), flush=True)
         time.sleep(600)
     """
     deadline = 2.0
@@ -330,12 +330,20 @@ def test_c08_sigterm_ignored(tmp_path, marker):
     assert not result.ok
     assert wall < deadline + GRACE + SLACK
     assert result.elapsed_seconds >= deadline + GRACE - 0.1
-    received = {}
+    received, ready = {}, None
     for line in _log(tmp_path).splitlines():
         if line.startswith("got "):
             _, signum, at = line.split()
             received[int(signum)] = float(at)
-    assert set(received) == {signal.SIGINT, signal.SIGTERM}
+        elif line.startswith("ready "):
+            ready = float(line.split()[1])
+    assert signal.SIGTERM in received, _log(tmp_path)
+    if ready is None or ready > result.started_at + deadline - 0.05:
+        # on a loaded machine the stub may not have installed its handlers by the deadline;
+        # a SIGINT that came first was then ignored (bash gives background jobs SIGINT =
+        # SIG_IGN, as CI's are): only the SIGTERM and the SIGKILL can be checked
+        pytest.skip("the stub was not ready before the deadline; SIGINT delivery not observable")
+    assert set(received) == {signal.SIGINT, signal.SIGTERM}, _log(tmp_path)
     assert received[signal.SIGINT] >= result.started_at + deadline - 0.1
     assert received[signal.SIGINT] <= received[signal.SIGTERM] <= received[signal.SIGINT] + 1
     assert not psutil.pid_exists(result.pid)
