@@ -1,0 +1,73 @@
+"""Reconciliation: lost wake-up messages are sent again; a step whose worker died is interrupted once."""
+import os
+import subprocess
+import time
+from datetime import timedelta
+
+import psutil
+import pytest
+from django.utils import timezone
+
+from engine import operations, reconcile, runner
+from engine.models import Attempt, Run, StartRequest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    messages = []
+    monkeypatch.setattr(runner, "enqueue", lambda run_id, token: messages.append((run_id, token)))
+    return messages
+
+
+def test_a_queued_run_nobody_claimed_is_enqueued_again_once(make_pipeline, repo, sent):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    assert sent == [(run.pk, None)]
+    assert reconcile.reconcile()["requeued"] == 0  # not stale yet
+    StartRequest.objects.filter(run=run).update(last_enqueued_at=timezone.now() - timedelta(hours=1))
+    assert reconcile.reconcile()["requeued"] == 1
+    assert reconcile.reconcile()["requeued"] == 0  # the second pass finds it fresh
+    assert sent == [(run.pk, None), (run.pk, None)]
+    assert StartRequest.objects.get(run=run).enqueued_times == 2
+
+
+def test_a_lost_hand_off_is_enqueued_again_with_its_token(make_pipeline, repo, sent):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    runner.advance(*sent.pop(0))  # implement; hands off to verify
+    (run_id, token), = sent
+    sent.clear()  # the message is lost
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert reconcile.reconcile()["handoffs"] == 1
+    assert sent == [(run.pk, token)]
+    assert reconcile.reconcile()["handoffs"] == 0
+
+
+def test_a_step_whose_worker_died_is_interrupted_once_and_its_processes_reaped(make_pipeline, repo, sent):
+    """Field cases C17 and C20 in small: a dead owner, a live agent tree, two reconcilers."""
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    Run.objects.filter(pk=run.pk).update(status="running", lease_owner="vm:1", lease_token="dead-worker",
+                                         heartbeat_at=timezone.now() - timedelta(hours=1))
+    stage = run.stages.get()
+    stage.status = "running"
+    stage.save()
+    marker = f"cp-test-{os.getpid()}-{time.monotonic_ns()}"
+    agent = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                             env={**os.environ, "CP_PROCESS_MARKER": marker})
+    Attempt.objects.create(run=run, stage=stage, operation="implement", number=1, role="implementer",
+                           profile_name="scripted", adapter="scripted", simulated=True, deadline_seconds=60,
+                           status="running", host=__import__("socket").gethostname(), pid=agent.pid,
+                           pid_create_time=psutil.Process(agent.pid).create_time(), marker=marker)
+    first = reconcile.reconcile()
+    second = reconcile.reconcile()
+    assert first["interrupted"] == 1 and second["interrupted"] == 0
+    agent.wait(timeout=10)
+    assert agent.returncode is not None
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "waiting_review" and run.stop_reason == "interrupted"
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.status == "interrupted" and attempt.ended_at is not None
+    assert run.decisions.filter(state="pending", reason="interrupted").count() == 1

@@ -1,0 +1,135 @@
+"""The step protocol run in this process (no worker): the run's environment, gate outcomes, late results."""
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from engine import operations, runner
+from engine.models import Attempt, Check, Run, RunEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def no_broker(monkeypatch):
+    """Record wake-up messages instead of sending them; the test drives the steps itself."""
+    sent = []
+    monkeypatch.setattr(runner, "enqueue", lambda run_id, token: sent.append((run_id, token)))
+    return sent
+
+
+def drive(run_id: int, sent: list, limit: int = 10) -> Run:
+    """Take steps the way a worker would, following the hand-off tokens, until the run stops."""
+    for _ in range(limit):
+        if not sent:
+            break
+        run_id, token = sent.pop(0)
+        runner.advance(run_id, token)
+    return Run.objects.get(pk=run_id)
+
+
+ENV_GATE = ('test "$TMPDIR" = "$CP_TMP_DIR" && test -d "$CP_DATA_DIR" && test -d "$TMPDIR" '
+            '&& test "$CP_PORT_COUNT" -gt 0 && test "$CP_PORT_BASE" -ge 1024 && test "$CP_WORKTREE" = "$PWD" '
+            '&& test -z "${DJANGO_SETTINGS_MODULE:-}" && test -z "${DATABASE_URL:-}" '
+            '&& test -z "${CELERY_BROKER_URL:-}" && test "$GIT_TERMINAL_PROMPT" = 0 '
+            '&& echo "$CP_RUN_ID $CP_PORT_BASE $CP_DATA_DIR" > "$CP_DATA_DIR/seen"')
+
+
+def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, no_broker, monkeypatch):
+    monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/x")
+    monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "controlpanel.test_settings")
+    stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "gates": [{"name": "env", "command": ENV_GATE}]}]
+    pipeline = make_pipeline(stages=stages)
+    seen = []
+    for _ in range(2):
+        run = operations.create_run(pipeline, str(repo), "main")
+        operations.request_start(run, requested_by="t", source="test")
+        run = drive(run.pk, no_broker)
+        assert run.status == "succeeded", run.stop_message
+        data_dir = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}" / "data"
+        seen.append((data_dir / "seen").read_text().split())
+        assert not str(data_dir).startswith(run.worktree)
+    (run_a, port_a, dir_a), (run_b, port_b, dir_b) = seen
+    assert run_a != run_b and port_a != port_b and dir_a != dir_b
+    assert abs(int(port_a) - int(port_b)) >= settings.CP_PORT_SPAN
+
+
+def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, no_broker):
+    stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
+               "gates": [{"name": "slow", "command": "sleep 30", "deadline": 1}]}]
+    run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    started = time.monotonic()
+    run = drive(run.pk, no_broker)
+    assert time.monotonic() - started < 20
+    check = Check.objects.get(run=run)
+    assert check.failure_kind == "timeout" and not check.passed and check.exit_code is None
+    assert run.stop_reason == "gate_failed" and "deadline" in run.stop_message
+
+
+def test_a_killed_gate_fails(make_pipeline, repo, no_broker):
+    stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
+               "gates": [{"name": "suicide", "command": "kill -9 $$"}]}]
+    run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, no_broker)
+    check = Check.objects.get(run=run)
+    assert check.signal == 9 and check.exit_code is None and not check.passed and check.failure_kind == "killed"
+    assert run.status == "waiting_review"
+
+
+def test_a_result_after_the_lease_is_lost_is_stored_as_late(make_pipeline, repo, no_broker, settings):
+    """A step whose lease is taken over (a reconciler, an operator) stops its agent; its result changes nothing."""
+    settings.CP_HEARTBEAT_INTERVAL = 0.2
+    slow = {"stages": {"answer": {"implement": [{"print": "working", "sleep": 20}]}}}
+    run = operations.create_run(make_pipeline(scenario=slow), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+
+    def take_over():
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if Attempt.objects.filter(run=run, status="running").exclude(pid=None).exists():
+                break
+            time.sleep(0.1)
+        Run.objects.filter(pk=run.pk).update(lease_token="taken-over", lease_owner="someone-else")
+        connection.close()
+
+    thief = threading.Thread(target=take_over)
+    thief.start()
+    started = time.monotonic()
+    run_id, token = no_broker.pop(0)
+    assert runner.advance(run_id, token) == "late"
+    thief.join()
+    assert time.monotonic() - started < 15  # the 20 s agent was stopped, not waited for
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.lease_token, run.lease_owner) == ("running", "taken-over", "someone-else")
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.late and attempt.status == "cancelled"
+    assert run.stages.get().phase == "implement"  # nothing moved on
+    assert RunEvent.objects.filter(run=run, kind="late_result").exists()
+    assert no_broker == []  # and nothing was enqueued
+
+
+def test_status_json_contract(make_pipeline, repo, no_broker):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    data = operations.run_status(drive(run.pk, no_broker))
+    json.dumps(data)
+    for key in ("id", "status", "simulated", "commit", "branch", "worktree", "stop_reason", "stop_message", "stages"):
+        assert key in data
+    stage = data["stages"][0]
+    for key in ("key", "status", "checkpoint", "attempts", "checks"):
+        assert key in stage
+    attempt = stage["attempts"][0]
+    for key in ("operation", "number", "status", "adapter", "exit_code", "elapsed_seconds", "usage", "failure_kind",
+                "prompt", "log", "patch"):
+        assert key in attempt
+    assert Path(attempt["prompt"]).is_file() and Path(attempt["log"]).is_file() and Path(attempt["patch"]).is_file()
+    check = stage["checks"][0]
+    for key in ("name", "command", "exit_code", "passed", "log", "manifest"):
+        assert key in check
+    assert check["passed"] is True and check["exit_code"] == 0 and Path(check["log"]).is_file()
