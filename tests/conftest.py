@@ -91,6 +91,16 @@ def make_pipeline(db):
     return factory
 
 
+@pytest.fixture
+def sent(monkeypatch):
+    """Record the wake-up messages (run id, token) instead of sending them: the test drives steps itself."""
+    from engine import runner
+
+    messages = []
+    monkeypatch.setattr(runner, "enqueue", lambda run_id, token: messages.append((run_id, token)))
+    return messages
+
+
 # ----------------------------------------------------------------------------- real workers
 
 

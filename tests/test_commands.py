@@ -12,9 +12,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from engine import operations
-from engine.models import Pipeline, Profile, Run
+from engine.models import Pipeline, Profile
 
-from .conftest import wait_for
 
 BASE = Path(settings.BASE_DIR)
 EXAMPLE = BASE / "pipelines" / "example.yaml"

@@ -14,13 +14,6 @@ from engine.models import Attempt, Run, StartRequest
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def sent(monkeypatch):
-    messages = []
-    monkeypatch.setattr(runner, "enqueue", lambda run_id, token: messages.append((run_id, token)))
-    return messages
-
-
 def test_a_queued_run_nobody_claimed_is_enqueued_again_once(make_pipeline, repo, sent):
     run = operations.create_run(make_pipeline(), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")

@@ -14,14 +14,6 @@ from engine.models import Attempt, Check, Run, RunEvent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def no_broker(monkeypatch):
-    """Record wake-up messages instead of sending them; the test drives the steps itself."""
-    sent = []
-    monkeypatch.setattr(runner, "enqueue", lambda run_id, token: sent.append((run_id, token)))
-    return sent
-
-
 def drive(run_id: int, sent: list, limit: int = 10) -> Run:
     """Take steps the way a worker would, following the hand-off tokens, until the run stops."""
     for _ in range(limit):
@@ -39,7 +31,7 @@ ENV_GATE = ('test "$TMPDIR" = "$CP_TMP_DIR" && test -d "$CP_DATA_DIR" && test -d
             '&& echo "$CP_RUN_ID $CP_PORT_BASE $CP_DATA_DIR" > "$CP_DATA_DIR/seen"')
 
 
-def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, no_broker, monkeypatch):
+def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, sent, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/x")
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "controlpanel.test_settings")
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "gates": [{"name": "env", "command": ENV_GATE}]}]
@@ -48,7 +40,7 @@ def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, no_broker,
     for _ in range(2):
         run = operations.create_run(pipeline, str(repo), "main")
         operations.request_start(run, requested_by="t", source="test")
-        run = drive(run.pk, no_broker)
+        run = drive(run.pk, sent)
         assert run.status == "succeeded", run.stop_message
         data_dir = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}" / "data"
         seen.append((data_dir / "seen").read_text().split())
@@ -58,31 +50,31 @@ def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, no_broker,
     assert abs(int(port_a) - int(port_b)) >= settings.CP_PORT_SPAN
 
 
-def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, no_broker):
+def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
                "gates": [{"name": "slow", "command": "sleep 30", "deadline": 1}]}]
     run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     started = time.monotonic()
-    run = drive(run.pk, no_broker)
+    run = drive(run.pk, sent)
     assert time.monotonic() - started < 20
     check = Check.objects.get(run=run)
     assert check.failure_kind == "timeout" and not check.passed and check.exit_code is None
     assert run.stop_reason == "gate_failed" and "deadline" in run.stop_message
 
 
-def test_a_killed_gate_fails(make_pipeline, repo, no_broker):
+def test_a_killed_gate_fails(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
                "gates": [{"name": "suicide", "command": "kill -9 $$"}]}]
     run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
-    run = drive(run.pk, no_broker)
+    run = drive(run.pk, sent)
     check = Check.objects.get(run=run)
     assert check.signal == 9 and check.exit_code is None and not check.passed and check.failure_kind == "killed"
     assert run.status == "waiting_review"
 
 
-def test_a_result_after_the_lease_is_lost_is_stored_as_late(make_pipeline, repo, no_broker, settings):
+def test_a_result_after_the_lease_is_lost_is_stored_as_late(make_pipeline, repo, sent, settings):
     """A step whose lease is taken over (a reconciler, an operator) stops its agent; its result changes nothing."""
     settings.CP_HEARTBEAT_INTERVAL = 0.2
     slow = {"stages": {"answer": {"implement": [{"print": "working", "sleep": 20}]}}}
@@ -101,7 +93,7 @@ def test_a_result_after_the_lease_is_lost_is_stored_as_late(make_pipeline, repo,
     thief = threading.Thread(target=take_over)
     thief.start()
     started = time.monotonic()
-    run_id, token = no_broker.pop(0)
+    run_id, token = sent.pop(0)
     assert runner.advance(run_id, token) == "late"
     thief.join()
     assert time.monotonic() - started < 15  # the 20 s agent was stopped, not waited for
@@ -111,13 +103,13 @@ def test_a_result_after_the_lease_is_lost_is_stored_as_late(make_pipeline, repo,
     assert attempt.late and attempt.status == "cancelled"
     assert run.stages.get().phase == "implement"  # nothing moved on
     assert RunEvent.objects.filter(run=run, kind="late_result").exists()
-    assert no_broker == []  # and nothing was enqueued
+    assert sent == []  # and nothing was enqueued
 
 
-def test_status_json_contract(make_pipeline, repo, no_broker):
+def test_status_json_contract(make_pipeline, repo, sent):
     run = operations.create_run(make_pipeline(), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
-    data = operations.run_status(drive(run.pk, no_broker))
+    data = operations.run_status(drive(run.pk, sent))
     json.dumps(data)
     for key in ("id", "status", "simulated", "commit", "branch", "worktree", "stop_reason", "stop_message", "stages"):
         assert key in data
