@@ -6,7 +6,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install demo test test-fast migrate web worker beat clean
+.PHONY: install agents demo test test-fast migrate web worker beat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,13 +16,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+## make agents: the pinned agent CLIs (claude, codex) in tools/agents (project-local npm install).
+agents:
+	bash scripts/install-agent-clis.sh
+
 ## make demo: a real two-stage pipeline on a real repository through a separate Celery worker.
-demo: install
+demo: install agents
 	$(BIN)/python manage.py migrate -v 0
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included).
-test: install
+test: install agents
 	$(BIN)/python -m pytest -q
 
 test-fast: install
