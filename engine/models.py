@@ -125,7 +125,8 @@ class Run(models.Model):
     definition = models.JSONField(help_text="frozen definition and profiles at creation")
     definition_sha256 = models.CharField(max_length=64)
     profile_override = models.JSONField(default=dict, blank=True)
-    simulated = models.BooleanField(default=False, help_text="uses the scripted test adapter")
+    simulated = models.BooleanField(default=False, help_text="uses the scripted test adapter or a scripted model")
+    simulated_reason = models.CharField(max_length=200, blank=True)
     not_included = models.JSONField(
         default=list, blank=True, help_text="uncommitted changes of the original checkout, not in the run"
     )

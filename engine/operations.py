@@ -190,14 +190,18 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
         "profiles": definition["profiles"],
     }
     digest = canonical_sha256(snapshot)
-    simulated = any(definition["profiles"][name]["adapter"] == "scripted" for name in roles.values())
+    reasons = sorted({"scripted test adapter" if definition["profiles"][name]["adapter"] == "scripted"
+                      else "scripted model endpoint" for name in roles.values()
+                      if definition["profiles"][name]["adapter"] == "scripted"
+                      or definition["profiles"][name].get("scripted_endpoint")})
+    simulated = bool(reasons)
     control = None
     try:
         with transaction.atomic():
             run = Run.objects.create(
                 pipeline=pipeline, pipeline_name=pipeline.name, repo_path=repo, revision=revision, commit=commit,
                 definition=snapshot, definition_sha256=digest, profile_override=dict(profile_override or {}),
-                simulated=simulated, not_included=not_included,
+                simulated=simulated, simulated_reason=", ".join(reasons), not_included=not_included,
             )
             run.branch = f"{settings.CP_BRANCH_PREFIX}/run-{run.pk}"
             run.worktree = str(Path(settings.VAR_DIR) / "worktrees" / str(run.pk))
@@ -209,7 +213,7 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
             _set_aside_stale_records(control)
             control.mkdir(parents=True)
             _write_snapshot(control, snapshot, digest)
-            sim = " It is simulated: it uses the scripted test adapter." if simulated else ""
+            sim = f" It is simulated: it uses the {', '.join(reasons)}." if simulated else ""
             left = f" {len(not_included)} uncommitted change(s) in the checkout are not included." if not_included else ""
             machine.event(run, "created", f"Run created from pipeline {pipeline.name!r} v{pipeline.version} on "
                           f"{commit[:12]} ({revision}); definition frozen (sha256 {digest[:12]}).{left}{sim}",
@@ -368,6 +372,7 @@ def run_status(run) -> dict:
                        "accepted_manifest": stage.accepted_manifest or None, "attempts": attempts, "checks": checks})
     return {
         "id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
+        "simulated_reason": run.simulated_reason or None,
         "pipeline": run.pipeline_name, "repo": run.repo_path, "revision": run.revision, "commit": run.commit,
         "branch": run.branch, "worktree": run.worktree, "stop_reason": run.stop_reason or None,
         "stop_message": run.stop_message or None, "stop_evidence": run.stop_evidence or None,

@@ -686,6 +686,8 @@ class ProfileForm(_LevelForm):
     env = MappingField(key=_env_name, value=_env_value, noun="environment variables to strings")
     scenario = ScenarioRefField(required=False)
     scenario_path = TextField(nullable=True)
+    scripted_endpoint = ScenarioRefField(required=False)
+    scripted_endpoint_path = TextField(nullable=True)
     description = TextField()
 
     defaults = {"max_turns": DEFAULT_MAX_TURNS}
@@ -709,6 +711,8 @@ class ProfileForm(_LevelForm):
             )
         if adapter in ("claude-code", "codex") and scenario:
             self.add_error("scenario", f"only scripted profiles take a scenario; this profile's adapter is '{adapter}'")
+        if data.get("scripted_endpoint") and adapter not in ("claude-code", "codex"):
+            self.add_error("scripted_endpoint", "only claude-code and codex profiles talk to a model endpoint")
         if data.get("scenario_path") and not isinstance(scenario, dict):
             self.add_error("scenario_path", "is only kept beside an inline scenario mapping; give the file path as 'scenario'")
         if adapter in _PERMISSION_ARGS and "extra_args" not in self.errors:
@@ -986,6 +990,16 @@ def _validate_profiles(value, report: _Report, base_dir: Path | None, stage_keys
             if scenario is None:
                 ok = False
                 continue
+        endpoint, endpoint_path = cleaned["scripted_endpoint"], cleaned["scripted_endpoint_path"]
+        if endpoint is not None:
+            if isinstance(endpoint, str):
+                endpoint_path = endpoint
+                endpoint = _load_endpoint_file(endpoint, f"{path}.scripted_endpoint", report, base_dir)
+            else:
+                endpoint = _validate_endpoint(endpoint, report, f"{path}.scripted_endpoint")
+            if endpoint is None:
+                ok = False
+                continue
         profiles[key] = {
             "name": key,
             "adapter": cleaned["adapter"],
@@ -996,9 +1010,55 @@ def _validate_profiles(value, report: _Report, base_dir: Path | None, stage_keys
             "env": cleaned["env"],
             "scenario": scenario,
             "scenario_path": scenario_path,
+            "scripted_endpoint": endpoint,
+            "scripted_endpoint_path": endpoint_path,
             "description": cleaned["description"],
         }
     return profiles if ok else None
+
+
+def _validate_endpoint(data, report: _Report, field: str) -> dict | None:
+    """A scripted model endpoint's scenario: ``{default: TURNS, stages: {key: {operation: TURNS}}}``
+    where TURNS is the endpoint's own scenario (engine.scripted_endpoint.normalize_scenario)."""
+    from .scripted_endpoint import ScenarioError, normalize_scenario
+
+    if not isinstance(data, dict):
+        report.add(field, f"must be a mapping with 'default' and/or 'stages', got {_kind(data)}")
+        return None
+    unknown = sorted(set(data) - {"default", "stages"})
+    if unknown:
+        report.add(field, f"unknown keys {unknown}; allowed: default, stages")
+        return None
+    ok = True
+    for where, turns in [("default", data.get("default"))] + [
+            (f"stages.{k}.{op}", t) for k, ops in (data.get("stages") or {}).items() for op, t in (ops or {}).items()]:
+        if turns is None:
+            continue
+        if where != "default" and where.rsplit(".", 1)[1] not in OPERATIONS:
+            report.add(f"{field}.{where}", f"unknown operation; operations are {', '.join(OPERATIONS)}")
+            ok = False
+            continue
+        try:
+            normalize_scenario(turns)
+        except ScenarioError as exc:
+            report.add(f"{field}.{where}", str(exc))
+            ok = False
+    return copy.deepcopy(data) if ok else None
+
+
+def _load_endpoint_file(ref: str, field: str, report: _Report, base_dir: Path | None) -> dict | None:
+    """Read a scripted endpoint scenario file named relative to the pipeline file's directory."""
+    if base_dir is None:
+        report.add(field, f"the file '{ref}' cannot be resolved here (no pipeline file directory)")
+        return None
+    target = (base_dir / ref).resolve()
+    if not target.is_file():
+        report.add(field, f"scripted endpoint file '{ref}' does not exist (looked for {target})")
+        return None
+    data = _read_yaml(target, report.for_source(str(target)))
+    if data is None:
+        return None
+    return _validate_endpoint(data, report.for_source(str(target)), "")
 
 
 def _load_scenario_file(ref: str, field: str, report: _Report, base_dir: Path | None, stage_keys) -> dict | None:

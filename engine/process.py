@@ -787,6 +787,7 @@ def run_supervised(
     should_stop: Callable[[], bool] | None = None,
     on_start: Callable[[int, float], None] | None = None,
     poll_seconds: float = 0.2,
+    stdin_path: str | os.PathLike[str] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` as a supervised process tree and capture its output.
 
@@ -817,6 +818,9 @@ def run_supervised(
     :param on_start: called as ``on_start(pid, create_time)`` right after the start
         (``create_time``: epoch seconds from psutil, for pid-reuse checks later).
     :param poll_seconds: how often (seconds) ``should_stop`` is polled.
+    :param stdin_path: a file given to the child as its standard input (e.g. the prompt of
+        a CLI that reads it from stdin); it ends in EOF, so nothing can wait on it. Default:
+        ``/dev/null``.
     :returns: a :class:`ProcessResult`.  A program that cannot be started gives
         ``missing_executable=True`` (not found / not executable) or ``error`` set,
         with the error text also written to the log; this never raises.
@@ -851,12 +855,13 @@ def run_supervised(
     t0 = time.monotonic()
     deadline_at = t0 + deadline_seconds
     read_fd, write_fd = os.pipe()
+    stdin_file = open(stdin_path, "rb") if stdin_path is not None else None
     try:
         proc = subprocess.Popen(
             argv_list,
             cwd=cwd_str,
             env=child_env,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,
             start_new_session=True,
@@ -865,6 +870,8 @@ def run_supervised(
     except (OSError, ValueError) as exc:
         os.close(read_fd)
         os.close(write_fd)
+        if stdin_file is not None:
+            stdin_file.close()
         missing, message = _start_error(exc, argv_list, cwd_str)
         result.missing_executable = missing
         result.error = message
@@ -878,6 +885,8 @@ def run_supervised(
                 os.close(raw_fd)
         return result
     os.close(write_fd)
+    if stdin_file is not None:
+        stdin_file.close()
 
     capture = _Capture(read_fd, log_fd, raw_fd, redactor, max_output_bytes)
     result.pid = proc.pid

@@ -182,9 +182,10 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
     deadline = float(definition["pipeline"]["deadlines"][operation])
     number = (stage.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
     nth = stage.attempts.filter(operation=operation).count() + 1
+    simulated = profile["adapter"] == "scripted" or bool(profile.get("scripted_endpoint"))
     attempt = Attempt.objects.create(
         run=run, stage=stage, operation=operation, number=number, role=role, profile_name=profile_name,
-        adapter=profile["adapter"], simulated=profile["adapter"] == "scripted", deadline_seconds=deadline,
+        adapter=profile["adapter"], simulated=simulated, deadline_seconds=deadline,
         start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
         marker=f"cp-run-{run.pk}-attempt-{number}-{lease[:8]}",
     )
@@ -192,7 +193,8 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
     attempt.log_path = control_path(run, folder, "output.log")
     attempt.raw_path = control_path(run, folder, "output.raw")
     attempt.save()
-    sim = " (simulated: scripted test adapter)" if attempt.simulated else ""
+    why = "scripted test adapter" if profile["adapter"] == "scripted" else "scripted model endpoint"
+    sim = f" (simulated: {why})" if attempt.simulated else ""
     machine.event(run, "attempt_intent",
                   f"Attempt {number} ({operation}) of stage '{stage.key}' recorded before launch with profile "
                   f"'{profile_name}'{sim}, deadline {deadline:.0f} s.", stage=stage, attempt=attempt)
@@ -303,7 +305,8 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         log_path=str(var_path(attempt.log_path)), raw_path=str(var_path(attempt.raw_path)), env=env,
         stage_key=stage.key, attempt_number=attempt.number, control_dir=control_dir,
         operation_attempt=plan["operation_attempt"], marker=attempt.marker, secrets=secrets,
-        should_stop=should_stop, on_start=on_start,
+        should_stop=should_stop, on_start=on_start, prompt_path=str(var_path(prompt_rel)),
+        home_dir=str(Path(scratch_dirs(run.pk)["tmp"]).parent / "home" / f"attempt-{attempt.number:03d}"),
     )
     result = adapter.run(request)
     outcome = {"launched": True, "result": result.as_dict(), "prompt_redactions": prompt_redactions}

@@ -123,7 +123,7 @@ def test_it_fills_profile_defaults_and_inlines_the_scenario(example):
     assert set(profiles) == {"claude-code", "codex", "scripted"}
     for name, profile in profiles.items():
         assert set(profile) == {"name", "adapter", "model", "max_turns", "executable", "extra_args", "env",
-                                "scenario", "scenario_path", "description"}
+                                "scenario", "scenario_path", "scripted_endpoint", "scripted_endpoint_path", "description"}
         assert profile["name"] == name
     assert profiles["claude-code"]["adapter"] == "claude-code" and profiles["claude-code"]["max_turns"] == 40
     assert profiles["codex"]["adapter"] == "codex" and profiles["codex"]["max_turns"] == 40  # default filled
@@ -186,7 +186,8 @@ def test_it_fills_defaults_of_a_minimal_pipeline():
                      "repair_allowance": 2, "human_gate": False}
     assert result["profiles"]["claude"] == {
         "name": "claude", "adapter": "claude-code", "model": None, "max_turns": 40, "executable": None,
-        "extra_args": [], "env": {}, "scenario": None, "scenario_path": None, "description": "",
+        "extra_args": [], "env": {}, "scenario": None, "scenario_path": None, "scripted_endpoint": None, "scripted_endpoint_path": None,
+        "description": "",
     }
 
 
@@ -655,3 +656,26 @@ def test_the_scenario_implementations_pass_the_demo_gates(tmp_path, example):
     result = _pytest(repo)
     assert "13 passed" in result.stdout
     assert not (repo / ".pytest_cache").exists()
+
+
+def _with_endpoint(endpoint):
+    doc = {"name": "ep", "stages": [{"key": "a", "requirement": "r", "scope": ["**"], "gates": ["true"]}],
+           "roles": {"implementer": "c", "reviewer": "c", "documenter": "c"},
+           "profiles": {"c": {"adapter": "claude-code", "scripted_endpoint": endpoint}}}
+    return validate(doc, "ep.yaml")
+
+
+def test_a_scripted_endpoint_is_validated_and_kept():
+    turns = {"turns": [{"tool": "Write", "input": {"file_path": "{cwd}/x", "content": "y"}}, "done"]}
+    definition = _with_endpoint({"stages": {"a": {"implement": turns}}})
+    assert definition["profiles"]["c"]["scripted_endpoint"] == {"stages": {"a": {"implement": turns}}}
+    assert validate(definition, "again") == definition
+
+
+def test_a_bad_scripted_endpoint_names_the_field():
+    with pytest.raises(PipelineFormatError) as info:
+        _with_endpoint({"stages": {"a": {"implemnt": ["done"]}}})
+    assert any(field == "profiles.c.scripted_endpoint.stages.a.implemnt" for _, field, _ in info.value.errors)
+    with pytest.raises(PipelineFormatError) as info:
+        _with_endpoint({"default": {"turns": [{"stauts": 401}]}})
+    assert any(field.startswith("profiles.c.scripted_endpoint.default") for _, field, _ in info.value.errors)

@@ -4,9 +4,10 @@ from .base import Adapter, AgentRequest, AgentResult
 
 def adapters() -> dict[str, type[Adapter]]:
     """The adapters this Run Engine can run, by name."""
+    from .claude import ClaudeCodeAdapter
     from .scripted import ScriptedAdapter
 
-    return {ScriptedAdapter.name: ScriptedAdapter}
+    return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter}
 
 
 def get_adapter(name: str) -> Adapter:

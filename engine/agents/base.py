@@ -32,7 +32,9 @@ class AgentRequest:
     environment for the process; ``marker`` tags every descendant for the tree kill;
     ``should_stop`` is polled while the process runs (a lost lease stops it);
     ``on_start(pid, create_time)`` lets the engine persist the pid before it matters;
-    ``operation_attempt`` is 1 for the first attempt of this operation in this stage, 2 for the next...
+    ``prompt_path`` is the saved prompt (a CLI that reads its prompt on stdin gets this file);
+    ``home_dir`` is a fresh folder for the attempt's HOME, outside the worktree and the control
+    records; ``operation_attempt`` is 1 for the first attempt of this operation in this stage, 2 for the next...
     """
 
     role: str
@@ -48,6 +50,8 @@ class AgentRequest:
     attempt_number: int
     control_dir: str
     operation_attempt: int = 1
+    prompt_path: str = ""
+    home_dir: str = ""
     marker: str = ""
     secrets: list = field(default_factory=list)
     should_stop: Callable[[], bool] | None = None

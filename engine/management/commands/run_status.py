@@ -30,7 +30,7 @@ class Command(EngineCommand):
     def follow(self, run, interval, timeout):
         seen = 0
         started = time.monotonic()
-        sim = " [SIMULATED: scripted test adapter]" if run.simulated else ""
+        sim = f" [SIMULATED: {run.simulated_reason}]" if run.simulated else ""
         self.stdout.write(f"following run {run.pk} of {run.pipeline_name}{sim}")
         while True:
             for event in RunEvent.objects.filter(run=run, pk__gt=seen).order_by("id"):

@@ -1,0 +1,268 @@
+"""The Claude Code adapter: runs the real ``claude`` CLI headless for one attempt.
+
+Checked on ``claude`` 2.1.197 (shared/design/agent-cli-facts.md §2-§4, and
+tests/test_scripted_endpoint.py against the real binary):
+
+* argument array ``claude -p --output-format stream-json --verbose --max-turns N
+  [--model M] <role flags> --settings FILE --setting-sources user``; the prompt comes on
+  stdin (``-p`` without a prompt argument reads it), from the saved prompt file, so it ends
+  in EOF and has no size limit of an argument;
+* ``--max-turns`` is not in ``--help`` but works; always passed;
+* a fresh ``HOME`` per attempt (no user-level settings of the worker can loosen the policy,
+  field case C28); only the login (``.credentials.json``) is copied in when present;
+* ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`` (no telemetry or title side call),
+  ``CLAUDE_CODE_MAX_RETRIES`` small;
+* role flags: reviewer ``--tools Read,Grep,Glob`` (removes every mutating tool, Bash
+  included); implementer and documenter ``--permission-mode acceptEdits`` with Bash
+  pre-approved (writes inside the working directory); what they changed is checked by
+  manifest after the attempt: the flags are not trusted alone;
+* the last stream-json line with ``"type": "result"`` carries ``is_error``,
+  ``api_error_status``, ``result``, ``session_id``, ``usage`` and ``total_cost_usd``;
+  ``subtype`` says "success" even on errors, so it is not used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from .. import process
+from ..redaction import Redactor
+from ..scripted_endpoint import ScriptedEndpoint
+from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+TOOLS_BIN = BASE_DIR / "tools" / "agents" / "node_modules" / ".bin"
+
+#: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
+READ_ONLY_TOOLS = "Read,Grep,Glob"
+#: Messages of the CLI that mean it has no usable login (checked on 2.1.197).
+AUTH_TEXTS = ("Not logged in", "Please run /login", "Failed to authenticate", "authentication_failed",
+              "Invalid API key", "invalid x-api-key")
+
+
+def find_executable(name: str, configured: str | None = None) -> str | None:
+    """The CLI to run: the profile's ``executable`` (a path or a name on PATH), else the
+    project's pinned install in tools/agents, else ``name`` on PATH; None when none exists."""
+    if configured:
+        if os.sep in configured:
+            return configured if os.access(configured, os.X_OK) else None
+        return shutil.which(configured)
+    pinned = TOOLS_BIN / name
+    if os.access(pinned, os.X_OK):
+        return str(pinned)
+    return shutil.which(name)
+
+
+def cli_version(executable: str, timeout: float = 30.0) -> str:
+    """``<executable> --version``'s first line, or '' when it does not answer."""
+    try:
+        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
+
+
+def role_flags(role: str) -> list[str]:
+    """The permission flags of a role (see the module docstring)."""
+    if role == "reviewer":
+        return ["--tools", READ_ONLY_TOOLS, "--permission-mode", "default"]
+    return ["--permission-mode", "acceptEdits", "--allowedTools", "Bash", "--disallowedTools", "WebFetch,WebSearch"]
+
+
+def build_argv(executable: str, request: AgentRequest, settings_path: str) -> list[str]:
+    """The argument array of one attempt (the prompt is not in it: it comes on stdin)."""
+    profile = request.profile
+    argv = [executable, "-p", "--output-format", "stream-json", "--verbose",
+            "--max-turns", str(int(profile.get("max_turns") or 40))]
+    if profile.get("model"):
+        argv += ["--model", profile["model"]]
+    argv += role_flags(request.role)
+    argv += ["--settings", settings_path, "--setting-sources", "user"]
+    argv += list(profile.get("extra_args") or [])
+    return argv
+
+
+def policy_settings(role: str) -> dict:
+    """The per-attempt settings file: denies what the role may never do, whatever else is configured."""
+    deny = ["WebFetch", "WebSearch"]
+    if role == "reviewer":
+        deny += ["Write", "Edit", "NotebookEdit", "Bash"]
+    return {"permissions": {"deny": deny}, "includeCoAuthoredBy": False}
+
+
+def prepare_home(home: str, role: str) -> str:
+    """A fresh HOME for the attempt with only our policy and, when present, the worker's login.
+
+    Returns the path of the settings file passed with ``--settings``.
+    """
+    home_path = Path(home)
+    if home_path.exists():
+        shutil.rmtree(home_path)
+    (home_path / ".claude").mkdir(parents=True)
+    settings_path = home_path / ".claude" / "settings.json"
+    settings_path.write_text(json.dumps(policy_settings(role)), encoding="utf-8")
+    login = Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
+    if login.is_file():
+        shutil.copy2(login, home_path / ".claude" / ".credentials.json")
+    return str(settings_path)
+
+
+def endpoint_turns(spec: dict | None, stage_key: str, operation: str):
+    """The scripted endpoint's scenario for one attempt, or None (a real model)."""
+    if not spec:
+        return None
+    stage = ((spec.get("stages") or {}).get(stage_key) or {}).get(operation)
+    if stage is None:
+        stage = spec.get("default")
+    return stage if stage is not None else []  # nothing scripted: the endpoint says so and ends
+
+
+def parse_stream(raw_path: str) -> dict:
+    """Read a stream-json capture line by line (bounded memory).
+
+    Returns ``{"result": dict | None, "last_text": str, "session_id": str, "version": str,
+    "auth_error": bool}``: the last ``result`` object (None when missing or cut: C11), the
+    last assistant text (the fallback final message, C29), the session id of the init event.
+    """
+    found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False}
+    try:
+        fh = open(raw_path, "rb")
+    except FileNotFoundError:
+        return found
+    with fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            if any(text.encode() in line for text in AUTH_TEXTS):
+                found["auth_error"] = True
+            if not line.startswith(b"{"):
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            kind = event.get("type")
+            if kind == "result":
+                found["result"] = event
+            elif kind == "system" and event.get("subtype") == "init":
+                found["session_id"] = event.get("session_id") or found["session_id"]
+                found["version"] = event.get("claude_code_version") or found["version"]
+            elif kind == "assistant":
+                for block in (event.get("message") or {}).get("content") or []:
+                    if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
+                        found["last_text"] = block["text"]
+    return found
+
+
+def usage_of(result: dict | None) -> dict:
+    """Usage of a result object in our keys; every field None when not reported (never 0 made up)."""
+    usage = empty_usage()
+    if not result:
+        return usage
+    reported = result.get("usage")
+    if isinstance(reported, dict):
+        usage["input_tokens"] = reported.get("input_tokens")
+        usage["output_tokens"] = reported.get("output_tokens")
+        usage["cached_tokens"] = reported.get("cache_read_input_tokens")
+        usage["cache_creation_tokens"] = reported.get("cache_creation_input_tokens")
+    if isinstance(result.get("total_cost_usd"), (int, float)) and isinstance(reported, dict):
+        usage["cost_usd"] = result["total_cost_usd"]
+    return usage
+
+
+class ClaudeCodeAdapter(Adapter):
+    """The real ``claude`` CLI (Claude Code), headless, stream-json output."""
+
+    name = "claude-code"
+    simulated = False
+    executable_name = "claude"
+
+    def version(self, profile: dict) -> str:
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        return cli_version(exe) if exe else ""
+
+    def environment(self, request: AgentRequest, home: str) -> dict:
+        env = dict(request.env)
+        env.update({
+            "HOME": home,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "CLAUDE_CODE_MAX_RETRIES": str(request.profile.get("max_retries", 2)),
+            "DISABLE_AUTOUPDATER": "1",
+        })
+        env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
+        return env
+
+    def run(self, request: AgentRequest) -> AgentResult:
+        exe = find_executable(self.executable_name, request.profile.get("executable"))
+        if exe is None:
+            message = (f"The {self.executable_name} executable was not found (profile executable: "
+                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
+            Path(request.log_path).open("a", encoding="utf-8").write(f"[run-engine] {message}\n")
+            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
+                               failure_message=message, usage=empty_usage())
+        version = cli_version(exe)
+        home = request.home_dir
+        settings_path = prepare_home(home, request.role)
+        argv = build_argv(exe, request, settings_path)
+        env = self.environment(request, home)
+        endpoint = None
+        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
+        if scenario is not None:
+            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+            env["ANTHROPIC_BASE_URL"] = endpoint.url
+            env["ANTHROPIC_API_KEY"] = "scripted-endpoint-key"
+            env.pop("ANTHROPIC_AUTH_TOKEN", None)
+            with open(request.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
+                          f"at {endpoint.url}\n")
+        try:
+            result = self._supervise(exe, argv, env, request)
+        finally:
+            if endpoint is not None:
+                endpoint.stop()
+        return self._result(result, request, version)
+
+    def _supervise(self, exe, argv, env, request):
+        return process.run_supervised(
+            argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
+            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
+            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
+            grace_seconds=float(request.profile.get("grace_seconds", 5.0)), stdin_path=request.prompt_path,
+        )
+
+    def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
+        parsed = parse_stream(request.raw_path)
+        outcome = parsed["result"]
+        failure_kind, failure_message = classify_process(result)
+        if failure_kind in (None, "crashed"):
+            if outcome is not None and outcome.get("is_error"):
+                status = outcome.get("api_error_status")
+                text = str(outcome.get("result") or "; ".join(outcome.get("errors") or []))
+                if status in (401, 403) or any(t in text for t in AUTH_TEXTS):
+                    failure_kind, failure_message = "auth_failed", f"The agent could not authenticate: {text}"
+                else:
+                    failure_kind, failure_message = "crashed", f"The agent reported an error: {text}"
+            elif outcome is None and parsed["auth_error"]:
+                failure_kind, failure_message = "auth_failed", "The agent reported that it is not logged in."
+            elif outcome is None and failure_kind is None:
+                failure_kind = "malformed_result"
+                failure_message = "The agent exited 0 but its output has no complete result object."
+        final = ""
+        if outcome is not None:
+            final = str(outcome.get("result") or "") or parsed["last_text"]
+        return AgentResult(
+            exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,
+            failure_kind=failure_kind, failure_message=failure_message, usage=usage_of(outcome),
+            session_id=(outcome or {}).get("session_id") or parsed["session_id"], final_message=final,
+            cli_version=version or parsed["version"], simulated=bool(request.profile.get("scripted_endpoint")),
+            output_bytes=result.output_bytes, redactions=result.redactions, pid=result.pid,
+            extra={"permission_denials": (outcome or {}).get("permission_denials") or [],
+                   "num_turns": (outcome or {}).get("num_turns")},
+        )

@@ -1,0 +1,177 @@
+"""The Claude Code adapter with the real ``claude`` binary against the scripted model endpoint."""
+import json
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.conf import settings
+
+from engine import operations
+from engine.agents import AgentRequest
+from engine.agents.claude import ClaudeCodeAdapter, find_executable, parse_stream, usage_of
+from engine.models import Attempt
+
+from .conftest import ANSWER_STEP, git
+from .test_steps import drive
+
+CLAUDE = find_executable("claude")
+needs_claude = pytest.mark.skipif(CLAUDE is None, reason="run `make agents` to install the pinned claude CLI")
+
+WRITE_ANSWER = {"turns": [
+    {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}],
+     "usage": {"input_tokens": 1000, "output_tokens": 20, "cache_read_input_tokens": 2000,
+               "cache_creation_input_tokens": 100}},
+    {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
+                                            "content": ANSWER_STEP["write"]["app/core.py"]}}],
+     "usage": {"input_tokens": 200, "output_tokens": 25, "cache_read_input_tokens": 3000}},
+    {"text": "Done: answer() returns 42.", "usage": {"input_tokens": 1300, "output_tokens": 300}},
+]}
+
+
+def claude_profile(endpoint: dict, **extra) -> dict:
+    return {"adapter": "claude-code", "max_turns": 6, "scripted_endpoint": endpoint, **extra}
+
+
+@pytest.fixture
+def claude_pipeline(make_pipeline):
+    def factory(endpoint=WRITE_ANSWER, deadline=60, **profile_extra):
+        return make_pipeline(
+            name="claude", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
+            profiles={"claude": claude_profile({"stages": {"answer": {"implement": endpoint}}}, **profile_extra)},
+            deadlines={"implement": deadline, "gate": 120})
+    return factory
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_stage_run_by_the_real_cli_against_the_scripted_endpoint(claude_pipeline, repo, sent):
+    run = operations.create_run(claude_pipeline(), str(repo), "main")
+    assert run.simulated and run.simulated_reason == "scripted model endpoint"
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run)
+    assert run.status == "succeeded", (run.stop_message, (Path(settings.VAR_DIR) / attempt.log_path).read_text())
+    assert attempt.adapter == "claude-code" and attempt.simulated
+    assert attempt.cli_version.startswith("2.1.197")
+    assert attempt.usage["input_tokens"] == 2500 and attempt.usage["output_tokens"] == 345
+    assert attempt.usage["cached_tokens"] == 5000 and attempt.usage["cache_creation_tokens"] == 100
+    assert attempt.usage["cost_usd"] > 0
+    assert attempt.session_id and attempt.final_message == "Done: answer() returns 42."
+    assert "return 42" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:app/core.py")
+    assert "SIMULATED" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_401_is_auth_failed_within_seconds(claude_pipeline, repo, sent):
+    run = operations.create_run(claude_pipeline({"turns": [{"status": 401, "message": "fake 401"}]}), str(repo),
+                                "main")
+    operations.request_start(run, requested_by="t", source="test")
+    started = time.monotonic()
+    run = drive(run.pk, sent)
+    assert time.monotonic() - started < 30
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.failure_kind == "auth_failed" and run.stop_reason == "auth_failed"
+    assert attempt.exit_code == 1
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(claude_pipeline, repo, sent):
+    run = operations.create_run(claude_pipeline({"turns": [{"hang": True}]}, deadline=4),
+                                str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    started = time.monotonic()
+    run = drive(run.pk, sent)
+    assert time.monotonic() - started < 4 + 5 + 10
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.status == "timeout" and attempt.failure_kind == "timeout" and run.stop_reason == "timeout"
+    left = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get("CP_PROCESS_MARKER")
+            == attempt.marker]
+    assert left == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_missing_binary_is_missing_executable(claude_pipeline, repo, sent, tmp_path):
+    pipeline = claude_pipeline(executable=str(tmp_path / "no-such-claude"))
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.failure_kind == "missing_executable" and run.stop_reason == "missing_executable"
+    assert attempt.usage["input_tokens"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_c11_output_cut_mid_json_is_malformed_with_unknown_usage(claude_pipeline, repo, sent, tmp_path):
+    stub = tmp_path / "claude"
+    big = json.dumps({"type": "result", "is_error": False, "result": "x" * 200_000,
+                      "usage": {"input_tokens": 5, "output_tokens": 6}, "total_cost_usd": 0.1})
+    (tmp_path / "big.json").write_text(big)
+    stub.write_text(f"#!/bin/sh\nhead -c 65536 {tmp_path / 'big.json'}\nexit 0\n")
+    stub.chmod(0o755)
+    run = operations.create_run(claude_pipeline(executable=str(stub)), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.exit_code == 0
+    assert attempt.failure_kind == "malformed_result" and run.stop_reason == "malformed_result"
+    assert all(value is None for value in attempt.usage.values())
+    assert attempt.output_bytes == 65536 and not attempt.final_message
+
+
+def test_c29_usage_paths_and_final_message_fallback(tmp_path):
+    lines = [
+        {"type": "system", "subtype": "init", "session_id": "s-1", "claude_code_version": "2.1.197"},
+        {"type": "assistant", "message": {"content": [{"type": "text", "text": "Done: fixed 2 files"}]}},
+        {"type": "result", "subtype": "success", "is_error": False, "result": "", "session_id": "s-1",
+         "usage": {"input_tokens": 1200, "output_tokens": 345, "cache_read_input_tokens": 5000,
+                   "cache_creation_input_tokens": 100}, "total_cost_usd": 0.0421},
+    ]
+    raw = tmp_path / "out.raw"
+    raw.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    parsed = parse_stream(str(raw))
+    assert usage_of(parsed["result"]) == {"input_tokens": 1200, "output_tokens": 345, "cached_tokens": 5000,
+                                          "cache_creation_tokens": 100, "reasoning_tokens": None, "cost_usd": 0.0421}
+    assert (parsed["result"]["result"] or parsed["last_text"]) == "Done: fixed 2 files"
+    del lines[2]["usage"]
+    raw.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    assert all(value is None for value in usage_of(parse_stream(str(raw))["result"]).values())
+
+
+@needs_claude
+@pytest.mark.slow
+def test_c28_a_permissive_worker_home_does_not_loosen_the_reviewer(tmp_path, monkeypatch):
+    """The worker's own ~/.claude/settings.json allows everything; the reviewer still writes nothing."""
+    worker_home = tmp_path / "worker-home"
+    (worker_home / ".claude").mkdir(parents=True)
+    (worker_home / ".claude" / "settings.json").write_text(json.dumps(
+        {"permissions": {"allow": ["Write", "Edit", "Bash"], "defaultMode": "bypassPermissions"}}))
+    monkeypatch.setenv("HOME", str(worker_home))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "important.txt").write_text("keep me\n")
+    scenario = {"turns": [
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/new.txt", "content": "x"}},
+                   {"tool": "Edit", "input": {"file_path": "{cwd}/important.txt", "old_string": "keep",
+                                              "new_string": "lost"}},
+                   {"tool": "Bash", "input": {"command": "rm important.txt; touch made.txt"}}]},
+        {"text": '{"verdict": "pass", "findings": []}'}]}
+    home = tmp_path / "attempt-home"
+    request = AgentRequest(
+        role="reviewer", operation="review", prompt="review", workspace=str(work),
+        profile=claude_profile({"default": scenario}), deadline_seconds=60, log_path=str(tmp_path / "out.log"),
+        raw_path=str(tmp_path / "out.raw"), env=dict(os.environ), stage_key="s", attempt_number=1,
+        control_dir=str(tmp_path), prompt_path=str(tmp_path / "prompt.md"), home_dir=str(home))
+    (tmp_path / "prompt.md").write_text("Review the change.\n")
+    result = ClaudeCodeAdapter().run(request)
+    assert result.exit_code == 0, (tmp_path / "out.log").read_text()[-2000:]
+    assert sorted(p.name for p in work.iterdir()) == ["important.txt"]
+    assert (work / "important.txt").read_text() == "keep me\n"
+    assert str(home) != str(worker_home) and (home / ".claude" / "settings.json").exists()
+    assert result.final_message == '{"verdict": "pass", "findings": []}'
