@@ -35,14 +35,15 @@ test-fast: install
 migrate: install
 	$(BIN)/python manage.py migrate
 
+# --insecure: runserver serves the admin's static files even with DJANGO_DEBUG off (a local tool)
 web: migrate
-	$(BIN)/python manage.py runserver 127.0.0.1:8000
+	$(BIN)/python manage.py runserver --insecure 127.0.0.1:8000
 
 worker: migrate
-	$(BIN)/celery -A controlpanel worker -l info
+	$(BIN)/celery -A controlpanel worker -l info -Q "$${CP_QUEUE:-runs}"
 
 beat: migrate
-	$(BIN)/celery -A controlpanel beat -l info --schedule var/celerybeat-schedule
+	$(BIN)/celery -A controlpanel beat -l info --schedule "$${CP_VAR_DIR:-var}/celerybeat-schedule"
 
 clean:
 	rm -rf var/test

@@ -9,18 +9,52 @@ queue folder, so a consumer only ever sees complete messages. Registered under t
 """
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import uuid
+from queue import Empty
 from time import monotonic
 
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
-from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.utils.encoding import bytes_to_str, str_to_bytes
+from kombu.utils.json import dumps, loads
+
+log = logging.getLogger("controlpanel.fs_broker")
 
 
 class Channel(filesystem.Channel):
-    """Publishes by write-then-rename; reading is kombu's own."""
+    """Publishes by write-then-rename; a message that cannot be decoded is set aside, not fatal."""
+
+    def _get(self, queue):
+        """The next message of ``queue``; a file that is not a message (empty, cut, foreign) is moved
+        to the sibling ``broken`` folder and logged instead of killing the worker (kombu 5.7 raises)."""
+        suffix = f".{queue}.msg"
+        for filename in sorted(os.listdir(self.data_folder_in)):
+            if not filename.endswith(suffix) or filename.partition(".")[2] != f"{queue}.msg":
+                continue
+            source = os.path.join(self.data_folder_in, filename)
+            taken = os.path.join(os.path.dirname(os.path.abspath(self.data_folder_in)), "taken", filename)
+            os.makedirs(os.path.dirname(taken), exist_ok=True)
+            try:
+                os.rename(source, taken)  # atomic: exactly one consumer takes it
+            except OSError:
+                continue
+            try:
+                with open(taken, "rb") as fh:
+                    payload = fh.read()
+                message = loads(bytes_to_str(payload))
+            except (OSError, ValueError) as exc:
+                broken = os.path.join(os.path.dirname(taken), os.pardir, "broken", filename)
+                os.makedirs(os.path.dirname(broken), exist_ok=True)
+                shutil.move(taken, broken)
+                log.error("broker: %s is not a readable message (%s); moved to %s", filename, exc,
+                          os.path.normpath(broken))
+                continue
+            os.remove(taken)
+            return message
+        raise Empty()
 
     def _put(self, queue, payload, **kwargs):
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"

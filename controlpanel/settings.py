@@ -140,8 +140,6 @@ CP_QUEUED_STALE = env.float("CP_QUEUED_STALE", default=60.0)
 #: First port of the range handed to runs, and the size of each run's range.
 CP_PORT_BASE = env.int("CP_PORT_BASE", default=20000)
 CP_PORT_SPAN = env.int("CP_PORT_SPAN", default=20)
-#: Seconds a gate command may run when the pipeline gives no deadline.
-CP_GATE_DEADLINE = env.float("CP_GATE_DEADLINE", default=1800.0)
 
 LOGGING = {
     "version": 1,

@@ -3,7 +3,8 @@
 Tests never share the var directory (database file, broker folders, worktrees, control
 records) of a person's real runs, nor of another test session running at the same time:
 unless CP_VAR_DIR is set (worker processes started by the tests get their session's), it is
-``var/test/session-<pid>``, removed when the session ends.
+``var/test/session-<pid>``, removed when the session ends. The Celery queue is the session's
+own as well (CP_QUEUE ``test-runs-<pid>``).
 """
 import os
 from pathlib import Path
@@ -11,5 +12,8 @@ from pathlib import Path
 if "CP_VAR_DIR" not in os.environ:
     os.environ["CP_VAR_DIR"] = str(Path(__file__).resolve().parent.parent / "var" / "test" / f"session-{os.getpid()}")
     os.environ["CP_TEST_SESSION_VAR"] = "1"
+# the session's own queue too: a worker of another session (or a person's) on the same Redis
+# database never takes this session's messages
+os.environ.setdefault("CP_QUEUE", f"test-runs-{os.getpid()}")
 
 from .settings import *  # noqa: E402,F401,F403

@@ -64,7 +64,9 @@ class ProfileInline(ReadOnlyInline):
 
 
 @admin.register(Pipeline)
-class PipelineAdmin(admin.ModelAdmin):
+class PipelineAdmin(ReadOnlyAdmin):
+    """Pipelines change only through validated YAML (python manage.py load_pipelines FILE)."""
+
     list_display = ("name", "version", "stage_count", "source_path", "updated_at")
     search_fields = ("name", "description", "source_path")
     readonly_fields = ("sha256", "version", "created_at", "updated_at", "definition")
@@ -74,9 +76,6 @@ class PipelineAdmin(admin.ModelAdmin):
     @admin.display(description="stages")
     def stage_count(self, obj):
         return len(obj.definition.get("stages", []))
-
-    def has_add_permission(self, request):
-        return False  # pipelines come from validated YAML: python manage.py load_pipelines FILE
 
 
 @admin.register(Profile)

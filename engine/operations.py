@@ -110,11 +110,9 @@ def get_pipeline(ref) -> Pipeline:
     """A saved pipeline by instance, id or name; OperationError ``unknown_pipeline`` otherwise."""
     if isinstance(ref, Pipeline):
         return ref
-    found = None
-    if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+    found = Pipeline.objects.filter(name=str(ref)).first()  # a name wins over an id that looks the same
+    if found is None and (isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit())):
         found = Pipeline.objects.filter(pk=int(ref)).first()
-    if found is None and isinstance(ref, str):
-        found = Pipeline.objects.filter(name=ref).first()
     if found is None:
         known = ", ".join(Pipeline.objects.values_list("name", flat=True)) or "none loaded yet"
         raise OperationError("unknown_pipeline", f"There is no saved pipeline {ref!r} (saved: {known}).", "pipeline")
@@ -147,14 +145,15 @@ def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
                                  f"{', '.join(sorted(definition['profiles']))}.", "profile")
         roles[role] = profile
     available = adapters()
-    for role, name in roles.items():
-        adapter = definition["profiles"][name]["adapter"]
-        if adapter not in available:
-            raise OperationError(
-                "adapter_unavailable",
-                f"Profile {name!r} ({role}) uses the adapter {adapter!r}, which this Run Engine cannot run yet "
-                f"(it can run: {', '.join(sorted(available))}). Choose another profile with "
-                f"--profile {role}=PROFILE.", "profile")
+    missing = [(role, name, definition["profiles"][name]["adapter"]) for role, name in roles.items()
+               if definition["profiles"][name]["adapter"] not in available]
+    if missing:
+        which = "; ".join(f"{role} uses profile {name!r} (adapter {adapter!r})" for role, name, adapter in missing)
+        flags = " ".join(f"--profile {role}=PROFILE" for role, _, _ in missing)
+        raise OperationError(
+            "adapter_unavailable",
+            f"This Run Engine cannot run every adapter yet (it can run: {', '.join(sorted(available))}): {which}. "
+            f"Choose other profiles with {flags}.", "profile")
     return roles
 
 
@@ -377,6 +376,8 @@ def run_status(run) -> dict:
         "branch": run.branch, "worktree": run.worktree, "stop_reason": run.stop_reason or None,
         "stop_message": run.stop_message or None, "stop_evidence": run.stop_evidence or None,
         "waiting_for": waiting, "active_seconds": round(run.active_seconds, 3),
+        "heartbeat_age_seconds": ((timezone.now() - run.heartbeat_at).total_seconds()
+                                  if run.heartbeat_at and run.status == RunStatus.RUNNING else None),
         "definition_sha256": run.definition_sha256, "control_records": str(var / run.control_dir),
         "not_included": run.not_included, "roles": run.definition["roles"],
         "pending_decision": ({"id": pending.pk, "kind": pending.kind, "reason": pending.reason,

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import context, machine, process, workspace
+from . import context, machine, process, scope, workspace
 from .agents import AgentRequest, get_adapter
 from .models import (
     Attempt,
@@ -189,7 +189,7 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
         start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
         marker=f"cp-run-{run.pk}-attempt-{number}-{lease[:8]}",
     )
-    folder = f"attempts/{number:03d}-{operation}"
+    folder = f"stages/{stage.order + 1:02d}-{stage.key}/attempts/{number:03d}-{operation}"
     attempt.log_path = control_path(run, folder, "output.log")
     attempt.raw_path = control_path(run, folder, "output.raw")
     attempt.save()
@@ -311,6 +311,7 @@ def _execute_agent(plan: dict, should_stop) -> dict:
     result = adapter.run(request)
     outcome = {"launched": True, "result": result.as_dict(), "prompt_redactions": prompt_redactions}
     after = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
+    outcome["changed"] = _changed_paths(start, after)
     patch_rel = control_path(run, plan["folder"], "patch.diff")
     patch = workspace.write_patch(run.worktree, stage.base_commit, after["tree"], str(var_path(patch_rel)))
     outcome.update({"manifest": after, "patch_path": patch_rel, "patch": patch})
@@ -326,8 +327,7 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
         started_at=timezone.now(), manifest_digest=digest_before,
     )
     log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
-    deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"].get("gate")
-                     or settings.CP_GATE_DEADLINE)
+    deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
     result = process.run_supervised(
         argv, cwd=run.worktree, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
         redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-check-{check.pk}",
@@ -388,14 +388,23 @@ def _execute_verify(plan: dict, should_stop) -> dict:
         if after["digest"] == before["digest"]:
             return {"digest": before["digest"], "checks": checks, "rounds": round_no}
         Check.objects.filter(pk__in=checks).update(stale=True)
+        changed = _changed_paths(before, after)
         with transaction.atomic():
             locked = _fenced(run.pk, plan["lease"])
             if locked is not None:
                 machine.event(locked, "artifact_changed",
                               f"The files changed while the gates ran ({before['digest'][:12]} -> "
-                              f"{after['digest'][:12]}); those results belong to the old files and every gate "
-                              f"runs again.", stage=stage)
+                              f"{after['digest'][:12]}: {', '.join(changed[:10])}); those results belong to the old "
+                              f"files and every gate runs again. Gates should write logs under $TMPDIR, not into "
+                              f"the worktree.", stage=stage, data={"changed": changed})
     return {"unstable": True, "checks": checks}
+
+
+def _changed_paths(before: dict, after: dict) -> list[str]:
+    """Paths whose blob or mode differs between two manifests of the same base."""
+    old = {e["path"]: (e["mode"], e["blob"]) for e in before["entries"]}
+    new = {e["path"]: (e["mode"], e["blob"]) for e in after["entries"]}
+    return sorted(p for p in old.keys() | new.keys() if old.get(p) != new.get(p))
 
 
 def _execute_checkpoint(plan: dict) -> dict:
@@ -448,6 +457,9 @@ def finish(run: Run, plan: dict, outcome: dict) -> None:
 def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.ended_at = timezone.now()
     if not outcome.get("launched"):
+        if attempt.log_path:
+            with open(var_path(attempt.log_path), "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] not launched: {outcome['failure_kind']}: {outcome['failure_message']}\n")
         attempt.status = AttemptStatus.FAILED
         attempt.failure_kind = outcome["failure_kind"]
         attempt.failure_message = outcome["failure_message"]
@@ -481,6 +493,17 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
         attempt.result_manifest = manifest
         attempt.save(update_fields=["result_manifest"])
     evidence = {"attempt": attempt.pk}
+    allowed = _role_scope(run, stage, plan["role"])
+    stray = scope.outside(outcome.get("changed", []), allowed)
+    if stray:
+        machine.event(run, "scope_violation",
+                      f"Attempt {attempt.number} ({attempt.operation}) changed files outside the {plan['role']}'s "
+                      f"scope ({', '.join(allowed)}): {', '.join(stray[:20])}. The diff is kept with the attempt.",
+                      stage=stage, attempt=attempt, data={"outside": stray})
+        machine.stop(run, "scope_violation",
+                     f"The {plan['role']} changed {len(stray)} file(s) outside its scope: {', '.join(stray[:10])}.",
+                     stage=stage, evidence={**evidence, "outside": stray})
+        return
     if attempt.status != AttemptStatus.SUCCEEDED:
         what = {"workspace_branch_in_use": "the run's branch is checked out in another worktree",
                 "missing_executable": "the agent's executable was not found"}.get(attempt.failure_kind, "")
@@ -522,6 +545,16 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
                   f"Every gate of stage '{stage.key}' exited 0 on files {outcome['digest'][:12]}; they go to "
                   f"the checkpoint.", stage=stage)
     machine.verified(stage, outcome["digest"])
+
+
+def _role_scope(run: Run, stage: StageRun, role: str) -> list[str]:
+    """The globs a role may change: the stage's scope for the implementer, the documentation
+    paths for the documenter, nothing for the reviewer."""
+    if role == "implementer":
+        return list(stage.spec["scope"])
+    if role == "documenter":
+        return list(run.definition["pipeline"]["documentation_paths"])
+    return []
 
 
 def _check_sentence(check: Check) -> str:

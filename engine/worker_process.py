@@ -15,9 +15,11 @@ from pathlib import Path
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
-def worker_argv(concurrency: int = 2, queue: str = "runs", loglevel: str = "info", beat: bool = False) -> list[str]:
+def worker_argv(concurrency: int = 2, queue: str | None = None, loglevel: str = "info",
+                beat: bool = False) -> list[str]:
     """The argument array of a worker: prefork pool, no gossip/mingle/heartbeat (the filesystem
     broker has no fanout exchange for them); ``beat`` embeds the beat scheduler (one per system)."""
+    queue = queue or os.environ.get("CP_QUEUE", "runs")
     argv = [sys.executable, "-m", "celery", "-A", "controlpanel", "worker", "-l", loglevel, "-c", str(concurrency),
             "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"engine-{os.getpid()}@%h"]
     if beat:

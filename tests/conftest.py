@@ -142,7 +142,8 @@ class Workers:
     def env(self) -> dict:
         env = os.environ.copy()
         env.update({"DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "controlpanel.test_settings",
-                    "CP_VAR_DIR": str(settings.VAR_DIR), "CP_HEARTBEAT_INTERVAL": "1"})
+                    "CP_VAR_DIR": str(settings.VAR_DIR), "CP_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+                    "CP_HEARTBEAT_INTERVAL": "1"})
         env["PATH"] = os.path.dirname(os.path.abspath(os.sys.executable)) + os.pathsep + env.get("PATH", "")
         return env
 

@@ -1,5 +1,6 @@
 """The management commands: load_pipelines, create_run (see test_create_run), start_run, run_status,
 recover and demo. Every command has a test here or in the module named after its operation."""
+import io
 import json
 import os
 import subprocess
@@ -139,3 +140,15 @@ def test_make_demo_runs_the_main_job(tmp_path):
     assert "Run 1: succeeded" in out
     assert "original checkout" in out and "unchanged" in out
     assert "http://127.0.0.1:8000/admin/engine/run/1/change/" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_status_follow_says_what_a_pending_run_waits_for(make_pipeline, repo):
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    out, err = io.StringIO(), io.StringIO()
+    call_command("run_status", str(run.pk), follow=True, json=True, timeout=0.5, interval=0.1, stdout=out,
+                 stderr=err)
+    assert json.loads(out.getvalue())["status"] == "pending"  # stdout is one JSON document
+    progress = err.getvalue()
+    assert f"needs Start: python manage.py start_run {run.pk}" in progress
+    assert progress.count("needs Start") == 1 and "still pending after" in progress

@@ -161,3 +161,11 @@ def test_a_failure_after_the_run_row_leaves_nothing(make_pipeline, repo, monkeyp
     after = set(runs_dir.iterdir()) if runs_dir.exists() else set()
     assert [p for p in after - before if ".orphan-" not in p.name] == []
     assert git(repo, "branch", "--list").strip() == "* main"
+
+
+def test_a_pipeline_name_that_looks_like_an_id_wins_over_the_id(make_pipeline, repo):
+    first = make_pipeline(name="first")
+    numeric = make_pipeline(name=str(first.pk + 1000))
+    run = operations.create_run(numeric.name, str(repo), "main")
+    assert run.pipeline == numeric
+    assert operations.create_run(str(first.pk), str(repo), "main").pipeline == first

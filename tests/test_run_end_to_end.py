@@ -1,4 +1,5 @@
 """Runs carried out by real Celery worker processes on real git repositories and real gates."""
+import hashlib
 import json
 import shutil
 import subprocess
@@ -65,6 +66,13 @@ def test_two_stages_run_through_a_real_worker(workers, make_pipeline, repo):
     assert first["checkpoint"] in prompt and "app/core.py" in prompt
     assert "Make app.core.answer() return 42." not in prompt
     assert "One stage: answer." in prompt  # the master plan
+    # each stage keeps its own evidence, and every recorded digest matches its file
+    prompts = [Path(stage["attempts"][0]["prompt"]) for stage in (first, second)]
+    assert prompts[0] != prompts[1] and "One stage" in prompts[0].read_text()
+    for stage in (first, second):
+        attempt = stage["attempts"][0]
+        assert hashlib.sha256(Path(attempt["prompt"]).read_bytes()).hexdigest() == attempt["prompt_sha256"]
+        assert hashlib.sha256(Path(attempt["patch"]).read_bytes()).hexdigest() == attempt["patch_sha256"]
     attempt = first["attempts"][0]
     assert attempt["usage"]["input_tokens"] == 10 and attempt["usage"]["cost_usd"] is None
     assert "writing app/core.py" in Path(attempt["log"]).read_text()

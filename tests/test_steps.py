@@ -11,6 +11,8 @@ from django.db import connection
 from engine import operations, runner
 from engine.models import Attempt, Check, Run, RunEvent
 
+from .conftest import ANSWER_STEP
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -125,3 +127,52 @@ def test_status_json_contract(make_pipeline, repo, sent):
     for key in ("name", "command", "exit_code", "passed", "log", "manifest"):
         assert key in check
     assert check["passed"] is True and check["exit_code"] == 0 and Path(check["log"]).is_file()
+
+
+@pytest.mark.parametrize("command, status, kind", [("echo from the command; exit 0", "succeeded", ""),
+                                                    ("echo from the command; exit 3", "failed", "crashed")])
+def test_a_scenario_command_gives_the_agent_its_output_and_status(make_pipeline, repo, sent, command, status,
+                                                                    kind):
+    step = {**ANSWER_STEP, "run": ["sh", "-c", command]}
+    run = operations.create_run(make_pipeline(scenario={"stages": {"answer": {"implement": [step]}}}), str(repo),
+                                "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run)
+    assert (attempt.status, attempt.failure_kind) == (status, kind)
+    assert "from the command" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
+
+
+def test_an_attempt_that_never_launched_says_why_in_its_log(make_pipeline, repo, sent):
+    stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "docs": ["docs/MISSING.md"],
+               "gates": [{"name": "unit", "command": "true"}]}]
+    run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "missing_file" and "docs/MISSING.md" in run.stop_message
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.pid is None
+    assert "not launched: missing_file" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
+
+
+def test_an_implementer_writing_outside_its_scope_stops_the_run(make_pipeline, repo, sent):
+    step = {"write": {**ANSWER_STEP["write"], "README.md": "rewritten by the agent\n", "app/sub/x.py": "ok\n"}}
+    run = operations.create_run(make_pipeline(scenario={"stages": {"answer": {"implement": [step]}}}), str(repo),
+                                "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "scope_violation"
+    assert run.stop_evidence["outside"] == ["README.md"]
+    attempt = Attempt.objects.get(run=run)
+    patch = (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
+    assert "rewritten by the agent" in patch  # the diff is kept
+    assert not Check.objects.filter(run=run).exists()  # no gate ran on out-of-scope work
+
+
+def test_scope_globs():
+    from engine.scope import matches, outside
+
+    assert matches("app/a/b.py", ["app/**"]) and matches("app/x", ["app/"]) and not matches("apps/x", ["app/**"])
+    assert matches("README.md", ["*.md"]) and not matches("docs/a.md", ["*.md"])
+    assert matches("docs/a.md", ["**/*.md"]) and matches("a.md", ["**/*.md"])
+    assert outside(["app/x.py", "tests/t.py", "setup.py"], ["app/**", "tests/**"]) == ["setup.py"]

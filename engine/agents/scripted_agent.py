@@ -3,7 +3,8 @@
 
 Usage: ``python scripted_agent.py STEP.json``. The step file holds one scenario step (see
 docs/pipeline-format.md, "Scenario format"): files to write or delete in the working
-directory, lines to print, seconds to sleep, a command to exec, the exit status, and the
+directory, lines to print, seconds to sleep, a command to run (its output is the agent's; its
+exit status is the agent's unless ``exit`` is given), the exit status, and the
 usage and final message to report. It imports nothing from the project, so it runs with
 any Python 3.11 whatever the working directory is.
 
@@ -12,6 +13,7 @@ final message and session id, like a CLI's stream-json result event.
 """
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -51,14 +53,21 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     if step.get("sleep"):
         time.sleep(float(step["sleep"]))
+    exit_status = int(step.get("exit", 0))
     if step.get("run"):
         sys.stdout.write(f"running {' '.join(step['run'])}\n")
         sys.stdout.flush()
-        os.execvp(step["run"][0], list(step["run"]))
+        try:
+            status = subprocess.call(list(step["run"]))  # same stdout; a child of this agent
+        except OSError as exc:
+            sys.stdout.write(f"scripted agent: cannot run {step['run'][0]}: {exc}\n")
+            status = 127
+        if "exit" not in step:
+            exit_status = status if status >= 0 else 128 - status
     result = {
         "type": "result",
         "simulated": True,
-        "is_error": int(step.get("exit", 0)) != 0,
+        "is_error": exit_status != 0,
         "session_id": spec.get("session_id", ""),
         "result": step.get("final_message", "Scripted step done."),
         "usage": step.get("usage") or {},
@@ -67,7 +76,7 @@ def main(argv: list[str]) -> int:
         result["verdict"] = step["verdict"]
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
-    return int(step.get("exit", 0))
+    return exit_status
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ separate Celery worker process, creates and starts a run, follows it live, check
 unchanged) and says where to look in the Control Panel.
 """
 import os
+import shlex
+import signal
 import time
 from pathlib import Path
 
@@ -37,7 +39,7 @@ class Command(EngineCommand):
         out = self.stdout.write
         demo_dir = Path(settings.VAR_DIR) / "demo"
         demo_dir.mkdir(parents=True, exist_ok=True)
-        repo = make_demo_repo(str(demo_dir / time.strftime("textstats-%Y%m%d-%H%M%S")))
+        repo = make_demo_repo(str(demo_dir / f"textstats-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"))
         before = {"head": git(repo["path"], "rev-parse", "HEAD"), "status": git(repo["path"], "status", "--porcelain")}
         out(f"1. demo repository: {repo['path']} (commit {repo['commit'][:12]}, tag v0, one untracked file)")
         call_command("load_pipelines", options["pipeline_file"], stdout=self.stdout)
@@ -45,6 +47,8 @@ class Command(EngineCommand):
         overrides = options["profile"] or ["implementer=scripted", "reviewer=scripted", "documenter=scripted"]
         override = dict(item.split("=", 1) for item in overrides)
         worker = None
+        # a SIGTERM ends the demo like Ctrl-C does: through the finally below, which stops the worker
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         if not options["no_worker"]:
             log_path = demo_dir / "worker.log"
             out(f"2. starting a Celery worker process (log: {log_path})")
@@ -52,8 +56,7 @@ class Command(EngineCommand):
         try:
             run = operations.create_run(pipeline_name, repo["path"], "v0", override)
             if run.simulated:
-                out("   NOTE: this run is SIMULATED: the scripted test adapter stands in for a coding agent "
-                    "(the real Claude Code and Codex adapters come in a later version).")
+                out(f"   NOTE: this run is SIMULATED ({run.simulated_reason}): no model decides anything in it.")
             out(f"3. run {run.pk} created (pending); starting it")
             operations.request_start(run, requested_by=os.environ.get("USER", "demo"), source="demo")
             call_command("run_status", str(run.pk), follow=True, timeout=options["timeout"], stdout=self.stdout)
@@ -89,8 +92,9 @@ class Command(EngineCommand):
         out(f"  not included (uncommitted in the checkout): {', '.join(c['path'] for c in data['not_included'])}")
         out("")
         out("Where to look:")
-        out(f"  python manage.py run_status {data['id']}            (add --json for the full record)")
-        out(f"  git -C {repo['path']} log --format='%h %s' {data['branch']}")
+        out(f"  python manage.py run_status {data['id']}            (add --json for the full record; same "
+            f"CP_VAR_DIR and DATABASE_URL as the demo)")
+        out(f"  git -C {shlex.quote(repo['path'])} log --format='%h %s' {data['branch']}")
         out("  Control Panel: python manage.py createsuperuser, then make web, and open")
         out(f"  http://127.0.0.1:8000/admin/engine/run/{data['id']}/change/")
         if problems:

@@ -21,4 +21,4 @@ class Command(EngineCommand):
             raise CommandError(f"nothing was loaded:\n{exc}") from None
         for pipeline, outcome in results:
             self.stdout.write(f"{outcome}: pipeline {pipeline.name!r} (id {pipeline.pk}, v{pipeline.version}, "
-                              f"{len(pipeline.definition['stages'])} stages)")
+                              f"{len(pipeline.definition['stages'])} stage{'s' if len(pipeline.definition['stages']) != 1 else ''})")

@@ -20,5 +20,6 @@ class Command(EngineCommand):
     def handle(self, *args, **options):
         decision = operations.recover(options["run_id"], options["decision"], options["note"], options["action"],
                                       reviewer=options["reviewer"] or getpass.getuser())
-        self.stdout.write(f"run {decision.run_id}: decision {decision.pk} recorded ({options['action']}); "
+        sim = " [simulated]" if decision.run.simulated else ""
+        self.stdout.write(f"run {decision.run_id}{sim}: decision {decision.pk} recorded ({options['action']}); "
                           f"queued, waiting for a worker")

@@ -2,10 +2,26 @@
 
 import time
 
+from django.conf import settings
+
 from engine import operations
 from engine.models import RunEvent
 
 from ._base import EngineCommand
+
+
+def waiting_hint(data: dict) -> str:
+    """What a pending, queued or silent run is waiting for, in a sentence ('' when nothing)."""
+    if data["waiting_for"] == "start":
+        return f"needs Start: python manage.py start_run {data['id']}"
+    if data["waiting_for"] == "worker":
+        return ("queued: waiting for a worker to claim it (is `make worker` running with the same CP_VAR_DIR, "
+                "DATABASE_URL and CELERY_BROKER_URL?)")
+    if data["status"] == "running" and data.get("heartbeat_age_seconds") is not None \
+            and data["heartbeat_age_seconds"] > settings.CP_HEARTBEAT_STALE:
+        return (f"no heartbeat for {data['heartbeat_age_seconds']:.0f} s: the worker holding this run may have "
+                "died; reconciliation (`make beat`) will interrupt it and stop it for review")
+    return ""
 
 
 class Command(EngineCommand):
@@ -21,6 +37,8 @@ class Command(EngineCommand):
     def handle(self, *args, **options):
         run = operations.get_run(options["run_id"])
         if options["follow"]:
+            # with --json the progress lines go to stderr, so stdout stays one JSON document
+            self.progress = self.stderr if options["json"] else self.stdout
             self.follow(run, options["interval"], options["timeout"])
         if options["json"]:
             self.print_json(operations.run_status(run))
@@ -28,23 +46,28 @@ class Command(EngineCommand):
             self.summary(operations.run_status(run))
 
     def follow(self, run, interval, timeout):
-        seen = 0
+        out = self.progress.write
+        seen, hinted = 0, None
         started = time.monotonic()
         sim = f" [SIMULATED: {run.simulated_reason}]" if run.simulated else ""
-        self.stdout.write(f"following run {run.pk} of {run.pipeline_name}{sim}")
+        out(f"following run {run.pk} of {run.pipeline_name}{sim}")
         while True:
             for event in RunEvent.objects.filter(run=run, pk__gt=seen).order_by("id"):
                 seen = event.pk
-                self.stdout.write(f"{event.at:%H:%M:%S} {event.kind:<18} {event.message}")
+                out(f"{event.at:%H:%M:%S} {event.kind:<18} {event.message}")
             run.refresh_from_db()
             if operations.run_stopped(run):
                 for event in RunEvent.objects.filter(run=run, pk__gt=seen).order_by("id"):
                     seen = event.pk
-                    self.stdout.write(f"{event.at:%H:%M:%S} {event.kind:<18} {event.message}")
-                self.stdout.write(f"run {run.pk} is {run.status}" + (f" ({run.stop_reason})" if run.stop_reason else ""))
+                    out(f"{event.at:%H:%M:%S} {event.kind:<18} {event.message}")
+                out(f"run {run.pk} is {run.status}" + (f" ({run.stop_reason})" if run.stop_reason else ""))
                 return
+            hint = waiting_hint(operations.run_status(run))
+            if hint and hint != hinted:
+                out(f"         {hint}")
+            hinted = hint
             if timeout and time.monotonic() - started > timeout:
-                self.stdout.write(f"run {run.pk} is still {run.status} after {timeout:.0f} s; stopped following")
+                out(f"run {run.pk} is still {run.status} after {timeout:.0f} s; stopped following")
                 return
             time.sleep(interval)
 
@@ -53,10 +76,9 @@ class Command(EngineCommand):
         lines = [f"run {data['id']} of {data['pipeline']}{sim}: {data['status']}",
                  f"  commit {data['commit']} ({data['revision']}), branch {data['branch']}",
                  f"  worktree {data['worktree']}"]
-        if data["waiting_for"] == "start":
-            lines.append(f"  needs Start: python manage.py start_run {data['id']}")
-        elif data["waiting_for"] == "worker":
-            lines.append("  queued: waiting for a worker to claim it (is `celery -A controlpanel worker` running?)")
+        hint = waiting_hint(data)
+        if hint:
+            lines.append(f"  {hint}")
         if data["stop_reason"]:
             lines.append(f"  stopped: {data['stop_reason']}: {data['stop_message']}")
         for stage in data["stages"]:
