@@ -203,7 +203,9 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
                 simulated=simulated, simulated_reason=", ".join(reasons), not_included=not_included,
             )
             run.branch = f"{settings.CP_BRANCH_PREFIX}/run-{run.pk}"
-            run.worktree = str(Path(settings.VAR_DIR) / "worktrees" / str(run.pk))
+            # the run's uid in the folder name: a database started afresh hands out ids again,
+            # and a new run must never meet an old run's worktree
+            run.worktree = str(Path(settings.VAR_DIR) / "worktrees" / f"{run.pk}-{run.uid.hex[:8]}")
             run.port_base = settings.CP_PORT_BASE + (run.pk % 1000) * settings.CP_PORT_SPAN
             run.save()
             for order, stage in enumerate(definition["stages"]):

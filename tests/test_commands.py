@@ -3,6 +3,7 @@ recover and demo. Every command has a test here or in the module named after its
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,14 +27,13 @@ def test_load_pipelines_creates_then_updates(tmp_path, capsys):
     assert "created: pipeline 'textstats-example'" in capsys.readouterr().out
     pipeline = Pipeline.objects.get(name="textstats-example")
     assert set(Profile.objects.filter(pipeline=pipeline).values_list("name", flat=True)) == {
-        "claude-code", "codex", "scripted"}
+        "claude-code", "codex", "claude-scripted", "scripted"}
     assert pipeline.profiles.get(name="scripted").simulated
     call_command("load_pipelines", str(EXAMPLE))
     assert "unchanged" in capsys.readouterr().out
     changed = tmp_path / "example.yaml"
     changed.write_text(EXAMPLE.read_text().replace("Build textstats.core.word_count", "Build word_count"))
-    (tmp_path / "scenarios").mkdir()
-    (tmp_path / "scenarios" / "example.yaml").write_text((BASE / "pipelines/scenarios/example.yaml").read_text())
+    shutil.copytree(BASE / "pipelines" / "scenarios", tmp_path / "scenarios")
     call_command("load_pipelines", str(changed))
     assert "updated" in capsys.readouterr().out
     pipeline.refresh_from_db()
@@ -128,15 +128,17 @@ def test_recover_command_refuses_without_a_pending_decision(make_pipeline, repo)
 @pytest.mark.slow
 def test_make_demo_runs_the_main_job(tmp_path):
     """The README's first command, on its own var directory: a real worker process, two stages."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update({"CP_VAR_DIR": str(tmp_path / "var"), "DJANGO_SETTINGS_MODULE": "controlpanel.settings"})
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "ANTHROPIC_API_KEY", "CP_QUEUE")}
+    env.update({"CP_VAR_DIR": str(tmp_path / "var"), "DJANGO_SETTINGS_MODULE": "controlpanel.settings",
+                "HOME": str(tmp_path / "home")})
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=BASE, env=env, check=True, timeout=120)
     result = subprocess.run([sys.executable, "manage.py", "demo"], cwd=BASE, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    assert "SIMULATED" in out
+    assert "SIMULATED (scripted model endpoint)" in out and "REAL claude CLI" in out
     assert "Run 1: succeeded" in out
     assert "original checkout" in out and "unchanged" in out
     assert "http://127.0.0.1:8000/admin/engine/run/1/change/" in out

@@ -120,7 +120,7 @@ def test_it_normalizes_the_example_stages(example):
 
 def test_it_fills_profile_defaults_and_inlines_the_scenario(example):
     profiles = example["profiles"]
-    assert set(profiles) == {"claude-code", "codex", "scripted"}
+    assert set(profiles) == {"claude-code", "codex", "claude-scripted", "scripted"}
     for name, profile in profiles.items():
         assert set(profile) == {"name", "adapter", "model", "max_turns", "executable", "extra_args", "env",
                                 "scenario", "scenario_path", "scripted_endpoint", "scripted_endpoint_path", "description"}

@@ -33,7 +33,7 @@ class Command(EngineCommand):
         parser.add_argument("--no-worker", action="store_true", help="use a worker you started yourself")
         parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the run")
         parser.add_argument("--profile", action="append", default=None, metavar="ROLE=PROFILE",
-                            help="profile override (default: the scripted test adapter for every role)")
+                            help="profile override (default: claude-code with a Claude login, else claude-scripted)")
 
     def handle(self, *args, **options):
         out = self.stdout.write
@@ -44,8 +44,7 @@ class Command(EngineCommand):
         out(f"1. demo repository: {repo['path']} (commit {repo['commit'][:12]}, tag v0, one untracked file)")
         call_command("load_pipelines", options["pipeline_file"], stdout=self.stdout)
         pipeline_name = load_file(options["pipeline_file"])["name"]
-        overrides = options["profile"] or ["implementer=scripted", "reviewer=scripted", "documenter=scripted"]
-        override = dict(item.split("=", 1) for item in overrides)
+        override = self.choose_profiles(options["profile"])
         worker = None
         # a SIGTERM ends the demo like Ctrl-C does: through the finally below, which stops the worker
         signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -64,6 +63,23 @@ class Command(EngineCommand):
             if worker is not None:
                 stop_worker(worker)
         self.verify(run, repo, before)
+
+    def choose_profiles(self, given):
+        """The given overrides; else the real model when a Claude login is present; else the real
+        claude CLI against the scripted model endpoint (simulated, and said loudly)."""
+        out = self.stdout.write
+        if given:
+            return dict(item.split("=", 1) for item in given)
+        roles = ("implementer", "reviewer", "documenter")
+        logged_in = os.environ.get("ANTHROPIC_API_KEY") or (Path.home() / ".claude" / ".credentials.json").is_file()
+        if logged_in:
+            out("   Claude credentials found: the real claude CLI works with a real model.")
+            return {role: "claude-code" for role in roles}
+        out("   " + "*" * 86)
+        out("   * No Claude credentials (ANTHROPIC_API_KEY or a `claude` login): the REAL claude CLI runs,  *")
+        out("   * but its model is a SCRIPTED endpoint on 127.0.0.1. This run is labelled SIMULATED.       *")
+        out("   " + "*" * 86)
+        return {role: "claude-scripted" for role in roles}
 
     def verify(self, run, repo, before):
         out = self.stdout.write
