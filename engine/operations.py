@@ -154,6 +154,14 @@ def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
             "adapter_unavailable",
             f"This Run Engine cannot run every adapter yet (it can run: {', '.join(sorted(available))}): {which}. "
             f"Choose other profiles with {flags}.", "profile")
+    problems = []
+    for role, name in roles.items():
+        profile = definition["profiles"][name]
+        for problem in available[profile["adapter"]]().check(profile, role):
+            problems.append(f"{role} (profile {name!r}): {problem}")
+    if problems:
+        raise OperationError("agent_unavailable", "The agent cannot play its role: " + "; ".join(problems) + ".",
+                             "profile")
     return roles
 
 

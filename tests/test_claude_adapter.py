@@ -96,10 +96,24 @@ def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(claude_pipeline, repo
     assert left == []
 
 
+def stub_claude(path: Path, body: str) -> Path:
+    """A stand-in claude that answers --version and --help like 2.1.197 and runs ``body`` otherwise."""
+    real_help = "--print --output-format --verbose --settings --setting-sources --tools --permission-mode"
+    path.write_text(f"#!/bin/sh\ncase \"$1\" in\n  --version) echo '2.1.197 (Claude Code)';;\n"
+                    f"  --help) echo '{real_help}';;\n  *) {body};;\nesac\n")
+    path.chmod(0o755)
+    return path
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_missing_binary_is_missing_executable(claude_pipeline, repo, sent, tmp_path):
-    pipeline = claude_pipeline(executable=str(tmp_path / "no-such-claude"))
-    run = operations.create_run(pipeline, str(repo), "main")
+def test_a_missing_binary_is_refused_at_creation_and_missing_executable_at_launch(claude_pipeline, repo, sent,
+                                                                                  tmp_path):
+    with pytest.raises(operations.OperationError) as info:
+        operations.create_run(claude_pipeline(executable=str(tmp_path / "no-such-claude")), str(repo), "main")
+    assert info.value.code == "agent_unavailable" and "implementer (profile 'claude')" in info.value.message
+    stub = stub_claude(tmp_path / "claude", "exit 0")
+    run = operations.create_run(claude_pipeline(executable=str(stub)), str(repo), "main")
+    stub.unlink()  # gone between creation and launch
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
     attempt = Attempt.objects.get(run=run)
@@ -107,14 +121,26 @@ def test_a_missing_binary_is_missing_executable(claude_pipeline, repo, sent, tmp
     assert attempt.usage["input_tokens"] is None
 
 
+@pytest.mark.django_db
+def test_a_cli_without_the_boundary_flags_is_refused_naming_role_profile_and_boundary(claude_pipeline, repo,
+                                                                                      tmp_path):
+    weak = tmp_path / "claude"
+    weak.write_text("#!/bin/sh\ncase \"$1\" in --version) echo '1.0.0 (Claude Code)';; --help) echo '--print';; "
+                    "esac\n")
+    weak.chmod(0o755)
+    with pytest.raises(operations.OperationError) as info:
+        operations.create_run(claude_pipeline(executable=str(weak)), str(repo), "main")
+    message = info.value.message
+    assert "reviewer (profile 'claude')" in message and "read-only" in message
+    assert "implementer (profile 'claude')" in message and "--permission-mode" in message
+
+
 @pytest.mark.django_db(transaction=True)
 def test_c11_output_cut_mid_json_is_malformed_with_unknown_usage(claude_pipeline, repo, sent, tmp_path):
-    stub = tmp_path / "claude"
     big = json.dumps({"type": "result", "is_error": False, "result": "x" * 200_000,
                       "usage": {"input_tokens": 5, "output_tokens": 6}, "total_cost_usd": 0.1})
     (tmp_path / "big.json").write_text(big)
-    stub.write_text(f"#!/bin/sh\nhead -c 65536 {tmp_path / 'big.json'}\nexit 0\n")
-    stub.chmod(0o755)
+    stub = stub_claude(tmp_path / "claude", f"head -c 65536 {tmp_path / 'big.json'}; exit 0")
     run = operations.create_run(claude_pipeline(executable=str(stub)), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
@@ -123,6 +149,8 @@ def test_c11_output_cut_mid_json_is_malformed_with_unknown_usage(claude_pipeline
     assert attempt.failure_kind == "malformed_result" and run.stop_reason == "malformed_result"
     assert all(value is None for value in attempt.usage.values())
     assert attempt.output_bytes == 65536 and not attempt.final_message
+    raw = (Path(settings.VAR_DIR) / attempt.raw_path).read_bytes()
+    assert raw == big.encode()[:65536]  # the raw bytes are kept and viewable
 
 
 def test_c29_usage_paths_and_final_message_fallback(tmp_path):

@@ -94,6 +94,11 @@ class Adapter:
         """The CLI's version string, or '' when it cannot be told."""
         return ""
 
+    def check(self, profile: dict, role: str) -> list[str]:
+        """Problems that keep ``profile`` from playing ``role`` (missing binary, no answer to
+        ``--version``, a boundary the CLI cannot enforce); empty when it can."""
+        return []
+
 
 def classify_process(result) -> tuple[str | None, str]:
     """Failure kind and sentence for a finished ``engine.process.ProcessResult`` (None when clean)."""

@@ -66,6 +66,35 @@ def cli_version(executable: str, timeout: float = 30.0) -> str:
     return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
 
 
+#: Flags each role's boundary depends on; each must appear in ``claude --help`` (2.1.197 lists
+#: them all; ``--max-turns`` works but is not listed, so it is not checked).
+REQUIRED_FLAGS = {
+    "reviewer": {"--tools": "read-only (removing every mutating tool)"},
+    "implementer": {"--permission-mode": "writes only inside the working directory"},
+    "documenter": {"--permission-mode": "writes only inside the working directory"},
+}
+COMMON_FLAGS = ("--print", "--output-format", "--verbose", "--settings", "--setting-sources")
+_checked: dict[tuple, tuple[str, str]] = {}
+
+
+def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
+    """``(version, help text)`` of an executable, cached by path and modification time."""
+    try:
+        key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns)
+    except OSError:
+        return "", ""
+    if key not in _checked:
+        helptext = ""
+        try:
+            out = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
+            helptext = out.stdout + out.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        _checked[key] = (cli_version(executable, timeout), helptext)
+    return _checked[key]
+
+
 def role_flags(role: str) -> list[str]:
     """The permission flags of a role (see the module docstring)."""
     if role == "reviewer":
@@ -187,6 +216,23 @@ class ClaudeCodeAdapter(Adapter):
     def version(self, profile: dict) -> str:
         exe = find_executable(self.executable_name, profile.get("executable"))
         return cli_version(exe) if exe else ""
+
+    def check(self, profile: dict, role: str) -> list[str]:
+        """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
+        missing, ``--version`` does not answer, or a flag the role's boundary needs is not in
+        ``--help`` (the boundary is named)."""
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        if exe is None:
+            return [f"the {self.executable_name} executable was not found (profile executable: "
+                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
+        version, helptext = probe(exe)
+        if not version:
+            return [f"{exe} --version does not answer"]
+        problems = [f"{flag} is not in `{self.executable_name} --help`, so it cannot enforce: {boundary}"
+                    for flag, boundary in REQUIRED_FLAGS.get(role, {}).items() if flag not in helptext]
+        problems += [f"{flag} is not in `{self.executable_name} --help`" for flag in COMMON_FLAGS
+                     if flag not in helptext]
+        return problems
 
     def environment(self, request: AgentRequest, home: str) -> dict:
         env = dict(request.env)
