@@ -470,9 +470,10 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.signal = result["signal"]
     attempt.elapsed_seconds = result["elapsed_seconds"]
     attempt.usage = result["usage"]
-    attempt.session_id = result["session_id"]
+    # what a CLI printed is cut to the column's size: a stray line must not fail the record
+    attempt.session_id = (result["session_id"] or "")[:200]
     attempt.final_message = result["final_message"]
-    attempt.cli_version = result["cli_version"]
+    attempt.cli_version = (result["cli_version"] or "")[:200]
     attempt.output_bytes = result["output_bytes"]
     attempt.redactions = result["redactions"] + outcome.get("prompt_redactions", 0)
     attempt.failure_kind = result["failure_kind"] or ""

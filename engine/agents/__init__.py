@@ -5,9 +5,10 @@ from .base import Adapter, AgentRequest, AgentResult
 def adapters() -> dict[str, type[Adapter]]:
     """The adapters this Run Engine can run, by name."""
     from .claude import ClaudeCodeAdapter
+    from .codex import CodexAdapter
     from .scripted import ScriptedAdapter
 
-    return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter}
+    return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter, CodexAdapter.name: CodexAdapter}
 
 
 def get_adapter(name: str) -> Adapter:

@@ -63,7 +63,8 @@ def cli_version(executable: str, timeout: float = 30.0) -> str:
                              stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else ""
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0][:200] if text else ""
 
 
 #: Flags each role's boundary depends on; each must appear in ``claude --help`` (2.1.197 lists

@@ -1,0 +1,457 @@
+"""The Codex adapter: runs the real ``codex exec`` CLI headless for one attempt.
+
+Every fact below was checked on ``codex-cli 0.171.0`` (``codex --version``) by running the
+binary from tools/agents against engine/scripted_endpoint.py (see also
+shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
+
+* argument array (the prompt is not in it: ``-`` makes ``codex exec`` read the
+  instructions from stdin, which is the saved prompt file and so ends in EOF)::
+
+      codex exec --json --skip-git-repo-check --ignore-user-config --ignore-rules
+                 -C WORKSPACE --sandbox MODE [role -c overrides] -c web_search="disabled"
+                 -o CONTROL_DIR/codex-last-message-N.txt [-m MODEL]
+                 [scripted provider -c overrides] [profile extra_args] -
+
+* role sandbox: reviewer ``read-only`` (a write fails inside the command with "Read-only
+  file system"); implementer and documenter ``workspace-write`` plus
+  ``sandbox_workspace_write.exclude_slash_tmp=true``,
+  ``sandbox_workspace_write.exclude_tmpdir_env_var=true`` (without them /tmp outside the
+  workspace is writable; with them it is not, and a workspace that itself lies under /tmp
+  stays writable) and ``sandbox_workspace_write.network_access=false``. A refused write is
+  not a tool error: the command's own output says so and the run still exits 0. What an
+  attempt changed is checked by manifest afterwards: the sandbox is not trusted alone;
+* ``-c web_search="disabled"`` removes the ``web_search`` tool from the request;
+* a fresh ``HOME`` = ``CODEX_HOME`` per attempt, so the worker's ``~/.codex/config.toml``
+  (and its rules) cannot loosen a role; only ``auth.json`` (a ``codex login``) is copied in.
+  ``--ignore-user-config`` ("Do not load $CODEX_HOME/config.toml; auth still uses
+  CODEX_HOME") and ``--ignore-rules`` make that explicit. A ``.codex/config.toml`` inside
+  an untrusted workspace was not applied (checked with ``sandbox_mode="danger-full-access"``
+  in it: the reviewer still could not write);
+* API key for real use: the built-in OpenAI provider sends ``CODEX_API_KEY`` as the bearer
+  token; ``OPENAI_API_KEY`` in the environment is **not** sent by ``codex exec`` 0.171.0
+  (checked against a loopback ``openai_base_url``). The adapter therefore copies the
+  worker's ``OPENAI_API_KEY`` into ``CODEX_API_KEY`` when that is not set;
+* stdout is JSONL: ``thread.started{thread_id}``, ``turn.started``,
+  ``item.started``/``item.completed`` (item types ``command_execution``, ``agent_message``,
+  ``error``: the last is a warning such as "Model metadata ... not found", not a failure),
+  ``turn.completed{usage{input_tokens, cached_input_tokens, cache_write_input_tokens,
+  output_tokens, reasoning_output_tokens}}`` (summed over the turn's model requests;
+  ``input_tokens`` *includes* ``cached_input_tokens``, OpenAI's convention, unlike Claude's),
+  ``turn.failed{error{message}}``, ``error{message}``. stderr carries one harmless
+  "WARNING: proceeding, even though we could not create PATH aliases" line when HOME is
+  under /tmp. Commands that the sandbox refused (read-only file system) do **not** appear
+  as ``command_execution`` items; they are in the session record
+  ``CODEX_HOME/sessions/YYYY/MM/DD/rollout-*-<thread_id>.jsonl`` (``function_call`` +
+  ``function_call_output``), from which the adapter copies them into the log;
+* the ``-o`` file holds the final agent text; it is written empty when the turn fails;
+* failures: a 401/403 from the provider gives rc 1 within a second, ``turn.failed``
+  "unexpected status 401 Unauthorized: <message>, url: ..."; a missing or empty
+  ``env_key`` variable gives rc 1, "Missing environment variable: `NAME`."; a 500 gives
+  rc 1 "We're currently experiencing high demand..." (no retry with
+  ``request_max_retries=0``); an endpoint that never answers, or no network, is never
+  ended by codex itself (it waits, or emits "Reconnecting... waiting for network" events
+  forever): only the engine's deadline ends it. SIGINT/SIGTERM to the tree leaves nothing
+  behind (§7);
+* codex reports no cost and has no turn limit option: ``max_turns`` of the profile is not
+  applied, the deadline bounds the attempt.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import deque
+from pathlib import Path
+
+from .. import process
+from ..redaction import Redactor, redact_text
+from ..scripted_endpoint import ScriptedEndpoint
+from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage
+from .claude import TOOLS_BIN, cli_version, endpoint_turns, find_executable
+
+#: Roles whose attempts may write in the workspace; every other role runs read-only.
+WRITE_ROLES = ("implementer", "documenter")
+#: ``-c`` overrides of the writing roles (checked on 0.171.0: /tmp and $TMPDIR read-only, no network).
+WORKSPACE_WRITE_OVERRIDES = ("sandbox_workspace_write.exclude_slash_tmp=true",
+                             "sandbox_workspace_write.exclude_tmpdir_env_var=true",
+                             "sandbox_workspace_write.network_access=false")
+#: Name of the provider the adapter defines for the scripted endpoint, and the variable holding its key.
+SCRIPTED_PROVIDER = "scripted"
+SCRIPTED_KEY_ENV = "CP_SCRIPTED_KEY"
+SCRIPTED_MODEL = "gpt-scripted"
+#: Failure texts (in ``turn.failed``/``error`` messages and stderr) that mean "no usable credentials".
+AUTH_PATTERNS = re.compile(
+    r"status 40[13]\b|\b401 Unauthorized|\b403 Forbidden|Missing environment variable|invalid_api_key"
+    r"|Incorrect API key|invalid api key|Not logged in|Please (?:run `?codex )?login", re.IGNORECASE)
+#: Texts in a command's output that say the sandbox refused it (0.171.0, bwrap-based sandbox).
+DENIAL_PATTERNS = ("Read-only file system", "Operation not permitted", "Permission denied")
+#: Longest JSONL line kept in memory (bytes); longer lines (huge command output) are skipped.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+#: At most this many sandbox denials are recorded per attempt; each output is cut to OUTPUT_CHARS.
+MAX_DENIALS = 50
+OUTPUT_CHARS = 500
+
+
+def sandbox_args(role: str) -> list[str]:
+    """``--sandbox`` and its ``-c`` overrides for a role (module docstring)."""
+    if role in WRITE_ROLES:
+        args = ["--sandbox", "workspace-write"]
+        for override in WORKSPACE_WRITE_OVERRIDES:
+            args += ["-c", override]
+        return args
+    return ["--sandbox", "read-only"]
+
+
+def provider_args(url: str) -> list[str]:
+    """``-c`` overrides that make codex talk to the scripted endpoint at ``url`` (``http://127.0.0.1:PORT``).
+
+    A custom provider on the Responses API with zero retries, its key read from
+    ``CP_SCRIPTED_KEY`` (checked on 0.171.0; the key variable must be set and non-empty).
+    """
+    prefix = f"model_providers.{SCRIPTED_PROVIDER}"
+    overrides = [f"model_provider={SCRIPTED_PROVIDER}", f"{prefix}.name={SCRIPTED_PROVIDER}",
+                 f'{prefix}.base_url="{url}/v1"', f"{prefix}.wire_api=responses", f"{prefix}.env_key={SCRIPTED_KEY_ENV}",
+                 f"{prefix}.request_max_retries=0", f"{prefix}.stream_max_retries=0"]
+    args = []
+    for override in overrides:
+        args += ["-c", override]
+    return args
+
+
+def last_message_path(request: AgentRequest) -> str:
+    """Where ``-o`` writes the final agent text: a file of the attempt's control folder."""
+    return str(Path(request.control_dir) / f"codex-last-message-{request.attempt_number}.txt")
+
+
+def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None) -> list[str]:
+    """The argument array of one attempt; the prompt comes on stdin (the final ``-``).
+
+    ``endpoint_url`` (``http://127.0.0.1:PORT``) selects the scripted provider; then ``-m`` is
+    the profile's model or ``gpt-scripted``.
+    """
+    profile = request.profile
+    argv = [executable, "exec", "--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules",
+            "-C", request.workspace]
+    argv += sandbox_args(request.role)
+    argv += ["-c", 'web_search="disabled"', "-o", last_message_path(request)]
+    model = profile.get("model") or (SCRIPTED_MODEL if endpoint_url else None)
+    if model:
+        argv += ["-m", model]
+    if endpoint_url:
+        argv += provider_args(endpoint_url)
+    argv += list(profile.get("extra_args") or [])
+    argv.append("-")
+    return argv
+
+
+def worker_codex_home(env: dict) -> Path:
+    """The worker's own codex folder: ``$CODEX_HOME`` of the run's environment, else ``~/.codex``."""
+    return Path(env.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex"))
+
+
+def prepare_home(home: str, env: dict) -> None:
+    """A fresh HOME (= CODEX_HOME) for the attempt holding, when present, only the worker's ``auth.json``.
+
+    No config.toml, rules or skills of the worker are copied: nothing there can loosen a role.
+    """
+    home_path = Path(home)
+    if home_path.exists():
+        shutil.rmtree(home_path)
+    home_path.mkdir(parents=True)
+    login = worker_codex_home(env) / "auth.json"
+    if login.is_file():
+        shutil.copy2(login, home_path / "auth.json")
+        os.chmod(home_path / "auth.json", 0o600)
+
+
+def _lines(fh, limit: int = MAX_LINE_BYTES):
+    """Yield the lines of a binary file, each at most ``limit`` bytes; longer lines are skipped whole."""
+    while True:
+        line = fh.readline(limit)
+        if not line:
+            return
+        if len(line) >= limit and not line.endswith(b"\n"):
+            while True:  # drain the rest of the overlong line in bounded chunks
+                rest = fh.readline(limit)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            continue
+        yield line
+
+
+def parse_events(raw_path: str) -> dict:
+    """Read a ``codex exec --json`` capture line by line (bounded memory).
+
+    Returns ``{"session_id": str, "turns_completed": int, "usage": dict | None,
+    "last_text": str, "failure": str, "errors": list[str], "auth_error": bool,
+    "reconnects": int, "last_reconnect": str, "commands": int, "stderr_tail": list[str]}``:
+
+    * ``usage``: the ``turn.completed`` usages summed key by key in codex's names
+      (tokens); None when no turn reported usage; a key absent from every turn is absent;
+    * ``last_text``: the text of the last ``item.completed`` of type ``agent_message``;
+    * ``failure``: the message of the last ``turn.failed`` ('' when none);
+    * ``errors``: the last five top-level ``error`` messages that are not reconnect notices;
+    * ``auth_error``: a failure/error message or a stderr line matches AUTH_PATTERNS;
+    * ``reconnects``: how many "Reconnecting..." error events there were (no network);
+    * ``stderr_tail``: the last five non-JSON lines (stderr), without the PATH-aliases warning.
+    """
+    found = {"session_id": "", "turns_completed": 0, "usage": None, "last_text": "", "failure": "", "errors": [],
+             "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": []}
+    errors: deque[str] = deque(maxlen=5)
+    stderr_tail: deque[str] = deque(maxlen=5)
+    try:
+        fh = open(raw_path, "rb")
+    except FileNotFoundError:
+        return found
+    with fh:
+        for line in _lines(fh):
+            line = line.strip()
+            if not line:
+                continue
+            event = None
+            if line.startswith(b"{"):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    event = None
+            if not isinstance(event, dict):
+                text = line.decode("utf-8", errors="replace")
+                if "could not create PATH aliases" not in text:
+                    stderr_tail.append(text[:OUTPUT_CHARS])
+                    if AUTH_PATTERNS.search(text):
+                        found["auth_error"] = True
+                continue
+            kind = event.get("type")
+            if kind == "thread.started":
+                found["session_id"] = str(event.get("thread_id") or found["session_id"])
+            elif kind == "turn.completed":
+                found["turns_completed"] += 1
+                usage = event.get("usage")
+                if isinstance(usage, dict):
+                    total = found["usage"] if found["usage"] is not None else {}
+                    for key, value in usage.items():
+                        if isinstance(value, int) and not isinstance(value, bool):
+                            total[key] = total.get(key, 0) + value
+                    found["usage"] = total
+            elif kind == "turn.failed":
+                error = event.get("error")
+                message = str((error or {}).get("message") if isinstance(error, dict) else error or "")
+                found["failure"] = message or "turn failed (no message)"
+                if AUTH_PATTERNS.search(message):
+                    found["auth_error"] = True
+            elif kind == "error":
+                message = str(event.get("message") or "")
+                if message.startswith("Reconnecting"):
+                    found["reconnects"] += 1
+                    found["last_reconnect"] = message
+                else:
+                    errors.append(message)
+                    if AUTH_PATTERNS.search(message):
+                        found["auth_error"] = True
+            elif kind == "item.completed":
+                item = event.get("item")
+                if not isinstance(item, dict):
+                    continue
+                if item.get("type") == "agent_message" and item.get("text"):
+                    found["last_text"] = str(item["text"])
+                elif item.get("type") == "command_execution":
+                    found["commands"] += 1
+    found["errors"] = list(errors)
+    found["stderr_tail"] = list(stderr_tail)
+    return found
+
+
+def usage_of(reported: dict | None) -> dict:
+    """Usage in our keys from codex's summed ``turn.completed`` usage; every field None when not reported.
+
+    input_tokens <- input_tokens (includes the cached ones), cached_tokens <- cached_input_tokens,
+    output_tokens <- output_tokens, reasoning_tokens <- reasoning_output_tokens,
+    cache_creation_tokens <- cache_write_input_tokens; cost_usd stays None (codex reports none).
+    """
+    usage = empty_usage()
+    if not reported:
+        return usage
+    usage["input_tokens"] = reported.get("input_tokens")
+    usage["cached_tokens"] = reported.get("cached_input_tokens")
+    usage["output_tokens"] = reported.get("output_tokens")
+    usage["reasoning_tokens"] = reported.get("reasoning_output_tokens")
+    usage["cache_creation_tokens"] = reported.get("cache_write_input_tokens")
+    return usage
+
+
+def session_record(home: str, thread_id: str) -> Path | None:
+    """codex's session record of ``thread_id`` under ``home/sessions`` (rollout-*-<id>.jsonl), or None."""
+    if not thread_id or not re.fullmatch(r"[0-9A-Za-z-]+", thread_id):
+        return None
+    sessions = Path(home) / "sessions"
+    if not sessions.is_dir():
+        return None
+    for path in sessions.rglob(f"rollout-*{thread_id}.jsonl"):
+        return path
+    return None
+
+
+def sandbox_denials(record: Path | None) -> list[dict]:
+    """Commands whose output says the sandbox refused them, from a session record (bounded memory).
+
+    Returns up to MAX_DENIALS ``{"command": str, "output": str}`` (output cut to OUTPUT_CHARS
+    characters). ``codex exec --json`` 0.171.0 does not show these commands at all.
+    """
+    if record is None:
+        return []
+    calls: dict[str, str] = {}
+    denials: list[dict] = []
+    try:
+        fh = open(record, "rb")
+    except OSError:
+        return []
+    with fh:
+        for line in _lines(fh):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            payload = entry.get("payload") if isinstance(entry, dict) else None
+            if entry.get("type") != "response_item" or not isinstance(payload, dict):
+                continue
+            if payload.get("type") == "function_call":
+                try:
+                    arguments = json.loads(payload.get("arguments") or "{}")
+                except ValueError:
+                    arguments = {}
+                command = arguments.get("cmd") if isinstance(arguments, dict) else None
+                if len(calls) < 10_000:
+                    calls[str(payload.get("call_id"))] = str(command or payload.get("arguments") or "")[:OUTPUT_CHARS]
+            elif payload.get("type") == "function_call_output":
+                output = payload.get("output")
+                if not isinstance(output, str):
+                    output = json.dumps(output)
+                if any(text in output for text in DENIAL_PATTERNS) and len(denials) < MAX_DENIALS:
+                    body = output.split("Output:\n", 1)[-1].strip()
+                    denials.append({"command": calls.get(str(payload.get("call_id")), ""),
+                                    "output": body[:OUTPUT_CHARS]})
+    return denials
+
+
+class CodexAdapter(Adapter):
+    """The real ``codex exec`` CLI (OpenAI Codex), headless, JSONL output."""
+
+    name = "codex"
+    simulated = False
+    executable_name = "codex"
+
+    def version(self, profile: dict) -> str:
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        return cli_version(exe) if exe else ""
+
+    def environment(self, request: AgentRequest, home: str) -> dict:
+        """The attempt's environment: the run's, with HOME = CODEX_HOME = ``home`` and the API key
+        under the name codex exec reads (CODEX_API_KEY), then the profile's ``env``."""
+        env = dict(request.env)
+        env.update({"HOME": home, "CODEX_HOME": home})
+        if not env.get("CODEX_API_KEY") and env.get("OPENAI_API_KEY"):
+            env["CODEX_API_KEY"] = env["OPENAI_API_KEY"]
+        env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
+        return env
+
+    def run(self, request: AgentRequest) -> AgentResult:
+        exe = find_executable(self.executable_name, request.profile.get("executable"))
+        if exe is None:
+            message = (f"The {self.executable_name} executable was not found (profile executable: "
+                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
+            with open(request.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] {message}\n")
+            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
+                               failure_message=message, usage=empty_usage())
+        version = cli_version(exe)
+        home = request.home_dir
+        prepare_home(home, request.env)
+        env = self.environment(request, home)
+        last_message = Path(last_message_path(request))
+        last_message.parent.mkdir(parents=True, exist_ok=True)
+        if last_message.exists():
+            last_message.unlink()
+        endpoint = None
+        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
+        if scenario is not None:
+            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+            env[SCRIPTED_KEY_ENV] = "dummy"
+            for key in ("CODEX_API_KEY", "OPENAI_API_KEY"):
+                env.pop(key, None)
+            with open(request.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
+                          f"at {endpoint.url}/v1\n")
+        argv = build_argv(exe, request, endpoint.url if endpoint else None)
+        try:
+            result = self._supervise(argv, env, request)
+        finally:
+            if endpoint is not None:
+                endpoint.stop()
+        return self._result(result, request, version)
+
+    def _supervise(self, argv, env, request):
+        return process.run_supervised(
+            argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
+            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
+            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
+            grace_seconds=float(request.profile.get("grace_seconds", 5.0)), stdin_path=request.prompt_path,
+        )
+
+    def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
+        parsed = parse_events(request.raw_path)
+        failure_kind, failure_message = classify_process(result)
+        if failure_kind == "timeout" and parsed["turns_completed"] == 0 and parsed["reconnects"]:
+            failure_message += (f" Codex never reached its model: {parsed['reconnects']} reconnect notices, the last "
+                                f"\"{parsed['last_reconnect']}\".")
+        elif failure_kind in (None, "crashed"):
+            reported = parsed["failure"] or (parsed["errors"][-1] if parsed["errors"] and failure_kind else "")
+            if parsed["auth_error"]:
+                failure_kind = "auth_failed"
+                failure_message = f"The agent could not authenticate: {reported or '; '.join(parsed['stderr_tail'])}"
+            elif parsed["failure"]:
+                failure_kind, failure_message = "crashed", f"The agent reported an error: {parsed['failure']}"
+            elif failure_kind is None and parsed["turns_completed"] == 0:
+                failure_kind = "malformed_result"
+                failure_message = "The agent exited 0 but its output has no turn.completed event."
+            elif failure_kind == "crashed" and (reported or parsed["stderr_tail"]):
+                failure_message += f" Last output: {reported or ' | '.join(parsed['stderr_tail'])}"
+        final = self._final_message(request) or parsed["last_text"]
+        denials = sandbox_denials(session_record(request.home_dir, parsed["session_id"]))
+        if denials:
+            self._log_denials(request, denials)
+        return AgentResult(
+            exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,
+            failure_kind=failure_kind, failure_message=failure_message, usage=usage_of(parsed["usage"]),
+            session_id=parsed["session_id"], final_message=final, cli_version=version,
+            simulated=bool(request.profile.get("scripted_endpoint")), output_bytes=result.output_bytes,
+            redactions=result.redactions, pid=result.pid,
+            extra={"turns_completed": parsed["turns_completed"], "commands": parsed["commands"],
+                   "sandbox_denials": denials, "reconnects": parsed["reconnects"]},
+        )
+
+    @staticmethod
+    def _final_message(request: AgentRequest) -> str:
+        """The ``-o`` file's text (first MiB), redacted; the file is rewritten redacted when needed."""
+        path = Path(last_message_path(request))
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(1024 * 1024)
+        except OSError:
+            return ""
+        redacted, count = redact_text(text, request.secrets)
+        if count:
+            path.write_text(redacted, encoding="utf-8")
+        return redacted.strip()
+
+    @staticmethod
+    def _log_denials(request: AgentRequest, denials: list[dict]) -> None:
+        """Append the sandbox's refusals (which codex's JSONL leaves out) to the display log, redacted."""
+        lines = [f"[run-engine] codex's sandbox refused {len(denials)} command(s) (from its session record; "
+                 "codex exec --json does not show them):"]
+        for denial in denials:
+            output = " | ".join(line for line in denial["output"].splitlines() if line.strip())
+            lines.append(f"[run-engine]   $ {denial['command']}  ->  {output}")
+        text, _ = redact_text("\n".join(lines) + "\n", request.secrets)
+        with open(request.log_path, "a", encoding="utf-8") as log:
+            log.write(text)
