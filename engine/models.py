@@ -281,6 +281,8 @@ class Attempt(models.Model):
     cli_version = models.CharField(max_length=200, blank=True)
     output_bytes = models.BigIntegerField(default=0)
     redactions = models.PositiveIntegerField(default=0)
+    refusals = models.JSONField(default=list, blank=True,
+                                help_text="tool calls the CLI refused or that failed: [{tool, message}]")
     late = models.BooleanField(default=False, help_text="its result arrived after the run moved on")
 
     started_at = models.DateTimeField(null=True, blank=True)

@@ -362,6 +362,7 @@ def run_status(run) -> dict:
                 "start_commit": a.start_commit or None, "start_manifest": a.start_manifest or None,
                 "manifest": a.result_manifest.digest if a.result_manifest_id else None,
                 "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
+                "refusals": a.refusals,
             }
             for a in stage.attempts.select_related("result_manifest").order_by("number")
         ]

@@ -421,8 +421,9 @@ def _execute_checkpoint(plan: dict) -> dict:
     trailers = {"Control-Panel-Run": str(run.uid), "Control-Panel-Stage": stage.key,
                 "Control-Panel-Journal": str(entry.uid), "Control-Panel-Manifest": current["digest"]}
     try:
-        result = workspace.commit_checkpoint(run.worktree, run.branch, current["tree"], stage.base_commit, message,
-                                             trailers)
+        result = workspace.commit_checkpoint(
+            run.worktree, run.branch, current["tree"], stage.base_commit, message, trailers,
+            keep_agent_commits=f"refs/controlpanel/run-{run.pk}/stage-{stage.order + 1}-agent-commits")
     except workspace.WorkspaceError as exc:
         return {"failure_kind": exc.code, "failure_message": exc.message}
     return {"commit": result["commit"], "created": result["created"]}
@@ -476,6 +477,7 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.cli_version = (result["cli_version"] or "")[:200]
     attempt.output_bytes = result["output_bytes"]
     attempt.redactions = result["redactions"] + outcome.get("prompt_redactions", 0)
+    attempt.refusals = (result.get("extra") or {}).get("refusals") or []
     attempt.failure_kind = result["failure_kind"] or ""
     attempt.failure_message = result["failure_message"]
     attempt.patch_path = outcome["patch_path"]

@@ -1117,8 +1117,16 @@ def commit_checkpoint(
     parent: str,
     message: str,
     trailers: dict[str, str],
+    keep_agent_commits: str | None = None,
 ) -> dict:
     """Commit ``tree`` on ``branch`` as a checkpoint whose parent is ``parent``.
+
+    With ``keep_agent_commits`` (a full ref name such as
+    ``refs/controlpanel/run-7/stage-1-agent-commits``), a branch that moved *forward* from
+    ``parent`` (an agent that committed its own work, field case C31) is not refused: its tip
+    is kept under that ref, so nothing is lost, and the checkpoint (whose tree already holds
+    every deliverable change) replaces it on the branch, with ``parent`` as its parent. A
+    branch that moved anywhere else is still ``head_moved``.
 
     If ``tree`` equals the parent's tree, nothing is written and the parent is returned
     (the current commit is reused when nothing changed). Otherwise:
@@ -1169,12 +1177,19 @@ def commit_checkpoint(
             f"(HEAD is {head_name or 'detached'}); the checkpoint was not committed.",
         )
     tip = _rev_or_none(worktree, ref)
+    expected_tip = parent_id
     if tip != parent_id:
-        raise WorkspaceError(
-            "head_moved",
-            f"The branch {branch} is at {tip or 'nothing'}, not at the expected parent "
-            f"{parent_id}; the checkpoint was not committed.",
-        )
+        descends = tip is not None and git(["merge-base", "--is-ancestor", parent_id, tip], worktree,
+                                           check=False).returncode == 0
+        if not (keep_agent_commits and descends):
+            raise WorkspaceError(
+                "head_moved",
+                f"The branch {branch} is at {tip or 'nothing'}, not at the expected parent "
+                f"{parent_id}; the checkpoint was not committed.",
+            )
+        git(["update-ref", "-m", "agent commits kept by the checkpoint", keep_agent_commits, tip], worktree,
+            env=_checkpoint_env())
+        expected_tip = tip
 
     text = (message or "").strip("\n") or "Checkpoint"
     if trailers:
@@ -1184,11 +1199,11 @@ def commit_checkpoint(
     new = _out(["commit-tree", "--no-gpg-sign", tree_id, "-p", parent_id, "-F", "-"],
                worktree, env=_checkpoint_env(), input=text.encode("utf-8"))
 
-    proc = git(["update-ref", "-m", "checkpoint", ref, new, parent_id], worktree,
+    proc = git(["update-ref", "-m", "checkpoint", ref, new, expected_tip], worktree,
                env=_checkpoint_env(), check=False)
     if proc.returncode != 0:
         tip = _rev_or_none(worktree, ref)
-        if tip != parent_id:
+        if tip != expected_tip:
             raise WorkspaceError(
                 "head_moved",
                 f"The branch {branch} moved to {tip or 'nothing'} while the checkpoint was "

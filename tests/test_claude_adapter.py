@@ -203,3 +203,5 @@ def test_c28_a_permissive_worker_home_does_not_loosen_the_reviewer(tmp_path, mon
     assert (work / "important.txt").read_text() == "keep me\n"
     assert str(home) != str(worker_home) and (home / ".claude" / "settings.json").exists()
     assert result.final_message == '{"verdict": "pass", "findings": []}'
+    refused = {r["tool"] for r in result.extra["refusals"]}
+    assert refused == {"Write", "Edit", "Bash"}, result.extra["refusals"]

@@ -155,10 +155,14 @@ def parse_stream(raw_path: str) -> dict:
     """Read a stream-json capture line by line (bounded memory).
 
     Returns ``{"result": dict | None, "last_text": str, "session_id": str, "version": str,
-    "auth_error": bool}``: the last ``result`` object (None when missing or cut: C11), the
-    last assistant text (the fallback final message, C29), the session id of the init event.
+    "auth_error": bool, "refusals": [{"tool", "message"}]}``: the last ``result`` object (None
+    when missing or cut: C11), the last assistant text (the fallback final message, C29), the
+    session id of the init event, and the tool calls the CLI refused or that failed (tool
+    results with ``is_error``: a removed tool, a denied permission; at most 200).
     """
-    found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False}
+    found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
+             "refusals": []}
+    tools: dict[str, str] = {}
     try:
         fh = open(raw_path, "rb")
     except FileNotFoundError:
@@ -188,6 +192,16 @@ def parse_stream(raw_path: str) -> dict:
                 for block in (event.get("message") or {}).get("content") or []:
                     if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
                         found["last_text"] = block["text"]
+                    elif isinstance(block, dict) and block.get("type") == "tool_use":
+                        tools[str(block.get("id"))] = str(block.get("name"))
+            elif kind == "user":
+                for block in (event.get("message") or {}).get("content") or []:
+                    if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error"):
+                        text = block.get("content")
+                        text = text if isinstance(text, str) else json.dumps(text)
+                        if len(found["refusals"]) < 200:
+                            found["refusals"].append({"tool": tools.get(str(block.get("tool_use_id")), "?"),
+                                                      "message": text[:500]})
     return found
 
 
@@ -311,5 +325,5 @@ class ClaudeCodeAdapter(Adapter):
             cli_version=version or parsed["version"], simulated=bool(request.profile.get("scripted_endpoint")),
             output_bytes=result.output_bytes, redactions=result.redactions, pid=result.pid,
             extra={"permission_denials": (outcome or {}).get("permission_denials") or [],
-                   "num_turns": (outcome or {}).get("num_turns")},
+                   "refusals": parsed["refusals"], "num_turns": (outcome or {}).get("num_turns")},
         )

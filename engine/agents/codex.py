@@ -165,8 +165,10 @@ def prepare_home(home: str, env: dict) -> None:
         os.chmod(home_path / "auth.json", 0o600)
 
 
-def _lines(fh, limit: int = MAX_LINE_BYTES):
-    """Yield the lines of a binary file, each at most ``limit`` bytes; longer lines are skipped whole."""
+def _lines(fh, limit: int | None = None):
+    """Yield the lines of a binary file, each at most ``limit`` bytes (default MAX_LINE_BYTES);
+    longer lines are skipped whole."""
+    limit = limit or MAX_LINE_BYTES
     while True:
         line = fh.readline(limit)
         if not line:

@@ -1,0 +1,278 @@
+"""The Codex adapter (engine/agents/codex.py), driven directly, with the real ``codex`` 0.171.0 binary
+against the scripted model endpoint (tests marked ``slow``), and its parser and classification alone.
+
+The real-binary tests skip only when tools/agents has no codex (``make agents`` installs it).
+"""
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine.agents import AgentRequest, get_adapter
+from engine.agents.codex import CodexAdapter, build_argv, parse_events, usage_of
+from engine.agents.claude import find_executable
+from engine.process import MARKER_ENV, ProcessResult
+
+from .conftest import make_repo
+
+CODEX = find_executable("codex")
+needs_codex = pytest.mark.skipif(CODEX is None, reason="the pinned codex CLI is not installed: run `make agents`")
+
+USAGE_1 = {"input_tokens": 501, "output_tokens": 31, "cached_input_tokens": 200, "reasoning_output_tokens": 3}
+USAGE_2 = {"input_tokens": 502, "output_tokens": 32, "cached_input_tokens": 201, "reasoning_output_tokens": 4}
+
+
+def make_request(tmp_path: Path, role: str, scenario=None, deadline: float = 60, **profile) -> AgentRequest:
+    """An AgentRequest for one attempt in tmp_path: workspace ``work`` (a git repo), logs, prompt, HOME, marker."""
+    work = tmp_path / "work"
+    if not work.exists():
+        make_repo(work, {"README.md": "hello\n"})
+    control = tmp_path / "control"
+    control.mkdir(exist_ok=True)
+    (control / "prompt.md").write_text("Do the scripted task.\n", encoding="utf-8")
+    if scenario is not None:
+        profile["scripted_endpoint"] = {"default": scenario}
+    return AgentRequest(
+        role=role, operation="review" if role == "reviewer" else "implement", prompt="Do the scripted task.",
+        workspace=str(work), profile={"adapter": "codex", **profile}, deadline_seconds=deadline,
+        log_path=str(control / "out.log"), raw_path=str(control / "out.raw"), env=dict(os.environ), stage_key="s",
+        attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
+        home_dir=str(tmp_path / "attempt-home"), marker=f"cp-test-codex-{uuid.uuid4().hex[:12]}")
+
+
+def log_of(request: AgentRequest) -> str:
+    return Path(request.log_path).read_text(encoding="utf-8", errors="replace")
+
+
+def marked(marker: str) -> list:
+    """Live processes carrying ``CP_PROCESS_MARKER=marker`` (zombies have no environment)."""
+    return [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(MARKER_ENV) == marker]
+
+
+# ----------------------------------------------------------------------------- the real codex CLI
+
+
+@needs_codex
+@pytest.mark.slow
+def test_an_implementer_runs_a_command_and_reports_the_scripted_usage(tmp_path):
+    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": "touch made-by-codex.txt"}, "usage": USAGE_1},
+                          {"text": "DONE: codex scripted answer.", "usage": USAGE_2}]}
+    request = make_request(tmp_path, "implementer", scenario)
+    result = CodexAdapter().run(request)
+    assert result.exit_code == 0 and result.failure_kind is None, (result.failure_message, log_of(request)[-3000:])
+    assert (Path(request.workspace) / "made-by-codex.txt").exists()
+    assert result.usage == {"input_tokens": 1003, "cached_tokens": 401, "output_tokens": 63, "reasoning_tokens": 7,
+                            "cache_creation_tokens": 0, "cost_usd": None}
+    assert result.session_id and result.final_message == "DONE: codex scripted answer."
+    assert result.cli_version.startswith("codex-cli 0.171.0")
+    assert result.simulated and result.extra["commands"] == 1 and result.extra["sandbox_denials"] == []
+    assert "SIMULATED" in log_of(request)
+    # the session id is codex's thread id, and its session record lives in the attempt's own HOME
+    assert list((Path(request.home_dir) / "sessions").rglob(f"rollout-*{result.session_id}.jsonl"))
+
+
+@needs_codex
+@pytest.mark.slow
+def test_an_implementer_cannot_write_to_tmp_outside_its_workspace(tmp_path):
+    probe = Path("/tmp") / f"cp-codex-probe-{uuid.uuid4().hex}"
+    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": f"echo leak > {probe}"}},
+                          {"tool": "exec_command", "input": {"cmd": "echo kept > inside.txt"}},
+                          {"text": "done"}]}
+    request = make_request(tmp_path, "implementer", scenario)
+    try:
+        result = CodexAdapter().run(request)
+        assert result.exit_code == 0 and result.failure_kind is None, log_of(request)[-3000:]
+        assert not probe.exists()
+        assert (Path(request.workspace) / "inside.txt").read_text() == "kept\n"
+        [denial] = result.extra["sandbox_denials"]
+        assert str(probe) in denial["command"] and "Read-only file system" in denial["output"]
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+@needs_codex
+@pytest.mark.slow
+def test_a_reviewer_in_the_read_only_sandbox_writes_nothing_and_the_refusal_is_logged(tmp_path):
+    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": "touch x"}},
+                          {"tool": "exec_command", "input": {"cmd": "echo hi > y"}},
+                          {"text": '{"verdict": "pass", "findings": []}'}]}
+    request = make_request(tmp_path, "reviewer", scenario)
+    result = CodexAdapter().run(request)
+    assert result.exit_code == 0 and result.failure_kind is None, log_of(request)[-3000:]
+    assert sorted(p.name for p in Path(request.workspace).iterdir()) == [".git", "README.md"]
+    assert result.final_message == '{"verdict": "pass", "findings": []}'
+    denials = result.extra["sandbox_denials"]
+    assert [d["command"] for d in denials] == ["touch x", "echo hi > y"]
+    log = log_of(request)
+    assert "sandbox refused 2 command(s)" in log and log.count("Read-only file system") >= 2
+
+
+@needs_codex
+@pytest.mark.slow
+def test_a_permissive_worker_codex_config_does_not_loosen_the_reviewer(tmp_path, monkeypatch):
+    """The worker's ~/.codex/config.toml asks for full access; only its auth.json reaches the attempt."""
+    worker_home = tmp_path / "worker-home"
+    (worker_home / ".codex").mkdir(parents=True)
+    (worker_home / ".codex" / "config.toml").write_text('sandbox_mode = "danger-full-access"\napproval_policy = "never"\n')
+    (worker_home / ".codex" / "auth.json").write_text('{"OPENAI_API_KEY": null}')
+    monkeypatch.setenv("HOME", str(worker_home))
+    monkeypatch.delenv("CODEX_HOME", raising=False)
+    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": "touch made.txt"}}, {"text": "done"}]}
+    request = make_request(tmp_path, "reviewer", scenario)
+    result = CodexAdapter().run(request)
+    assert result.exit_code == 0, log_of(request)[-3000:]
+    assert not (Path(request.workspace) / "made.txt").exists()
+    home = Path(request.home_dir)
+    assert (home / "auth.json").exists() and not (home / "config.toml").exists()
+
+
+@needs_codex
+@pytest.mark.slow
+def test_401_is_auth_failed_within_seconds(tmp_path):
+    request = make_request(tmp_path, "implementer", {"turns": [{"status": 401, "message": "fake 401"}]})
+    started = time.monotonic()
+    result = CodexAdapter().run(request)
+    assert time.monotonic() - started < 20
+    assert result.failure_kind == "auth_failed" and result.exit_code == 1, result.failure_message
+    assert "401" in result.failure_message
+    assert all(value is None for value in result.usage.values())
+
+
+@needs_codex
+@pytest.mark.slow
+def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(tmp_path):
+    request = make_request(tmp_path, "implementer", {"turns": [{"hang": True}]}, deadline=4)
+    started = time.monotonic()
+    result = CodexAdapter().run(request)
+    assert time.monotonic() - started < 4 + 5 + 10
+    assert result.failure_kind == "timeout", result.failure_message
+    assert all(value is None for value in result.usage.values())
+    assert marked(request.marker) == []
+
+
+def test_a_missing_binary_is_missing_executable(tmp_path):
+    request = make_request(tmp_path, "implementer", {"turns": ["x"]}, executable=str(tmp_path / "no-such-codex"))
+    result = get_adapter("codex").run(request)
+    assert result.failure_kind == "missing_executable" and "no-such-codex" in result.failure_message
+    assert result.exit_code is None and all(value is None for value in result.usage.values())
+    assert "[run-engine]" in log_of(request)
+
+
+def test_exit_0_without_a_completed_turn_is_malformed_with_unknown_usage(tmp_path):
+    stub = tmp_path / "codex"
+    stub.write_text('#!/bin/sh\necho \'{"type":"thread.started","thread_id":"t-1"}\'\necho \'{"type":"turn.started"}\'\n'
+                    "exit 0\n")
+    stub.chmod(0o755)
+    request = make_request(tmp_path, "implementer", executable=str(stub))
+    result = CodexAdapter().run(request)
+    assert result.exit_code == 0 and result.failure_kind == "malformed_result"
+    assert all(value is None for value in result.usage.values()) and result.session_id == "t-1"
+
+
+# ----------------------------------------------------------------------------- argument array and parsing
+
+
+def test_the_argument_array_per_role(tmp_path):
+    reviewer = build_argv("codex", make_request(tmp_path, "reviewer"))
+    implementer = build_argv("codex", make_request(tmp_path, "implementer", model="gpt-5"))
+    control = str(tmp_path / "control")
+    assert reviewer == ["codex", "exec", "--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules",
+                        "-C", str(tmp_path / "work"), "--sandbox", "read-only", "-c", 'web_search="disabled"',
+                        "-o", f"{control}/codex-last-message-1.txt", "-"]
+    assert implementer[8:18] == ["--sandbox", "workspace-write",
+                                 "-c", "sandbox_workspace_write.exclude_slash_tmp=true",
+                                 "-c", "sandbox_workspace_write.exclude_tmpdir_env_var=true",
+                                 "-c", "sandbox_workspace_write.network_access=false",
+                                 "-c", 'web_search="disabled"']
+    assert implementer[-3:] == ["-m", "gpt-5", "-"]
+    scripted = build_argv("codex", make_request(tmp_path, "documenter"), endpoint_url="http://127.0.0.1:9")
+    assert 'model_providers.scripted.base_url="http://127.0.0.1:9/v1"' in scripted
+    assert scripted[scripted.index("-m") + 1] == "gpt-scripted" and scripted[-1] == "-"
+
+
+def test_the_environment_passes_the_openai_key_as_codex_api_key(tmp_path):
+    request = make_request(tmp_path, "implementer")
+    request.env = {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-test-0123456789"}
+    env = CodexAdapter().environment(request, request.home_dir)
+    assert env["HOME"] == env["CODEX_HOME"] == request.home_dir
+    assert env["CODEX_API_KEY"] == "sk-test-0123456789"
+
+
+def write_jsonl(path: Path, events: list) -> None:
+    path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events), encoding="utf-8")
+
+
+def test_the_parser_sums_usage_and_finds_session_and_final_message(tmp_path):
+    raw = tmp_path / "out.raw"
+    usage = {"input_tokens": 1003, "cached_input_tokens": 401, "cache_write_input_tokens": 5, "output_tokens": 63,
+             "reasoning_output_tokens": 7}
+    events = [
+        'WARNING: proceeding, even though we could not create PATH aliases: Refusing to create helper binaries',
+        {"type": "thread.started", "thread_id": "019a-thread"},
+        {"type": "item.completed", "item": {"id": "item_0", "type": "error", "message": "Model metadata not found"}},
+        {"type": "turn.started"},
+        {"type": "item.completed", "item": {"id": "item_1", "type": "command_execution", "command": "ls",
+                                            "aggregated_output": "x" * 100, "exit_code": 0, "status": "completed"}},
+        {"type": "item.completed", "item": {"id": "item_2", "type": "agent_message", "text": "first"}},
+        {"type": "turn.completed", "usage": usage},
+        {"type": "turn.started"},
+        {"type": "item.completed", "item": {"id": "item_3", "type": "agent_message", "text": "Done: fixed 2 files"}},
+        {"type": "turn.completed", "usage": usage},
+    ]
+    write_jsonl(raw, events)
+    parsed = parse_events(str(raw))
+    assert parsed["session_id"] == "019a-thread" and parsed["turns_completed"] == 2 and parsed["commands"] == 1
+    assert parsed["last_text"] == "Done: fixed 2 files" and not parsed["auth_error"] and parsed["stderr_tail"] == []
+    assert usage_of(parsed["usage"]) == {"input_tokens": 2006, "cached_tokens": 802, "cache_creation_tokens": 10,
+                                         "output_tokens": 126, "reasoning_tokens": 14, "cost_usd": None}
+    # without usage: unknown, never 0
+    write_jsonl(raw, [e for e in events if not (isinstance(e, dict) and e["type"] == "turn.completed")]
+                + [{"type": "turn.completed"}])
+    parsed = parse_events(str(raw))
+    assert parsed["turns_completed"] == 1 and all(value is None for value in usage_of(parsed["usage"]).values())
+    # a key codex did not report stays None (older codex has no cache_write_input_tokens)
+    write_jsonl(raw, [{"type": "turn.completed", "usage": {"input_tokens": 3, "output_tokens": 1}}])
+    assert usage_of(parse_events(str(raw))["usage"])["cache_creation_tokens"] is None
+    assert parse_events(str(tmp_path / "missing.raw"))["usage"] is None
+
+
+def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch):
+    import engine.agents.codex as codex_module
+
+    monkeypatch.setattr(codex_module, "MAX_LINE_BYTES", 1024)
+    raw = tmp_path / "out.raw"
+    write_jsonl(raw, [{"type": "thread.started", "thread_id": "t"},
+                      {"type": "item.completed", "item": {"type": "agent_message", "text": "y" * 5000}},
+                      {"type": "turn.completed", "usage": {"input_tokens": 1}}])
+    parsed = codex_module.parse_events(str(raw))
+    assert parsed["session_id"] == "t" and parsed["turns_completed"] == 1 and parsed["last_text"] == ""
+
+
+def classify(tmp_path, events, **process_fields) -> "AgentResult":  # noqa: F821
+    request = make_request(tmp_path, "implementer")
+    write_jsonl(Path(request.raw_path), events)
+    fields = {"argv": ["codex"], "cwd": request.workspace, "exit_code": 1, "elapsed_seconds": 1.0} | process_fields
+    return CodexAdapter()._result(ProcessResult(**fields), request, "codex-cli 0.171.0")
+
+
+def test_failure_classification(tmp_path):
+    missing_key = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+                   {"type": "error", "message": "Missing environment variable: `CP_SCRIPTED_KEY`."},
+                   {"type": "turn.failed", "error": {"message": "Missing environment variable: `CP_SCRIPTED_KEY`."}}]
+    result = classify(tmp_path, missing_key)
+    assert result.failure_kind == "auth_failed" and "CP_SCRIPTED_KEY" in result.failure_message
+    busy = [{"type": "turn.failed", "error": {"message": "We're currently experiencing high demand"}}]
+    result = classify(tmp_path, busy)
+    assert result.failure_kind == "crashed" and "high demand" in result.failure_message
+    offline = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"}] + [
+        {"type": "error", "message": "Reconnecting... waiting for network (Connection failed: error sending request)"}] * 3
+    result = classify(tmp_path, offline, exit_code=None, signal=15, timed_out=True, elapsed_seconds=4.2)
+    assert result.failure_kind == "timeout" and "3 reconnect notices" in result.failure_message
+    assert "waiting for network" in result.failure_message
+    result = classify(tmp_path, ["error: unexpected argument '--bogus' found"], exit_code=2)
+    assert result.failure_kind == "crashed" and "--bogus" in result.failure_message
+    assert classify(tmp_path, [], exit_code=0).failure_kind == "malformed_result"
