@@ -110,16 +110,17 @@ def test_an_unknown_profile_in_the_override_is_refused(make_pipeline, repo):
 
 
 def test_a_profile_whose_adapter_this_engine_cannot_run_is_refused(make_pipeline, repo):
-    definition_kwargs = {}
-    pipeline = make_pipeline(**definition_kwargs)
+    """A saved definition naming an adapter this engine does not have (e.g. saved by a newer version)."""
+    pipeline = make_pipeline()
     definition = dict(pipeline.definition)
     definition["profiles"] = {**definition["profiles"],
-                              "future": {**definition["profiles"]["scripted"], "adapter": "codex", "scenario": None,
+                              "future": {**definition["profiles"]["scripted"], "adapter": "gemini", "scenario": None,
                                          "name": "future"}}
     pipeline.definition = definition
     pipeline.save()
-    error = refused("adapter_unavailable", "profile", pipeline, str(repo), "main", {"implementer": "future"})
-    assert "codex" in error.message
+    error = refused("adapter_unavailable", "profile", pipeline, str(repo), "main",
+                    {"implementer": "future", "reviewer": "future"})
+    assert "gemini" in error.message and "implementer" in error.message and "reviewer" in error.message
 
 
 def test_create_run_command_prints_the_run_as_json(make_pipeline, repo, capsys):
