@@ -11,13 +11,17 @@ from pathlib import Path
 
 import psutil
 import pytest
+from django.conf import settings
 
-from engine.agents import AgentRequest, get_adapter
+from engine import operations
+from engine.agents import AgentRequest, AgentResult, get_adapter
 from engine.agents.codex import CodexAdapter, build_argv, parse_events, usage_of
 from engine.agents.claude import find_executable
+from engine.models import Attempt
 from engine.process import MARKER_ENV, ProcessResult
 
-from .conftest import make_repo
+from .conftest import git, make_repo
+from .test_steps import drive
 
 CODEX = find_executable("codex")
 needs_codex = pytest.mark.skipif(CODEX is None, reason="the pinned codex CLI is not installed: run `make agents`")
@@ -56,6 +60,36 @@ def marked(marker: str) -> list:
 # ----------------------------------------------------------------------------- the real codex CLI
 
 
+WRITE_ANSWER = {"turns": [
+    {"tool": "exec_command", "input": {"cmd": "printf 'def answer():\\n    return 42\\n' > app/core.py"},
+     "usage": USAGE_1},
+    {"text": "Done: answer() returns 42.", "usage": USAGE_2},
+]}
+
+
+@needs_codex
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, sent):
+    pipeline = make_pipeline(
+        name="codex", roles={"implementer": "codex", "reviewer": "codex", "documenter": "codex"},
+        profiles={"codex": {"adapter": "codex", "scripted_endpoint": {"stages": {"answer": {"implement": WRITE_ANSWER}}}}},
+        deadlines={"implement": 60, "gate": 120})
+    run = operations.create_run(pipeline, str(repo), "main")
+    assert run.simulated and run.simulated_reason == "scripted model endpoint"
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run)
+    log = (Path(settings.VAR_DIR) / attempt.log_path).read_text()
+    assert run.status == "succeeded", (run.stop_message, log[-3000:])
+    assert attempt.adapter == "codex" and attempt.simulated and attempt.cli_version.startswith("codex-cli 0.171.0")
+    assert attempt.usage["input_tokens"] == 1003 and attempt.usage["output_tokens"] == 63
+    assert attempt.usage["cached_tokens"] == 401 and attempt.usage["cost_usd"] is None
+    assert attempt.session_id and attempt.final_message == "Done: answer() returns 42."
+    assert "return 42" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:app/core.py")
+    assert "SIMULATED" in log
+
+
 @needs_codex
 @pytest.mark.slow
 def test_an_implementer_runs_a_command_and_reports_the_scripted_usage(tmp_path):
@@ -69,7 +103,7 @@ def test_an_implementer_runs_a_command_and_reports_the_scripted_usage(tmp_path):
                             "cache_creation_tokens": 0, "cost_usd": None}
     assert result.session_id and result.final_message == "DONE: codex scripted answer."
     assert result.cli_version.startswith("codex-cli 0.171.0")
-    assert result.simulated and result.extra["commands"] == 1 and result.extra["sandbox_denials"] == []
+    assert result.simulated and result.extra["commands"] == 1 and result.extra["refusals"] == []
     assert "SIMULATED" in log_of(request)
     # the session id is codex's thread id, and its session record lives in the attempt's own HOME
     assert list((Path(request.home_dir) / "sessions").rglob(f"rollout-*{result.session_id}.jsonl"))
@@ -88,8 +122,9 @@ def test_an_implementer_cannot_write_to_tmp_outside_its_workspace(tmp_path):
         assert result.exit_code == 0 and result.failure_kind is None, log_of(request)[-3000:]
         assert not probe.exists()
         assert (Path(request.workspace) / "inside.txt").read_text() == "kept\n"
-        [denial] = result.extra["sandbox_denials"]
-        assert str(probe) in denial["command"] and "Read-only file system" in denial["output"]
+        [denial] = result.extra["refusals"]
+        assert str(probe) in denial["command"] and "Read-only file system" in denial["message"]
+        assert denial["sandbox_denied"] and denial["tool"] == "exec_command" and denial["exit_code"] == 1
     finally:
         probe.unlink(missing_ok=True)
 
@@ -105,8 +140,8 @@ def test_a_reviewer_in_the_read_only_sandbox_writes_nothing_and_the_refusal_is_l
     assert result.exit_code == 0 and result.failure_kind is None, log_of(request)[-3000:]
     assert sorted(p.name for p in Path(request.workspace).iterdir()) == [".git", "README.md"]
     assert result.final_message == '{"verdict": "pass", "findings": []}'
-    denials = result.extra["sandbox_denials"]
-    assert [d["command"] for d in denials] == ["touch x", "echo hi > y"]
+    denials = result.extra["refusals"]
+    assert [d["command"] for d in denials] == ["touch x", "echo hi > y"] and all(d["sandbox_denied"] for d in denials)
     log = log_of(request)
     assert "sandbox refused 2 command(s)" in log and log.count("Read-only file system") >= 2
 
@@ -152,6 +187,19 @@ def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(tmp_path):
     assert result.failure_kind == "timeout", result.failure_message
     assert all(value is None for value in result.usage.values())
     assert marked(request.marker) == []
+
+
+@needs_codex
+def test_the_pinned_codex_passes_the_profile_check_for_every_role(tmp_path):
+    adapter = CodexAdapter()
+    assert [adapter.check({"adapter": "codex"}, role) for role in ("implementer", "reviewer", "documenter")] == [[]] * 3
+    stub = tmp_path / "codex"
+    stub.write_text("#!/bin/sh\necho 'codex-cli 0.1.0'\n")
+    stub.chmod(0o755)
+    problems = adapter.check({"adapter": "codex", "executable": str(stub)}, "reviewer")
+    assert "--sandbox is not in `codex exec --help`, so it cannot enforce: read-only (the read-only sandbox)" in problems
+    assert adapter.check({"adapter": "codex", "executable": str(tmp_path / "none")}, "reviewer")[0].startswith(
+        "the codex executable was not found")
 
 
 def test_a_missing_binary_is_missing_executable(tmp_path):
@@ -252,7 +300,7 @@ def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch
     assert parsed["session_id"] == "t" and parsed["turns_completed"] == 1 and parsed["last_text"] == ""
 
 
-def classify(tmp_path, events, **process_fields) -> "AgentResult":  # noqa: F821
+def classify(tmp_path, events, **process_fields) -> AgentResult:
     request = make_request(tmp_path, "implementer")
     write_jsonl(Path(request.raw_path), events)
     fields = {"argv": ["codex"], "cwd": request.workspace, "exit_code": 1, "elapsed_seconds": 1.0} | process_fields

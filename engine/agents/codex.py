@@ -42,7 +42,10 @@ shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
   under /tmp. Commands that the sandbox refused (read-only file system) do **not** appear
   as ``command_execution`` items; they are in the session record
   ``CODEX_HOME/sessions/YYYY/MM/DD/rollout-*-<thread_id>.jsonl`` (``function_call`` +
-  ``function_call_output``), from which the adapter copies them into the log;
+  ``function_call_output``), from which the adapter copies them into the log and records
+  every non-zero command (refused or failed) in ``extra["refusals"]``;
+* ``check()``: the role's options and sandbox mode must be listed in ``codex exec --help``
+  (0.171.0 lists ``--sandbox`` with ``read-only, workspace-write, danger-full-access``);
 * the ``-o`` file holds the final agent text; it is written empty when the turn fails;
 * failures: a 401/403 from the provider gives rc 1 within a second, ``turn.failed``
   "unexpected status 401 Unauthorized: <message>, url: ..."; a missing or empty
@@ -61,6 +64,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from collections import deque
 from pathlib import Path
 
@@ -88,9 +92,43 @@ AUTH_PATTERNS = re.compile(
 DENIAL_PATTERNS = ("Read-only file system", "Operation not permitted", "Permission denied")
 #: Longest JSONL line kept in memory (bytes); longer lines (huge command output) are skipped.
 MAX_LINE_BYTES = 4 * 1024 * 1024
-#: At most this many sandbox denials are recorded per attempt; each output is cut to OUTPUT_CHARS.
-MAX_DENIALS = 50
+#: At most this many failed or refused commands are recorded per attempt; each output is cut to OUTPUT_CHARS.
+MAX_REFUSALS = 200
 OUTPUT_CHARS = 500
+#: The status line codex puts in an exec_command output (0.171.0): "Process exited with code N".
+EXIT_LINE = re.compile(r"^Process exited with code (-?\d+)$", re.MULTILINE)
+#: What each role's boundary needs from ``codex exec --help`` (0.171.0 lists them all): a flag
+#: or a sandbox mode name, and the boundary it enforces.
+REQUIRED_HELP = {
+    "reviewer": {"--sandbox": "read-only (the read-only sandbox)", "read-only": "read-only (the read-only sandbox)"},
+    "implementer": {"--sandbox": "writes only inside the worktree", "workspace-write": "writes only inside the worktree",
+                    "--config": "/tmp and $TMPDIR outside the worktree kept read-only"},
+    "documenter": {"--sandbox": "writes only inside the worktree", "workspace-write": "writes only inside the worktree",
+                   "--config": "/tmp and $TMPDIR outside the worktree kept read-only"},
+}
+#: Options every attempt passes (``codex exec --help`` of 0.171.0).
+COMMON_HELP = ("--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules", "--output-last-message",
+               "--cd")
+_probed: dict[tuple, tuple[str, str]] = {}
+
+
+def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
+    """``(codex --version's first line, codex exec --help text)``, cached by path and modification time;
+    ``("", "")`` when the file cannot be read."""
+    try:
+        key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns)
+    except OSError:
+        return "", ""
+    if key not in _probed:
+        helptext = ""
+        try:
+            out = subprocess.run([executable, "exec", "--help"], capture_output=True, text=True, timeout=timeout,
+                                 stdin=subprocess.DEVNULL)
+            helptext = out.stdout + out.stderr
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        _probed[key] = (cli_version(executable, timeout), helptext)
+    return _probed[key]
 
 
 def sandbox_args(role: str) -> list[str]:
@@ -294,16 +332,19 @@ def session_record(home: str, thread_id: str) -> Path | None:
     return None
 
 
-def sandbox_denials(record: Path | None) -> list[dict]:
-    """Commands whose output says the sandbox refused them, from a session record (bounded memory).
+def refusals_of(record: Path | None) -> list[dict]:
+    """The commands that failed or that the sandbox refused, from a session record (bounded memory).
 
-    Returns up to MAX_DENIALS ``{"command": str, "output": str}`` (output cut to OUTPUT_CHARS
-    characters). ``codex exec --json`` 0.171.0 does not show these commands at all.
+    Returns up to MAX_REFUSALS ``{"tool": "exec_command", "command": str, "exit_code": int,
+    "message": str, "sandbox_denied": bool}`` in call order: every ``exec_command`` whose output
+    says "Process exited with code N" with N != 0; ``message`` is the command's output cut to
+    OUTPUT_CHARS characters; ``sandbox_denied`` is set when it names a DENIAL_PATTERNS text.
+    ``codex exec --json`` 0.171.0 shows the failed commands but not the refused ones.
     """
     if record is None:
         return []
     calls: dict[str, str] = {}
-    denials: list[dict] = []
+    found: list[dict] = []
     try:
         fh = open(record, "rb")
     except OSError:
@@ -317,7 +358,7 @@ def sandbox_denials(record: Path | None) -> list[dict]:
             payload = entry.get("payload") if isinstance(entry, dict) else None
             if entry.get("type") != "response_item" or not isinstance(payload, dict):
                 continue
-            if payload.get("type") == "function_call":
+            if payload.get("type") == "function_call" and payload.get("name") == "exec_command":
                 try:
                     arguments = json.loads(payload.get("arguments") or "{}")
                 except ValueError:
@@ -325,15 +366,18 @@ def sandbox_denials(record: Path | None) -> list[dict]:
                 command = arguments.get("cmd") if isinstance(arguments, dict) else None
                 if len(calls) < 10_000:
                     calls[str(payload.get("call_id"))] = str(command or payload.get("arguments") or "")[:OUTPUT_CHARS]
-            elif payload.get("type") == "function_call_output":
+            elif payload.get("type") == "function_call_output" and str(payload.get("call_id")) in calls:
                 output = payload.get("output")
                 if not isinstance(output, str):
                     output = json.dumps(output)
-                if any(text in output for text in DENIAL_PATTERNS) and len(denials) < MAX_DENIALS:
-                    body = output.split("Output:\n", 1)[-1].strip()
-                    denials.append({"command": calls.get(str(payload.get("call_id")), ""),
-                                    "output": body[:OUTPUT_CHARS]})
-    return denials
+                status = EXIT_LINE.search(output)
+                if not status or status.group(1) == "0" or len(found) >= MAX_REFUSALS:
+                    continue
+                body = output.split("Output:\n", 1)[-1].strip()
+                found.append({"tool": "exec_command", "command": calls[str(payload.get("call_id"))],
+                              "exit_code": int(status.group(1)), "message": body[-OUTPUT_CHARS:],
+                              "sandbox_denied": any(text in output for text in DENIAL_PATTERNS)})
+    return found
 
 
 class CodexAdapter(Adapter):
@@ -346,6 +390,24 @@ class CodexAdapter(Adapter):
     def version(self, profile: dict) -> str:
         exe = find_executable(self.executable_name, profile.get("executable"))
         return cli_version(exe) if exe else ""
+
+    def check(self, profile: dict, role: str) -> list[str]:
+        """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
+        missing, ``--version`` does not answer, or an option or sandbox mode the role's boundary
+        needs is not in ``codex exec --help`` (the boundary is named)."""
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        if exe is None:
+            return [f"the {self.executable_name} executable was not found (profile executable: "
+                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
+        version, helptext = probe(exe)
+        if not version:
+            return [f"{exe} --version does not answer"]
+        needed = REQUIRED_HELP.get(role, REQUIRED_HELP["reviewer"])
+        problems = [f"{word} is not in `{self.executable_name} exec --help`, so it cannot enforce: {boundary}"
+                    for word, boundary in needed.items() if word not in helptext]
+        problems += [f"{flag} is not in `{self.executable_name} exec --help`" for flag in COMMON_HELP
+                     if flag not in helptext]
+        return problems
 
     def environment(self, request: AgentRequest, home: str) -> dict:
         """The attempt's environment: the run's, with HOME = CODEX_HOME = ``home`` and the API key
@@ -419,7 +481,11 @@ class CodexAdapter(Adapter):
             elif failure_kind == "crashed" and (reported or parsed["stderr_tail"]):
                 failure_message += f" Last output: {reported or ' | '.join(parsed['stderr_tail'])}"
         final = self._final_message(request) or parsed["last_text"]
-        denials = sandbox_denials(session_record(request.home_dir, parsed["session_id"]))
+        refusals = refusals_of(session_record(request.home_dir, parsed["session_id"]))
+        for refusal in refusals:  # the session record is not redacted: these go to the database
+            refusal["command"], _ = redact_text(refusal["command"], request.secrets)
+            refusal["message"], _ = redact_text(refusal["message"], request.secrets)
+        denials = [r for r in refusals if r["sandbox_denied"]]
         if denials:
             self._log_denials(request, denials)
         return AgentResult(
@@ -429,7 +495,7 @@ class CodexAdapter(Adapter):
             simulated=bool(request.profile.get("scripted_endpoint")), output_bytes=result.output_bytes,
             redactions=result.redactions, pid=result.pid,
             extra={"turns_completed": parsed["turns_completed"], "commands": parsed["commands"],
-                   "sandbox_denials": denials, "reconnects": parsed["reconnects"]},
+                   "refusals": refusals, "reconnects": parsed["reconnects"]},
         )
 
     @staticmethod
@@ -452,7 +518,7 @@ class CodexAdapter(Adapter):
         lines = [f"[run-engine] codex's sandbox refused {len(denials)} command(s) (from its session record; "
                  "codex exec --json does not show them):"]
         for denial in denials:
-            output = " | ".join(line for line in denial["output"].splitlines() if line.strip())
+            output = " | ".join(line for line in denial["message"].splitlines() if line.strip())
             lines.append(f"[run-engine]   $ {denial['command']}  ->  {output}")
         text, _ = redact_text("\n".join(lines) + "\n", request.secrets)
         with open(request.log_path, "a", encoding="utf-8") as log:
