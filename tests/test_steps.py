@@ -176,3 +176,18 @@ def test_scope_globs():
     assert matches("README.md", ["*.md"]) and not matches("docs/a.md", ["*.md"])
     assert matches("docs/a.md", ["**/*.md"]) and matches("a.md", ["**/*.md"])
     assert outside(["app/x.py", "tests/t.py", "setup.py"], ["app/**", "tests/**"]) == ["setup.py"]
+
+
+def test_c10_an_agent_waiting_for_a_person_fails_fast_as_interactive_prompt(make_pipeline, repo, sent):
+    ask = ("import sys; print('Do you want to continue? [Y/n]', flush=True); "
+           "answer = sys.stdin.readline(); sys.exit(0 if answer.strip() == 'y' else 1)")
+    step = {"run": ["python3", "-c", ask]}
+    pipeline = make_pipeline(scenario={"stages": {"answer": {"implement": [step]}}}, deadlines={"implement": 600})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    started = time.monotonic()
+    run = drive(run.pk, sent)
+    assert time.monotonic() - started < 10
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.status == "failed" and attempt.failure_kind == "interactive_prompt"
+    assert run.stop_reason == "interactive_prompt" and "Do you want to continue" in run.stop_message

@@ -7,6 +7,7 @@ This module imports no Django models.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -15,7 +16,14 @@ USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cache_creation_
               "cost_usd")
 
 #: Failure kinds an attempt can end with (besides none).
-FAILURE_KINDS = ("missing_executable", "auth_failed", "timeout", "malformed_result", "crashed", "cancelled")
+FAILURE_KINDS = ("missing_executable", "auth_failed", "timeout", "malformed_result", "crashed", "cancelled",
+                 "interactive_prompt")
+
+#: What a CLI waiting for a person prints (field case C10: an approval or login prompt). The
+#: agent's stdin is /dev/null or the prompt file, so it reads EOF and exits; this names why.
+_PROMPT_PATTERNS = re.compile(
+    r"\[(?:Y/n|y/N|y/n|Y/N)\]|\((?:y/n|Y/n|y/N|yes/no)\)|Press (?:Enter|any key)|Enter (?:the )?(?:authorization )?code"
+    r"|Do you want to (?:continue|proceed)|Waiting for (?:approval|input)|Please visit .* to authori[sz]e")
 
 
 def empty_usage() -> dict:
@@ -113,3 +121,23 @@ def classify_process(result) -> tuple[str | None, str]:
     if result.exit_code != 0:
         return "crashed", f"The agent process exited with status {result.exit_code}."
     return None, ""
+
+
+def interactive_prompt(log_path: str, failure_kind: str | None, failure_message: str,
+                       window: int = 8192) -> tuple[str | None, str]:
+    """Turn a ``crashed`` attempt whose output ends at a question for a person into
+    ``interactive_prompt`` (C10); other outcomes are returned unchanged."""
+    if failure_kind != "crashed":
+        return failure_kind, failure_message
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - window))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return failure_kind, failure_message
+    found = _PROMPT_PATTERNS.search(tail)
+    if found is None:
+        return failure_kind, failure_message
+    return "interactive_prompt", (f"The agent stopped at a question for a person ({found.group(0)!r}) and read "
+                                  f"end-of-input: nothing may wait for input in an unattended run. {failure_message}")

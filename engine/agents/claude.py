@@ -31,7 +31,7 @@ from pathlib import Path
 from .. import process
 from ..redaction import Redactor
 from ..scripted_endpoint import ScriptedEndpoint
-from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage
+from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 TOOLS_BIN = BASE_DIR / "tools" / "agents" / "node_modules" / ".bin"
@@ -315,6 +315,8 @@ class ClaudeCodeAdapter(Adapter):
             elif outcome is None and failure_kind is None:
                 failure_kind = "malformed_result"
                 failure_message = "The agent exited 0 but its output has no complete result object."
+            elif outcome is None:
+                failure_kind, failure_message = interactive_prompt(request.log_path, failure_kind, failure_message)
         final = ""
         if outcome is not None:
             final = str(outcome.get("result") or "") or parsed["last_text"]

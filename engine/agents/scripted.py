@@ -15,7 +15,7 @@ import uuid
 
 from .. import process
 from ..redaction import Redactor
-from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage
+from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
 
 AGENT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripted_agent.py")
 
@@ -57,7 +57,7 @@ class ScriptedAdapter(Adapter):
             marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
             grace_seconds=float(request.profile.get("grace_seconds", 5.0)),
         )
-        failure_kind, failure_message = classify_process(result)
+        failure_kind, failure_message = interactive_prompt(request.log_path, *classify_process(result))
         usage, final, extra = empty_usage(), "", {}
         parsed = _last_result_line(request.raw_path)
         if parsed is not None:
