@@ -205,3 +205,22 @@ def test_c28_a_permissive_worker_home_does_not_loosen_the_reviewer(tmp_path, mon
     assert result.final_message == '{"verdict": "pass", "findings": []}'
     refused = {r["tool"] for r in result.extra["refusals"]}
     assert refused == {"Write", "Edit", "Bash"}, result.extra["refusals"]
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_an_implementer_writing_outside_its_scope_is_a_scope_violation(claude_pipeline, repo, sent):
+    """The CLI's own rule (acceptEdits: anywhere in the working directory) is wider than the stage's
+    scope (app/**): the manifest check after the attempt is what stops it."""
+    outside = {"turns": [
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/NOTES.md", "content": "outside the scope\n"}}]},
+        {"text": "Wrote the notes."}]}
+    run = operations.create_run(claude_pipeline(outside), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "scope_violation"
+    assert run.stop_evidence["outside"] == ["NOTES.md"]
+    attempt = Attempt.objects.get(run=run)
+    assert "outside the scope" in (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
+    assert (Path(run.worktree) / "NOTES.md").exists()  # the worktree is kept as it was left
