@@ -224,3 +224,26 @@ def test_an_implementer_writing_outside_its_scope_is_a_scope_violation(claude_pi
     attempt = Attempt.objects.get(run=run)
     assert "outside the scope" in (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
     assert (Path(run.worktree) / "NOTES.md").exists()  # the worktree is kept as it was left
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_implementers_shell_cannot_write_outside_the_worktree(claude_pipeline, repo, sent):
+    """The operating-system boundary: even as root, the agent's Bash cannot touch the control records."""
+    target = Path(settings.VAR_DIR) / "runs" / "written-by-agent.txt"
+    turns = {"turns": [
+        {"tools": [{"tool": "Bash", "input": {"command": f"echo x > {target}; echo rc=$?",
+                                               "description": "try the control records"}}]},
+        {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}]},
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
+                                                "content": ANSWER_STEP["write"]["app/core.py"]}}]},
+        {"text": "Done."}]}
+    run = operations.create_run(claude_pipeline(turns), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run)
+    log = (Path(settings.VAR_DIR) / attempt.log_path).read_text()
+    assert not target.exists()
+    assert "Read-only file system" in log
+    assert run.status == "succeeded", run.stop_message  # the worktree itself stayed writable

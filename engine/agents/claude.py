@@ -29,6 +29,7 @@ import subprocess
 from pathlib import Path
 
 from .. import process
+from . import sandbox
 from ..redaction import Redactor
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
@@ -247,6 +248,10 @@ class ClaudeCodeAdapter(Adapter):
                     for flag, boundary in REQUIRED_FLAGS.get(role, {}).items() if flag not in helptext]
         problems += [f"{flag} is not in `{self.executable_name} --help`" for flag in COMMON_FLAGS
                      if flag not in helptext]
+        ok, why = sandbox.available()
+        if not ok:
+            problems.append(f"no operating-system sandbox, so nothing stops its shell tool from writing outside "
+                            f"the worktree: {why}")
         return problems
 
     def environment(self, request: AgentRequest, home: str) -> dict:
@@ -291,6 +296,10 @@ class ClaudeCodeAdapter(Adapter):
         return self._result(result, request, version)
 
     def _supervise(self, exe, argv, env, request):
+        writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+        if request.role != "reviewer":
+            writable.append(request.workspace)
+        argv = sandbox.wrap(argv, writable=[folder for folder in writable if folder])
         return process.run_supervised(
             argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
             log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
