@@ -45,6 +45,9 @@ class Channel(filesystem.Channel):
                 with open(taken, "rb") as fh:
                     payload = fh.read()
                 message = loads(bytes_to_str(payload))
+                if not isinstance(message, dict) or not isinstance(message.get("properties"), dict) \
+                        or "body" not in message:
+                    raise ValueError("not a kombu message (no properties or body)")
             except (OSError, ValueError) as exc:
                 broken = os.path.join(os.path.dirname(taken), os.pardir, "broken", filename)
                 os.makedirs(os.path.dirname(broken), exist_ok=True)

@@ -180,6 +180,8 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
     if not revision:
         raise OperationError("unknown_revision", "A revision is required.", "rev")
     roles = _effective_roles(pipeline, profile_override)
+    if os.path.exists(repo_path) and not os.path.isdir(repo_path):
+        raise OperationError("not_a_directory", f"The repository path {repo_path!r} is a file, not a folder.", "repo")
     try:
         repo = workspace.repo_root(repo_path)
         commit = workspace.resolve_commit(repo, revision)

@@ -386,9 +386,13 @@ def _execute_verify(plan: dict, should_stop) -> dict:
                 return {"digest": before["digest"], "checks": checks, "rounds": round_no}
         after = workspace.manifest(run.worktree, stage.base_commit, excludes)
         if after["digest"] == before["digest"]:
-            return {"digest": before["digest"], "checks": checks, "rounds": round_no}
+            return {"digest": before["digest"], "checks": checks, "rounds": round_no,
+                    "changed": [change["path"] for change in before["changes"]]}
         Check.objects.filter(pk__in=checks).update(stale=True)
         changed = _changed_paths(before, after)
+        stray = scope.outside(changed, list(stage.spec["scope"]))
+        if stray:  # no round can make these acceptable: stop now, deterministically
+            return {"gates_wrote_outside": stray, "checks": checks, "digest": after["digest"]}
         with transaction.atomic():
             locked = _fenced(run.pk, plan["lease"])
             if locked is not None:
@@ -535,6 +539,14 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
                      f"The files of stage '{stage.key}' kept changing while the gates ran (3 rounds); no result "
                      f"can be trusted.", stage=stage, evidence={"checks": [c.pk for c in checks]})
         return
+    if outcome.get("gates_wrote_outside"):
+        stray = outcome["gates_wrote_outside"]
+        machine.stop(run, "scope_violation",
+                     f"While the gates of stage '{stage.key}' ran, files outside its scope "
+                     f"({', '.join(stage.spec['scope'])}) changed: {', '.join(stray[:10])}. A gate writing into the "
+                     f"worktree would put them in the checkpoint; write logs under $TMPDIR instead.",
+                     stage=stage, evidence={"outside": stray, "checks": [c.pk for c in checks]})
+        return
     for check in checks:
         machine.event(run, "check_passed" if check.passed else "check_failed", _check_sentence(check),
                       stage=stage, gate_check=check)
@@ -543,6 +555,14 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
         check = failed[0]
         machine.stop(run, "gate_failed", _check_sentence(check), stage=stage,
                      evidence={"check": check.pk, "gate": check.name, "manifest": check.manifest_digest})
+        return
+    stray = scope.outside(outcome.get("changed", []), list(stage.spec["scope"]))
+    if stray:
+        machine.stop(run, "scope_violation",
+                     f"The verified files of stage '{stage.key}' include changes outside its scope "
+                     f"({', '.join(stage.spec['scope'])}): {', '.join(stray[:10])}. Something other than the agent "
+                     f"wrote them (a gate writing into the worktree?); they would land in the checkpoint.",
+                     stage=stage, evidence={"outside": stray, "manifest": outcome["digest"]})
         return
     machine.event(run, "verified",
                   f"Every gate of stage '{stage.key}' exited 0 on files {outcome['digest'][:12]}; they go to "

@@ -23,7 +23,8 @@ def worker_argv(concurrency: int = 2, queue: str | None = None, loglevel: str = 
     argv = [sys.executable, "-m", "celery", "-A", "controlpanel", "worker", "-l", loglevel, "-c", str(concurrency),
             "-Q", queue, "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"engine-{os.getpid()}@%h"]
     if beat:
-        argv += ["-B", "-s", os.path.join(os.environ.get("CP_VAR_DIR", str(BASE_DIR / "var")), "celerybeat-schedule")]
+        schedule = os.path.join(os.environ.get("CP_VAR_DIR", str(BASE_DIR / "var")), f"celerybeat-schedule-{os.getpid()}")
+        argv += ["-B", "-s", schedule]
     return argv
 
 
@@ -48,11 +49,13 @@ def start_worker(log_path: str, env: dict | None = None, concurrency: int = 2, r
     raise RuntimeError(f"the worker was not ready after {ready_timeout:.0f} s:\n{_tail(log_path)}")
 
 
-def stop_worker(proc: subprocess.Popen, timeout: float = 20.0) -> int | None:
-    """Warm shutdown (SIGTERM to its process group), then SIGKILL after ``timeout`` seconds."""
+def stop_worker(proc: subprocess.Popen, timeout: float = 60.0) -> int | None:
+    """Warm shutdown: SIGTERM to the worker's main process only (Celery then lets the steps in
+    progress finish; a SIGTERM to the pool processes would kill them mid-step), then SIGKILL
+    to its process group after ``timeout`` seconds."""
     if proc.poll() is None:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM)
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -235,15 +235,20 @@ def test_the_implementers_shell_cannot_write_outside_the_worktree(claude_pipelin
     turns = {"turns": [
         {"tools": [{"tool": "Bash", "input": {"command": f"echo x > {target}; echo rc=$?",
                                                "description": "try the control records"}}]},
+        {"tools": [{"tool": "Bash", "input": {"command": f"echo y >> {repo}/app/core.py; "
+                                                          f"git -C {repo} commit -qam 'agent on main'; echo rc=$?",
+                                               "description": "try the original checkout"}}]},
         {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}]},
         {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
                                                 "content": ANSWER_STEP["write"]["app/core.py"]}}]},
         {"text": "Done."}]}
+    head = git(repo, "rev-parse", "main")
     run = operations.create_run(claude_pipeline(turns), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
     attempt = Attempt.objects.get(run=run)
     log = (Path(settings.VAR_DIR) / attempt.log_path).read_text()
     assert not target.exists()
+    assert git(repo, "rev-parse", "main") == head and git(repo, "status", "--porcelain") == ""
     assert "Read-only file system" in log
     assert run.status == "succeeded", run.stop_message  # the worktree itself stayed writable

@@ -13,11 +13,14 @@ def test_a_broken_message_file_is_set_aside_and_the_next_message_still_arrives(t
     with Connection("filesystem://", transport_options=options) as conn:
         simple = conn.SimpleQueue("runs")
         (queue_dir / "0_broken.runs.msg").write_bytes(b"")  # what a half-written file looks like
+        (queue_dir / "1_empty-object.runs.msg").write_bytes(b"{}")  # JSON, but not a message
+        (queue_dir / "2_null.runs.msg").write_bytes(b"null")
         simple.put({"run": 1})
         message = simple.get(timeout=2)
         assert message.payload == {"run": 1}
         message.ack()
         simple.close()
-    assert [p.name for p in (tmp_path / "broken").iterdir()] == ["0_broken.runs.msg"]
+    assert sorted(p.name for p in (tmp_path / "broken").iterdir()) == [
+        "0_broken.runs.msg", "1_empty-object.runs.msg", "2_null.runs.msg"]
     assert list(queue_dir.iterdir()) == []
     assert not any(Path(tmp_path / "incoming").iterdir())

@@ -191,3 +191,14 @@ def test_c10_an_agent_waiting_for_a_person_fails_fast_as_interactive_prompt(make
     attempt = Attempt.objects.get(run=run)
     assert attempt.status == "failed" and attempt.failure_kind == "interactive_prompt"
     assert run.stop_reason == "interactive_prompt" and "Do you want to continue" in run.stop_message
+
+
+def test_files_a_gate_writes_outside_the_scope_never_reach_a_checkpoint(make_pipeline, repo, sent):
+    stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
+               "gates": [{"name": "unit", "command": "python -m pytest -q | tee gate.log"}]}]
+    run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "scope_violation"
+    assert run.stop_evidence["outside"] == ["gate.log"] and "gate" in run.stop_message
+    assert not run.stages.get().checkpoint_commit

@@ -125,7 +125,7 @@ def policy_settings(role: str) -> dict:
     return {"permissions": {"deny": deny}, "includeCoAuthoredBy": False}
 
 
-def prepare_home(home: str, role: str) -> str:
+def prepare_home(home: str, role: str, with_login: bool = True) -> str:
     """A fresh HOME for the attempt with only our policy and, when present, the worker's login.
 
     Returns the path of the settings file passed with ``--settings``.
@@ -137,7 +137,7 @@ def prepare_home(home: str, role: str) -> str:
     settings_path = home_path / ".claude" / "settings.json"
     settings_path.write_text(json.dumps(policy_settings(role)), encoding="utf-8")
     login = Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
-    if login.is_file():
+    if with_login and login.is_file():
         shutil.copy2(login, home_path / ".claude" / ".credentials.json")
     return str(settings_path)
 
@@ -275,7 +275,7 @@ class ClaudeCodeAdapter(Adapter):
                                failure_message=message, usage=empty_usage())
         version = cli_version(exe)
         home = request.home_dir
-        settings_path = prepare_home(home, request.role)
+        settings_path = prepare_home(home, request.role, with_login=not request.profile.get("scripted_endpoint"))
         argv = build_argv(exe, request, settings_path)
         env = self.environment(request, home)
         endpoint = None
@@ -293,6 +293,7 @@ class ClaudeCodeAdapter(Adapter):
         finally:
             if endpoint is not None:
                 endpoint.stop()
+            Path(home, ".claude", ".credentials.json").unlink(missing_ok=True)  # the login copy leaves with it
         return self._result(result, request, version)
 
     def _supervise(self, exe, argv, env, request):

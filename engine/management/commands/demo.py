@@ -49,9 +49,10 @@ class Command(EngineCommand):
         # a SIGTERM ends the demo like Ctrl-C does: through the finally below, which stops the worker
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         if not options["no_worker"]:
-            log_path = demo_dir / "worker.log"
-            out(f"2. starting a Celery worker process (log: {log_path})")
-            worker = start_worker(str(log_path))
+            log_path = demo_dir / f"worker-{os.getpid()}.log"
+            out(f"2. starting a Celery worker process with beat (reconciliation) embedded (log: {log_path})")
+            worker = start_worker(str(log_path), beat=True)
+        run = None
         try:
             run = operations.create_run(pipeline_name, repo["path"], "v0", override)
             if run.simulated:
@@ -59,9 +60,19 @@ class Command(EngineCommand):
             out(f"3. run {run.pk} created (pending); starting it")
             operations.request_start(run, requested_by=os.environ.get("USER", "demo"), source="demo")
             call_command("run_status", str(run.pk), follow=True, timeout=options["timeout"], stdout=self.stdout)
+        except KeyboardInterrupt:
+            interrupted = True
+        else:
+            interrupted = False
         finally:
             if worker is not None:
                 stop_worker(worker)
+        if interrupted:
+            if run is None:
+                raise CommandError("interrupted before the run was created; the demo's worker was stopped.")
+            run.refresh_from_db()
+            raise CommandError(f"interrupted: the demo's worker was stopped; run {run.pk} is {run.status}. A run "
+                               f"left running is found by reconciliation (make beat) and stopped for review.")
         self.verify(run, repo, before)
 
     def choose_profiles(self, given):
@@ -75,10 +86,13 @@ class Command(EngineCommand):
         if logged_in:
             out("   Claude credentials found: the real claude CLI works with a real model.")
             return {role: "claude-code" for role in roles}
-        out("   " + "*" * 86)
-        out("   * No Claude credentials (ANTHROPIC_API_KEY or a `claude` login): the REAL claude CLI runs,  *")
-        out("   * but its model is a SCRIPTED endpoint on 127.0.0.1. This run is labelled SIMULATED.       *")
-        out("   " + "*" * 86)
+        lines = ["No Claude credentials (ANTHROPIC_API_KEY or a `claude` login): the REAL claude CLI",
+                 "runs, but its model is a SCRIPTED endpoint on 127.0.0.1. The run is labelled SIMULATED."]
+        width = max(len(line) for line in lines)
+        out("   " + "*" * (width + 4))
+        for line in lines:
+            out(f"   * {line.ljust(width)} *")
+        out("   " + "*" * (width + 4))
         return {role: "claude-scripted" for role in roles}
 
     def verify(self, run, repo, before):

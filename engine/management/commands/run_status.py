@@ -85,8 +85,10 @@ class Command(EngineCommand):
             lines.append(f"  stage {stage['key']}: {stage['status']} ({stage['phase']})"
                          + (f", checkpoint {stage['checkpoint'][:12]}" if stage["checkpoint"] else ""))
             for a in stage["attempts"]:
-                lines.append(f"    attempt {a['number']} {a['operation']} [{a['adapter']}]: {a['status']}, exit "
-                             f"{a['exit_code']}" + (f", {a['failure_kind']}" if a["failure_kind"] else ""))
+                how = ("stopped by the engine at its deadline" if a["status"] == "timeout"
+                       else f"exit {a['exit_code']}" if a["signal"] is None else f"killed by signal {a['signal']}")
+                lines.append(f"    attempt {a['number']} {a['operation']} [{a['adapter']}]: {a['status']}, {how}"
+                             + (f", {a['failure_kind']}" if a["failure_kind"] else ""))
             for c in stage["checks"]:
                 mark = "pass" if c["passed"] else "FAIL"
                 lines.append(f"    check {c['name']}: {mark} (exit {c['exit_code']}) `{c['command']}`"
