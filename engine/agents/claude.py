@@ -222,16 +222,22 @@ def usage_of(result: dict | None) -> dict:
     return usage
 
 
-class ClaudeCodeAdapter(Adapter):
+class CliAdapter(Adapter):
+    """What the adapters of real CLIs share: the executable (``executable_name``) and its version."""
+
+    executable_name = ""
+
+    def version(self, profile: dict) -> str:
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        return cli_version(exe) if exe else ""
+
+
+class ClaudeCodeAdapter(CliAdapter):
     """The real ``claude`` CLI (Claude Code), headless, stream-json output."""
 
     name = "claude-code"
     simulated = False
     executable_name = "claude"
-
-    def version(self, profile: dict) -> str:
-        exe = find_executable(self.executable_name, profile.get("executable"))
-        return cli_version(exe) if exe else ""
 
     def check(self, profile: dict, role: str) -> list[str]:
         """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is

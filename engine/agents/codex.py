@@ -71,8 +71,8 @@ from pathlib import Path
 from .. import process
 from ..redaction import Redactor, redact_text
 from ..scripted_endpoint import ScriptedEndpoint
-from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage
-from .claude import TOOLS_BIN, cli_version, endpoint_turns, find_executable
+from .base import AgentRequest, AgentResult, classify_process, empty_usage
+from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -380,16 +380,12 @@ def refusals_of(record: Path | None) -> list[dict]:
     return found
 
 
-class CodexAdapter(Adapter):
+class CodexAdapter(CliAdapter):
     """The real ``codex exec`` CLI (OpenAI Codex), headless, JSONL output."""
 
     name = "codex"
     simulated = False
     executable_name = "codex"
-
-    def version(self, profile: dict) -> str:
-        exe = find_executable(self.executable_name, profile.get("executable"))
-        return cli_version(exe) if exe else ""
 
     def check(self, profile: dict, role: str) -> list[str]:
         """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
