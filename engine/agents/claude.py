@@ -79,16 +79,18 @@ COMMON_FLAGS = ("--print", "--output-format", "--verbose", "--settings", "--sett
 _checked: dict[tuple, tuple[str, str]] = {}
 
 
-def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
-    """``(version, help text)`` of an executable, cached by path and modification time."""
+def probe(executable: str, timeout: float = 30.0, help_args: tuple[str, ...] = ("--help",)) -> tuple[str, str]:
+    """``(version, help text)`` of an executable (``--version``'s first line, the output of
+    ``help_args``), cached by path, modification time and help arguments; ``("", "")`` when the
+    file cannot be read."""
     try:
-        key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns)
+        key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns, help_args)
     except OSError:
         return "", ""
     if key not in _checked:
         helptext = ""
         try:
-            out = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=timeout,
+            out = subprocess.run([executable, *help_args], capture_output=True, text=True, timeout=timeout,
                                  stdin=subprocess.DEVNULL)
             helptext = out.stdout + out.stderr
         except (OSError, subprocess.TimeoutExpired):

@@ -64,7 +64,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from collections import deque
 from pathlib import Path
 
@@ -73,6 +72,7 @@ from ..redaction import Redactor, redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, classify_process, empty_usage
 from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable
+from .claude import probe as claude_probe
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -109,26 +109,9 @@ REQUIRED_HELP = {
 #: Options every attempt passes (``codex exec --help`` of 0.171.0).
 COMMON_HELP = ("--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules", "--output-last-message",
                "--cd")
-_probed: dict[tuple, tuple[str, str]] = {}
-
-
 def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
-    """``(codex --version's first line, codex exec --help text)``, cached by path and modification time;
-    ``("", "")`` when the file cannot be read."""
-    try:
-        key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns)
-    except OSError:
-        return "", ""
-    if key not in _probed:
-        helptext = ""
-        try:
-            out = subprocess.run([executable, "exec", "--help"], capture_output=True, text=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL)
-            helptext = out.stdout + out.stderr
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        _probed[key] = (cli_version(executable, timeout), helptext)
-    return _probed[key]
+    """``(codex --version's first line, codex exec --help text)`` (claude.probe, cached)."""
+    return claude_probe(executable, timeout, help_args=("exec", "--help"))
 
 
 def sandbox_args(role: str) -> list[str]:
