@@ -308,8 +308,20 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         should_stop=should_stop, on_start=on_start, prompt_path=str(var_path(prompt_rel)),
         home_dir=str(Path(scratch_dirs(run.pk)["tmp"]).parent / "home" / f"attempt-{attempt.number:03d}"),
     )
-    result = adapter.run(request)
+    git_file = Path(run.worktree, ".git")
+    git_link = git_file.read_bytes() if git_file.is_file() else None
+    try:
+        result = adapter.run(request)
+    finally:
+        # the CLI's own transcripts and session state hold its output unredacted: our redacted
+        # logs are the evidence, this folder is not kept
+        shutil.rmtree(request.home_dir, ignore_errors=True)
     outcome = {"launched": True, "result": result.as_dict(), "prompt_redactions": prompt_redactions}
+    if (git_file.read_bytes() if git_file.is_file() else None) != git_link:
+        # never run git in a worktree whose .git now points somewhere the agent chose
+        outcome.update({"tampered": True, "manifest": None, "patch_path": "", "patch": {"sha256": ""},
+                        "changed": [".git"]})
+        return outcome
     after = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
     outcome["changed"] = _changed_paths(start, after)
     patch_rel = control_path(run, plan["folder"], "patch.diff")
@@ -495,6 +507,12 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
 def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
     attempt = Attempt.objects.get(pk=plan["attempt_id"])
     _apply_attempt_result(attempt, outcome)
+    if outcome.get("tampered"):
+        machine.stop(run, "workspace_tampered",
+                     f"Attempt {attempt.number} rewrote the worktree's .git file, which ties it to the run's "
+                     f"repository; the engine ran no git in it. The worktree is kept as it was left.",
+                     stage=stage, evidence={"attempt": attempt.pk})
+        return
     if outcome.get("launched"):
         manifest = save_manifest(run, stage, outcome["manifest"])
         attempt.result_manifest = manifest

@@ -1,5 +1,6 @@
 """The Claude Code adapter with the real ``claude`` binary against the scripted model endpoint."""
 import json
+import subprocess
 import os
 import time
 from pathlib import Path
@@ -252,3 +253,32 @@ def test_the_implementers_shell_cannot_write_outside_the_worktree(claude_pipelin
     assert git(repo, "rev-parse", "main") == head and git(repo, "status", "--porcelain") == ""
     assert "Read-only file system" in log
     assert run.status == "succeeded", run.stop_message  # the worktree itself stayed writable
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_agent_sees_only_its_own_processes_and_cannot_relink_git(claude_pipeline, repo, sent):
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        turns = {"turns": [
+            {"tools": [{"tool": "Bash", "input": {"command": f"kill -9 {bystander.pid}; echo kill-rc=$?",
+                                                   "description": "kill a process of the host"}}]},
+            {"tools": [{"tool": "Bash", "input": {"command": "echo 'gitdir: /tmp/elsewhere' > .git; echo rc=$?",
+                                                   "description": "relink the worktree"}}]},
+            {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}]},
+            {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
+                                                    "content": ANSWER_STEP["write"]["app/core.py"]}}]},
+            {"text": "Done."}]}
+        run = operations.create_run(claude_pipeline(turns), str(repo), "main")
+        operations.request_start(run, requested_by="t", source="test")
+        run = drive(run.pk, sent)
+        assert bystander.poll() is None  # still alive: the agent has its own PID namespace
+        assert (Path(run.worktree) / ".git").read_text().startswith("gitdir: ")
+        assert "/tmp/elsewhere" not in (Path(run.worktree) / ".git").read_text()
+        assert run.status == "succeeded", run.stop_message
+        # the CLI's own transcripts (unredacted) are not kept; the redacted logs are the evidence
+        assert not (Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}" / "home" / "attempt-001").exists()
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -202,3 +202,15 @@ def test_files_a_gate_writes_outside_the_scope_never_reach_a_checkpoint(make_pip
     assert run.status == "waiting_review" and run.stop_reason == "scope_violation"
     assert run.stop_evidence["outside"] == ["gate.log"] and "gate" in run.stop_message
     assert not run.stages.get().checkpoint_commit
+
+
+def test_an_agent_that_relinks_the_worktrees_git_stops_the_run_before_any_git_runs(make_pipeline, repo, sent,
+                                                                                  tmp_path):
+    evil = tmp_path / "evil.git"
+    step = {"run": ["sh", "-c", f"git init -q --bare {evil} && echo 'gitdir: {evil}' > .git"]}
+    run = operations.create_run(make_pipeline(scenario={"stages": {"answer": {"implement": [step]}}}), str(repo),
+                                "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "workspace_tampered"
+    assert not Check.objects.filter(run=run).exists()

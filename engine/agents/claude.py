@@ -308,7 +308,8 @@ class ClaudeCodeAdapter(CliAdapter):
         writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
         if request.role != "reviewer":
             writable.append(request.workspace)
-        argv = sandbox.wrap(argv, writable=[folder for folder in writable if folder])
+        argv = sandbox.wrap(argv, writable=[folder for folder in writable if folder],
+                            read_only=[os.path.join(request.workspace, ".git")])
         return process.run_supervised(
             argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
             log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
@@ -338,9 +339,10 @@ class ClaudeCodeAdapter(CliAdapter):
         final = ""
         if outcome is not None:
             final = str(outcome.get("result") or "") or parsed["last_text"]
+        usage = usage_of(outcome) if failure_kind != "auth_failed" else empty_usage()  # no model call was made
         return AgentResult(
             exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,
-            failure_kind=failure_kind, failure_message=failure_message, usage=usage_of(outcome),
+            failure_kind=failure_kind, failure_message=failure_message, usage=usage,
             session_id=(outcome or {}).get("session_id") or parsed["session_id"], final_message=final,
             cli_version=version or parsed["version"], simulated=bool(request.profile.get("scripted_endpoint")),
             output_bytes=result.output_bytes, redactions=result.redactions, pid=result.pid,

@@ -43,7 +43,8 @@ def available() -> tuple[bool, str]:
     if path is None:
         return False, "no bubblewrap (install the Debian package bubblewrap, or run `make agents`)"
     try:
-        probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--", "true"],
+        probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
+                                "--proc", "/proc", "--", "true"],
                                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bubblewrap ({path}) could not run: {exc}"
@@ -52,18 +53,26 @@ def available() -> tuple[bool, str]:
     return True, path
 
 
-def wrap(argv: list[str], *, writable: list[str]) -> list[str]:
+def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = ()) -> list[str]:
     """``argv`` run inside bubblewrap with ``/`` read-only and only ``writable`` folders writable.
 
-    Raises RuntimeError when bubblewrap is not available (callers check ``available()`` first).
+    ``read_only`` paths inside a writable folder stay read-only (the worktree's ``.git`` file,
+    so an agent cannot point the engine's git at a repository of its own). The agent also gets
+    its own PID and IPC namespaces: it sees and can signal only its own processes, not the
+    worker, other runs' agents or the databases. The network is shared (the CLI must reach its
+    model). Raises RuntimeError when bubblewrap is not available (callers check ``available()``).
     """
     ok, path = available()
     if not ok:
         raise RuntimeError(path)
-    sandbox = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+    sandbox = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc", "--proc", "/proc",
                "--die-with-parent"]
     for folder in writable:
         os.makedirs(folder, exist_ok=True)
         real = os.path.realpath(folder)
         sandbox += ["--bind", real, real]
+    for item in read_only:
+        if os.path.exists(item):
+            real = os.path.realpath(item)
+            sandbox += ["--ro-bind", real, real]
     return sandbox + ["--"] + list(argv)
