@@ -430,6 +430,25 @@ class _Handler(BaseHTTPRequestHandler):
             self.owner._record(self._entry(body, None, None, None) | {"answer": "404"})
             self._send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": "not scripted"}})
 
+    def _take_turn(self, body: dict, api: str, index: int) -> tuple[dict | None, bool, bool]:
+        """Record the request and apply the turn's delay and hang.
+
+        Returns ``(turn, failure, answered)``: ``failure`` when the turn's ``status`` is due now,
+        ``answered`` when nothing more may be sent (a hang, or a delay cut short by ``stop()``).
+        """
+        owner = self.owner
+        turn = owner._turn(index)
+        entry = self._entry(body, api, "main", index)
+        failure = turn is not None and owner._failure_due(api, index, turn)
+        entry["answer"] = ("hang" if turn["hang"] else str(turn["status"])) if failure else "turn"
+        owner._record(entry)
+        if turn is not None and turn["delay"] and owner._stopping.wait(turn["delay"]):
+            return turn, failure, True
+        if failure and turn["hang"]:
+            self._hang()
+            return turn, failure, True
+        return turn, failure, False
+
     # -------------------------------------------------------------- Anthropic Messages API
 
     def _anthropic(self, body: dict) -> None:
@@ -442,15 +461,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._anthropic_answer(model, stream, owner.scenario["side_text"], [], owner.scenario["side_usage"])
             return
         index = anthropic_turn_index(body)
-        turn = owner._turn(index)
-        entry = self._entry(body, "anthropic", "main", index)
-        failure = turn is not None and owner._failure_due("anthropic", index, turn)
-        entry["answer"] = ("hang" if turn["hang"] else str(turn["status"])) if failure else "turn"
-        owner._record(entry)
-        if turn is not None and turn["delay"] and owner._stopping.wait(turn["delay"]):
+        turn, failure, answered = self._take_turn(body, "anthropic", index)
+        if answered:
             return
-        if failure and turn["hang"]:
-            return self._hang()
         if failure:
             status = turn["status"]
             return self._send_json(status, {"type": "error", "error": {
@@ -507,15 +520,9 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.owner
         model = owner.scenario["model"] or body.get("model") or "gpt-scripted"
         index = responses_turn_index(body)
-        turn = owner._turn(index)
-        entry = self._entry(body, "responses", "main", index)
-        failure = turn is not None and owner._failure_due("responses", index, turn)
-        entry["answer"] = ("hang" if turn["hang"] else str(turn["status"])) if failure else "turn"
-        owner._record(entry)
-        if turn is not None and turn["delay"] and owner._stopping.wait(turn["delay"]):
+        turn, failure, answered = self._take_turn(body, "responses", index)
+        if answered:
             return
-        if failure and turn["hang"]:
-            return self._hang()
         if failure:
             status = turn["status"]
             kind, code = OPENAI_ERROR_CODES.get(status, ("server_error", None))

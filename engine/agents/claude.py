@@ -233,6 +233,15 @@ class CliAdapter(Adapter):
         exe = find_executable(self.executable_name, profile.get("executable"))
         return cli_version(exe) if exe else ""
 
+    def supervise(self, argv: list[str], env: dict, request: AgentRequest):
+        """Run ``argv`` for the attempt under ``process.run_supervised`` (prompt file on stdin)."""
+        return process.run_supervised(
+            argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
+            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
+            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
+            grace_seconds=float(request.profile.get("grace_seconds", 5.0)), stdin_path=request.prompt_path,
+        )
+
 
 class ClaudeCodeAdapter(CliAdapter):
     """The real ``claude`` CLI (Claude Code), headless, stream-json output."""
@@ -297,25 +306,21 @@ class ClaudeCodeAdapter(CliAdapter):
                 log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
                           f"at {endpoint.url}\n")
         try:
-            result = self._supervise(exe, argv, env, request)
+            result = self.supervise(argv, env, request)
         finally:
             if endpoint is not None:
                 endpoint.stop()
             Path(home, ".claude", ".credentials.json").unlink(missing_ok=True)  # the login copy leaves with it
         return self._result(result, request, version)
 
-    def _supervise(self, exe, argv, env, request):
+    def supervise(self, argv: list[str], env: dict, request: AgentRequest):
+        """As CliAdapter.supervise, inside the bubblewrap sandbox (engine/agents/sandbox.py)."""
         writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
         if request.role != "reviewer":
             writable.append(request.workspace)
         argv = sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                             read_only=[os.path.join(request.workspace, ".git")])
-        return process.run_supervised(
-            argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
-            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
-            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
-            grace_seconds=float(request.profile.get("grace_seconds", 5.0)), stdin_path=request.prompt_path,
-        )
+        return super().supervise(argv, env, request)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_stream(request.raw_path)

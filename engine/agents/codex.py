@@ -67,8 +67,7 @@ import shutil
 from collections import deque
 from pathlib import Path
 
-from .. import process
-from ..redaction import Redactor, redact_text
+from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, classify_process, empty_usage
 from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable
@@ -427,19 +426,11 @@ class CodexAdapter(CliAdapter):
                           f"at {endpoint.url}/v1\n")
         argv = build_argv(exe, request, endpoint.url if endpoint else None)
         try:
-            result = self._supervise(argv, env, request)
+            result = self.supervise(argv, env, request)
         finally:
             if endpoint is not None:
                 endpoint.stop()
         return self._result(result, request, version)
-
-    def _supervise(self, argv, env, request):
-        return process.run_supervised(
-            argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
-            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
-            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
-            grace_seconds=float(request.profile.get("grace_seconds", 5.0)), stdin_path=request.prompt_path,
-        )
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_events(request.raw_path)
