@@ -2,9 +2,22 @@
 
 Definitions (pipelines, profiles) are edited through load_pipelines; evidence (attempts,
 checks, manifests, the journal, events) is read-only: nobody edits evidence by hand.
+
+An attempt's page links its stored files (prompt, output log, raw output, patch) and the
+logs of the stage's earlier attempts. They are served by ``AttemptAdmin.file_view``, to staff
+with view permission only, and only from the attempt's own recorded paths when they resolve
+inside its run's control records (``CP_VAR_DIR/runs/<run>/``): never an arbitrary path.
 """
+import hashlib
+import os
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib import admin
-from django.utils.html import format_html
+from django.core.exceptions import PermissionDenied
+from django.http import FileResponse, Http404
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 
 from .models import (
     Attempt,
@@ -102,6 +115,13 @@ class EventInline(ReadOnlyInline):
     show_change_link = False
 
 
+class AttemptInline(ReadOnlyInline):
+    model = Attempt
+    fields = ("stage", "number", "operation", "profile_name", "simulated", "status", "failure_kind", "exit_code",
+              "elapsed_seconds")
+    readonly_fields = fields
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
     list_display = ("id", "pipeline_name", "coloured_status", "simulated_badge", "current_stage", "active_time",
@@ -110,7 +130,7 @@ class RunAdmin(ReadOnlyAdmin):
     search_fields = ("id", "pipeline_name", "repo_path", "commit", "branch", "stop_reason")
     list_select_related = ("pipeline",)
     readonly_fields = [f.name for f in Run._meta.fields]
-    inlines = [StageInline, EventInline]
+    inlines = [StageInline, AttemptInline, EventInline]
 
     @admin.display(description="status", ordering="status")
     def coloured_status(self, obj):
@@ -145,12 +165,107 @@ class StageRunAdmin(ReadOnlyAdmin):
     list_select_related = ("run",)
 
 
+#: The files of an attempt that its page serves: URL name -> (Attempt field, label, sha256 field).
+ATTEMPT_FILES = {
+    "prompt": ("prompt_path", "prompt", "prompt_sha256"),
+    "log": ("log_path", "output log", ""),
+    "raw": ("raw_path", "raw output (redacted bytes)", ""),
+    "patch": ("patch_path", "patch", "patch_sha256"),
+}
+
+
+def attempt_file(attempt: Attempt, kind: str) -> Path | None:
+    """The stored file ``kind`` of ``attempt`` (ATTEMPT_FILES), or None.
+
+    Only the attempt's own recorded path is used, and only when it resolves (symlinks
+    followed) to a regular file inside its run's control records; anything else is None.
+    """
+    if kind not in ATTEMPT_FILES:
+        return None
+    rel = getattr(attempt, ATTEMPT_FILES[kind][0]) or ""
+    if not rel or os.path.isabs(rel) or "\x00" in rel:
+        return None
+    base = os.path.realpath(os.path.join(settings.VAR_DIR, attempt.run.control_dir))
+    real = os.path.realpath(os.path.join(settings.VAR_DIR, rel))
+    if not real.startswith(base + os.sep) or not os.path.isfile(real):
+        return None
+    return Path(real)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 @admin.register(Attempt)
 class AttemptAdmin(ReadOnlyAdmin):
     list_display = ("id", "run", "stage", "number", "operation", "adapter", "simulated", "status", "failure_kind",
                     "exit_code", "elapsed_seconds")
     list_filter = ("status", "operation", "adapter", "simulated")
     list_select_related = ("run", "stage")
+    readonly_fields = ["stored_files", "older_attempts"] + [f.name for f in Attempt._meta.fields if f.name != "id"]
+
+    def get_fieldsets(self, request, obj=None):
+        rest = [f.name for f in Attempt._meta.fields if f.name != "id"]
+        return [("Stored files", {"fields": ["stored_files", "older_attempts"]}), ("Attempt", {"fields": rest})]
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.file_view)
+        return [path("<int:object_id>/file/<str:kind>/", view, name="engine_attempt_file")] + super().get_urls()
+
+    def file_view(self, request, object_id, kind):
+        """One stored file of an attempt, as text (staff with view permission; recorded paths only)."""
+        attempt = Attempt.objects.select_related("run").filter(pk=object_id).first()
+        if attempt is None or kind not in ATTEMPT_FILES:
+            raise Http404("No such attempt file.")
+        if not self.has_view_permission(request, attempt):
+            raise PermissionDenied
+        found = attempt_file(attempt, kind)
+        if found is None:
+            raise Http404("This attempt has no such file in its run's control records.")
+        response = FileResponse(open(found, "rb"), content_type="text/plain; charset=utf-8")
+        response["Content-Disposition"] = f'inline; filename="attempt-{attempt.pk}-{found.name}"'
+        return response
+
+    @admin.display(description="files")
+    def stored_files(self, obj):
+        items = []
+        for kind, (field, label, sha_field) in ATTEMPT_FILES.items():
+            found = attempt_file(obj, kind)
+            if found is None:
+                why = "missing from the control records" if getattr(obj, field) else "not stored"
+                items.append(format_html("<li>{}: {}</li>", label, why))
+                continue
+            check = ""
+            recorded = getattr(obj, sha_field) if sha_field else ""
+            if recorded:
+                same = _sha256(found) == recorded
+                check = f"sha256 {recorded} ({'matches the file' if same else 'DIFFERS from the file now'})"
+            items.append(format_html('<li><a href="{}">view the {}</a> ({} bytes) {}</li>',
+                                     reverse("admin:engine_attempt_file", args=[obj.pk, kind]), label,
+                                     found.stat().st_size, check))
+        return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))
+
+    @admin.display(description="earlier attempts of this stage")
+    def older_attempts(self, obj):
+        older = list(Attempt.objects.select_related("run").filter(stage_id=obj.stage_id, number__lt=obj.number)
+                     .order_by("number"))
+        if not older:
+            return "none"
+        items = []
+        for attempt in older:
+            page = reverse("admin:engine_attempt_change", args=[attempt.pk])
+            if attempt_file(attempt, "log") is not None:
+                log = format_html(' &middot; <a href="{}">its output log</a>',
+                                  reverse("admin:engine_attempt_file", args=[attempt.pk, "log"]))
+            else:
+                log = " (no output log stored)"
+            items.append(format_html('<li><a href="{}">attempt {}</a> ({}, {}){}</li>', page, attempt.number,
+                                     attempt.operation, attempt.status, log))
+        return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))
 
 
 @admin.register(Check)

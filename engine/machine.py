@@ -152,7 +152,7 @@ def heartbeat(run_id: int, token: str, seconds: float) -> bool:
 
 @dataclass(frozen=True)
 class Step:
-    """What the run does next: ``kind`` in implement, verify, checkpoint, finish."""
+    """What the run does next: ``kind`` in implement, verify, review, repair, checkpoint, finish."""
 
     kind: str
     stage_id: int | None = None
@@ -167,6 +167,10 @@ def next_step(run: Run) -> Step:
             return Step("implement", stage.pk)
         if stage.phase == StagePhase.VERIFY:
             return Step("verify", stage.pk)
+        if stage.phase == StagePhase.REVIEW:
+            return Step("review", stage.pk)
+        if stage.phase == StagePhase.REPAIR:
+            return Step("repair", stage.pk)
         if stage.phase == StagePhase.CHECKPOINT:
             return Step("checkpoint", stage.pk)
         raise IllegalTransition(f"stage {stage.key} is {stage.status} in phase {stage.phase}")
@@ -185,10 +189,80 @@ def implemented(stage: StageRun) -> None:
     _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
 
 
-def verified(stage: StageRun, digest: str) -> None:
-    """Every gate passed on the files with ``digest``: they may be checkpointed."""
+def gates_passed(stage: StageRun, digest: str) -> None:
+    """Every gate exited 0 on the files with ``digest``: they go to the independent review."""
     stage.accepted_manifest = digest
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.REVIEW)
+
+
+def reviewed(stage: StageRun) -> None:
+    """Every reviewer passed the verified files: they may be checkpointed."""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
+
+
+#: Outcomes of ``defect``.
+REPAIR, REPAIR_EXHAUSTED, UNCHANGED_FAILURE = "repair", "repair_exhausted", "unchanged_failure"
+
+
+def defect(stage: StageRun, kind: str, name: str, digest: str, message: str, evidence: dict) -> str:
+    """A defect was found in the stage's files (``kind`` "gate" with the gate's ``name``, or
+    "review" with the reviewer's profile): decide whether a repair attempt may fix it.
+
+    Returns ``UNCHANGED_FAILURE`` when it is the same failure as the one the last repair was
+    for and the files (``digest``) did not change; ``REPAIR_EXHAUSTED`` when the stage's
+    ``repair_allowance`` is used up (the allowance is shared by all gates and reviewers of the
+    stage; nothing resets it); else consumes one repair, records the defect as the evidence
+    the repair session gets, moves the stage to the repair phase and returns ``REPAIR``.
+    """
+    last = stage.last_defect or {}
+    if last.get("kind") == kind and last.get("name") == name and last.get("digest") == digest:
+        return UNCHANGED_FAILURE
+    if stage.repairs_used >= int(stage.spec.get("repair_allowance", 0)):
+        return REPAIR_EXHAUSTED
+    stage.repairs_used += 1
+    stage.last_defect = {"kind": kind, "name": name, "digest": digest, "message": message, "evidence": evidence}
+    stage.accepted_manifest = ""
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.REPAIR)
+    return REPAIR
+
+
+def repaired(stage: StageRun) -> None:
+    """A repair attempt finished cleanly: its files are verified again (not re-implemented)."""
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
+
+
+#: Steps that start an agent attempt (count against the run's max_attempts budget).
+AGENT_STEPS = frozenset({"implement", "review", "repair", "document"})
+
+
+def budget_problem(run: Run, step: Step) -> str | None:
+    """A sentence when taking ``step`` would pass one of the run's budgets, else None.
+
+    Budgets (``definition.pipeline.budgets``; None is unlimited): ``max_active_seconds``
+    against the persisted active time (agents and gates; waiting for a person does not
+    count), ``max_attempts`` against the run's agent attempts, ``max_cost_usd`` against the
+    sum of the attempts' reported cost (an unreported cost counts as 0 and is said to be
+    unknown on the attempt).
+    """
+    if step.kind == "finish":
+        return None
+    budgets = run.definition["pipeline"].get("budgets") or {}
+    limit = budgets.get("max_active_seconds")
+    if limit is not None and run.active_seconds >= limit:
+        return (f"The run has used {run.active_seconds:.0f} s of active time, its budget is {limit:.0f} s "
+                f"(budgets.max_active_seconds).")
+    limit = budgets.get("max_attempts")
+    if limit is not None and step.kind in AGENT_STEPS:
+        used = run.attempts.count()
+        if used >= limit:
+            return f"The run has made {used} agent attempts, its budget is {limit} (budgets.max_attempts)."
+    limit = budgets.get("max_cost_usd")
+    if limit is not None and step.kind in AGENT_STEPS:
+        spent = sum(float((usage or {}).get("cost_usd") or 0) for usage in run.attempts.values_list("usage", flat=True))
+        if spent >= limit:
+            return (f"The run's agents have reported ${spent:.4f} of cost, its budget is ${limit:.2f} "
+                    f"(budgets.max_cost_usd).")
+    return None
 
 
 def reverify(stage: StageRun) -> None:
@@ -250,8 +324,9 @@ def succeed(run: Run) -> None:
     event(run, "succeeded", "Every stage passed its gates and was checkpointed; the run succeeded.")
 
 
-def resume(run: Run, stage: StageRun | None) -> None:
-    """waiting_review -> queued after a person's recovery decision; the stage is worked on again."""
+def resume(run: Run, stage: StageRun | None, phase: str | None = None) -> None:
+    """waiting_review -> queued after a person's recovery decision; the stage is worked on again,
+    from ``phase`` when given (retry: implement; verify: verify). Repair counters are kept."""
     _set_run_status(run, RunStatus.QUEUED)
     run.stop_reason = ""
     run.stop_message = ""
@@ -259,7 +334,9 @@ def resume(run: Run, stage: StageRun | None) -> None:
     run.queued_at = timezone.now()
     run.save()
     if stage is not None and stage.status == StageStatus.WAITING_REVIEW:
-        _set_stage(stage, StageStatus.RUNNING)
+        _set_stage(stage, StageStatus.RUNNING, phase)
+    elif stage is not None and phase is not None:
+        _set_stage(stage, stage.status, phase)
 
 
 def fail(run: Run, reason: str, message: str) -> None:

@@ -42,10 +42,12 @@ class StageStatus(models.TextChoices):
 
 
 class StagePhase(models.TextChoices):
-    """Where a stage is in implement -> verify -> checkpoint."""
+    """Where a stage is in implement -> verify -> review -> checkpoint (repair -> verify on a defect)."""
 
     IMPLEMENT = "implement", "implement"
     VERIFY = "verify", "verify"
+    REVIEW = "review", "review"
+    REPAIR = "repair", "repair"
     CHECKPOINT = "checkpoint", "checkpoint"
     DONE = "done", "done"
 
@@ -130,6 +132,10 @@ class Run(models.Model):
     not_included = models.JSONField(
         default=list, blank=True, help_text="uncommitted changes of the original checkout, not in the run"
     )
+    protected_files = models.JSONField(
+        default=list, blank=True,
+        help_text="agreed checks copied at creation: [{path, mode, blob, sha256, why}] (engine.protected)",
+    )
 
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
     stop_reason = models.CharField(max_length=60, blank=True)
@@ -193,7 +199,11 @@ class StageRun(models.Model):
     base_commit = models.CharField(max_length=40, blank=True, help_text="the checkpoint this stage started from")
     checkpoint_commit = models.CharField(max_length=40, blank=True)
     accepted_manifest = models.CharField(max_length=64, blank=True, help_text="digest of the files verified")
-    repairs_used = models.PositiveIntegerField(default=0)
+    repairs_used = models.PositiveIntegerField(default=0, help_text="repair attempts consumed; never reset")
+    last_defect = models.JSONField(
+        default=dict, blank=True,
+        help_text="the defect that asked for the last repair: {kind, name, digest, message, evidence}",
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -284,6 +294,9 @@ class Attempt(models.Model):
     refusals = models.JSONField(default=list, blank=True,
                                 help_text="tool calls the CLI refused or that failed: [{tool, message}]")
     late = models.BooleanField(default=False, help_text="its result arrived after the run moved on")
+    verdict = models.JSONField(null=True, blank=True,
+                               help_text="a reviewer's validated verdict: {verdict, findings[{file, line, severity, text}]}")
+    verdict_problem = models.TextField(blank=True, help_text="why the reviewer's answer was not a valid verdict")
 
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import machine, workspace
+from . import machine, protected, workspace
 from .agents import adapters
 from .models import (
     RUN_STOPPED,
@@ -145,7 +145,9 @@ def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
                                  f"{', '.join(sorted(definition['profiles']))}.", "profile")
         roles[role] = profile
     available = adapters()
-    missing = [(role, name, definition["profiles"][name]["adapter"]) for role, name in roles.items()
+    # several reviewers: each is checked as the reviewer it will be
+    pairs = [(role, name) for role, names in roles.items() for name in ([names] if isinstance(names, str) else names)]
+    missing = [(role, name, definition["profiles"][name]["adapter"]) for role, name in pairs
                if definition["profiles"][name]["adapter"] not in available]
     if missing:
         which = "; ".join(f"{role} uses profile {name!r} (adapter {adapter!r})" for role, name, adapter in missing)
@@ -155,7 +157,7 @@ def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
             f"This Run Engine cannot run every adapter yet (it can run: {', '.join(sorted(available))}): {which}. "
             f"Choose other profiles with {flags}.", "profile")
     problems = []
-    for role, name in roles.items():
+    for role, name in pairs:
         profile = definition["profiles"][name]
         for problem in available[profile["adapter"]]().check(profile, role):
             problems.append(f"{role} (profile {name!r}): {problem}")
@@ -199,8 +201,9 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
         "profiles": definition["profiles"],
     }
     digest = canonical_sha256(snapshot)
+    used = {name for names in roles.values() for name in ([names] if isinstance(names, str) else names)}
     reasons = sorted({"scripted test adapter" if definition["profiles"][name]["adapter"] == "scripted"
-                      else "scripted model endpoint" for name in roles.values()
+                      else "scripted model endpoint" for name in used
                       if definition["profiles"][name]["adapter"] == "scripted"
                       or definition["profiles"][name].get("scripted_endpoint")})
     simulated = bool(reasons)
@@ -224,11 +227,19 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
             _set_aside_stale_records(control)
             control.mkdir(parents=True)
             _write_snapshot(control, snapshot, digest)
+            commands = [g["command"] for g in definition.get("baseline_checks") or []]
+            commands += [g["command"] for stage in definition["stages"] for g in stage.get("gates") or []]
+            run.protected_files = protected.snapshot(repo, commit, list(definition.get("protected_paths") or []),
+                                                     commands, str(control / "protected"))
+            run.save(update_fields=["protected_files"])
             sim = f" It is simulated: it uses the {', '.join(reasons)}." if simulated else ""
             left = f" {len(not_included)} uncommitted change(s) in the checkout are not included." if not_included else ""
+            guarded = (f" {len(run.protected_files)} protected file(s) copied to the control records: "
+                       f"{', '.join(p['path'] for p in run.protected_files[:8])}"
+                       f"{' ...' if len(run.protected_files) > 8 else ''}." if run.protected_files else "")
             machine.event(run, "created", f"Run created from pipeline {pipeline.name!r} v{pipeline.version} on "
-                          f"{commit[:12]} ({revision}); definition frozen (sha256 {digest[:12]}).{left}{sim}",
-                          data={"not_included": len(not_included)})
+                          f"{commit[:12]} ({revision}); definition frozen (sha256 {digest[:12]}).{guarded}{left}{sim}",
+                          data={"not_included": len(not_included), "protected": len(run.protected_files)})
     except Exception:
         if control is not None:
             shutil.rmtree(control, ignore_errors=True)
@@ -317,10 +328,8 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
         decision.action, decision.note, decision.decided_by = action, note, reviewer
         decision.decided_at = timezone.now()
         decision.save()
-        if stage is not None:
-            stage.phase = StagePhase.IMPLEMENT if action == "retry" else StagePhase.VERIFY
-            stage.save(update_fields=["phase"])
-        machine.resume(run, stage)
+        machine.resume(run, stage, (StagePhase.IMPLEMENT if action == "retry" else StagePhase.VERIFY)
+                       if stage is not None else None)
         StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
                                                     last_enqueued_at=timezone.now())
         machine.event(run, "recovered", f"Recovery by {reviewer or 'an operator'}: {action}. Note: {note}",
@@ -337,8 +346,9 @@ def run_status(run) -> dict:
 
     Keys: id, status, simulated, pipeline, repo, revision, commit, branch, worktree, stop_reason,
     stop_message, stop_evidence, waiting_for ('start' | 'worker' | 'review' | 'approval' | None),
-    active_seconds, not_included, pending_decision, stages[{key, status, phase, base_commit,
-    checkpoint, attempts[...], checks[...]}].
+    active_seconds, not_included, protected_files, budgets, pending_decision, stages[{key, status,
+    phase, base_commit, checkpoint, repairs_used, repair_allowance, last_defect, attempts[...,
+    refusals, verdict], checks[...]}].
     """
     run = get_run(run)
     run.refresh_from_db()
@@ -364,7 +374,7 @@ def run_status(run) -> dict:
                 "start_commit": a.start_commit or None, "start_manifest": a.start_manifest or None,
                 "manifest": a.result_manifest.digest if a.result_manifest_id else None,
                 "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
-                "refusals": a.refusals,
+                "refusals": a.refusals, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
             }
             for a in stage.attempts.select_related("result_manifest").order_by("number")
         ]
@@ -381,7 +391,9 @@ def run_status(run) -> dict:
         ]
         stages.append({"key": stage.key, "status": stage.status, "phase": stage.phase,
                        "base_commit": stage.base_commit or None, "checkpoint": stage.checkpoint_commit or None,
-                       "accepted_manifest": stage.accepted_manifest or None, "attempts": attempts, "checks": checks})
+                       "accepted_manifest": stage.accepted_manifest or None,
+                       "repairs_used": stage.repairs_used, "repair_allowance": stage.spec.get("repair_allowance", 0),
+                       "last_defect": stage.last_defect or None, "attempts": attempts, "checks": checks})
     return {
         "id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
         "simulated_reason": run.simulated_reason or None,
@@ -393,6 +405,8 @@ def run_status(run) -> dict:
                                   if run.heartbeat_at and run.status == RunStatus.RUNNING else None),
         "definition_sha256": run.definition_sha256, "control_records": str(var / run.control_dir),
         "not_included": run.not_included, "roles": run.definition["roles"],
+        "protected_files": [{"path": p["path"], "sha256": p["sha256"], "why": p["why"]} for p in run.protected_files],
+        "budgets": run.definition["pipeline"].get("budgets") or {},
         "pending_decision": ({"id": pending.pk, "kind": pending.kind, "reason": pending.reason,
                               "artifact": pending.artifact or None} if pending else None),
         "created_at": run.created_at.isoformat(), "finished_at": run.finished_at.isoformat() if run.finished_at else None,

@@ -753,7 +753,8 @@ class RolesForm(_LevelForm):
     """Which profile plays each role. Context: ``profiles`` (the profile names defined)."""
 
     implementer = TextField(required=True, required_message="is required (the profile that implements and repairs)")
-    reviewer = TextField(required=True, required_message="is required (the profile that reviews, read-only)")
+    reviewer = PrintField(required=True, error_messages={
+        "required": "is required (the profile that reviews, read-only; or a list of profiles, all of which must pass)"})
     documenter = TextField(required=True, required_message="is required (the profile that updates the documentation)")
 
     def _profile(self, role):
@@ -767,6 +768,20 @@ class RolesForm(_LevelForm):
         return self._profile("implementer")
 
     def clean_reviewer(self):
+        """One profile name, or a list of distinct names (several reviewers, all must pass)."""
+        value = self.cleaned_data.get("reviewer")
+        if isinstance(value, list):
+            if not value:
+                raise ValidationError("must name at least one profile")
+            if len(set(value)) != len(value):
+                raise ValidationError("names a profile twice; each reviewer is a different profile")
+            profiles = list(self.context.get("profiles", ()))
+            for name in value:
+                if self.context.get("check_names", True) and name not in profiles:
+                    raise ValidationError(f"no profile named '{name}'; profiles defined: {', '.join(profiles) or 'none'}")
+            return value if len(value) > 1 else value[0]
+        if isinstance(value, str) and not value.strip():
+            raise ValidationError("is required (the profile that reviews, read-only)")
         return self._profile("reviewer")
 
     def clean_documenter(self):
@@ -1235,6 +1250,30 @@ def load_file(path) -> dict:
     return _validate(data, report, base_dir=Path(source).resolve().parent)
 
 
+#: Profile keys holding a simulation's script: made-up keys there are test material, not credentials.
+_SIMULATION_KEYS = ("scenario", "scripted_endpoint")
+
+
+def _refuse_credentials(value, path: str, report: _Report) -> None:
+    """Report every string of the definition that looks like a credential (engine.redaction's
+    patterns): a pipeline is saved and frozen into every run, so a pasted key would be stored
+    three times (field case C14). Scenarios and scripted endpoints are exempt."""
+    from .redaction import redact_text
+
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in _SIMULATION_KEYS and path.startswith("profiles."):
+                continue
+            _refuse_credentials(item, _key_path(path, key), report)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_credentials(item, f"{path}[{index}]", report)
+    elif isinstance(value, str) and redact_text(value)[1]:
+        report.add(path, "holds what looks like a credential (an API key, a token, a private key or a password "
+                         "in a URL); credentials never go into a pipeline: the agent gets them from the "
+                         "worker's environment")
+
+
 def validate(data: object, source: str = "<input>", *, base_dir: str | os.PathLike | None = None) -> dict:
     """Validate an already-parsed pipeline document and return its normalized definition.
 
@@ -1257,7 +1296,7 @@ def validate(data: object, source: str = "<input>", *, base_dir: str | os.PathLi
                          "max_cost_usd": float | None},
              "deadlines": {"implement": float, "review": float, "repair": float,
                            "document": float, "gate": float},
-             "roles": {"implementer": str, "reviewer": str, "documenter": str},
+             "roles": {"implementer": str, "reviewer": str | [str], "documenter": str},
              "profiles": {name: {"name", "adapter", "model", "max_turns", "executable",
                                  "extra_args", "env", "scenario", "scenario_path",
                                  "description"}},
@@ -1331,7 +1370,7 @@ def _validate(data, report: _Report, base_dir: Path | None) -> dict:
 
     if report.errors:
         raise PipelineFormatError(report.errors)
-    return {
+    result = {
         "format": top["format"],
         "name": top["name"],
         "description": top["description"],
@@ -1347,3 +1386,7 @@ def _validate(data, report: _Report, base_dir: Path | None) -> dict:
         "profiles": profiles,
         "stages": stages,
     }
+    _refuse_credentials(result, "", report)
+    if report.errors:
+        raise PipelineFormatError(report.errors)
+    return result

@@ -148,7 +148,7 @@ _EL2_SEQ = re.compile(r"\x1b\[2K")
 _CHA1_SEQ = re.compile(r"\x1b\[[01]?G")
 _CR_LF = re.compile(r"\r+\n")
 _TOKENS = re.compile("([\r\b\ufdd0-\ufdd2])")
-_COMPLEX_LINE = re.compile("[^\n]*[\r\b\ufdd0-\ufdd2][^\n]*")
+_COMPLEX_LINE = re.compile("(?m)^[^\n\r\b\ufdd0-\ufdd2]*+[\r\b\ufdd0-\ufdd2][^\n]*")
 
 
 def _render(buf: str, col: int, text: str) -> tuple[str, int]:

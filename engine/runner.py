@@ -100,6 +100,13 @@ def advance(run_id: int, token: str | None = None) -> str:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         step = machine.next_step(run)
+        problem = machine.budget_problem(run, step)
+        if problem is not None:
+            stage = run.stages.filter(pk=step.stage_id).first() if step.stage_id else None
+            machine.stop(run, "budget_exhausted", f"{problem} An exhausted budget needs a new run.", stage=stage,
+                         evidence={"budgets": run.definition["pipeline"].get("budgets") or {}})
+            log.info("run %s: budget exhausted before the %s step", run_id, step.kind)
+            return "budget_exhausted"
         plan = steps.begin(run, step, lease)
         simulated = " [simulated]" if run.simulated else ""
     log.info("run %s%s: %s step claimed by %s", run_id, simulated, step.kind, owner)

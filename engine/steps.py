@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import context, machine, process, scope, workspace
+from . import context, machine, process, protected, review, scope, workspace
 from .agents import AgentRequest, get_adapter
 from .models import (
     Attempt,
@@ -159,8 +159,10 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
     elif stage.status != StageStatus.RUNNING:
         machine.start_stage(stage, stage.base_commit)
     plan["stage_key"] = stage.key
-    if step.kind == "implement":
-        plan.update(_begin_attempt(run, stage, "implement", "implementer", lease))
+    if step.kind in ("implement", "repair"):
+        plan.update(_begin_attempt(run, stage, step.kind, "implementer", lease))
+    elif step.kind == "review":
+        plan.update(_begin_attempt(run, stage, "review", "reviewer", lease, profile_name=_next_reviewer(run, stage)))
     elif step.kind == "checkpoint":
         entry = JournalEntry.objects.create(
             run=run, stage=stage, parent_commit=stage.base_commit, expected_tree=stage.accepted_manifest
@@ -175,9 +177,31 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
     return plan
 
 
-def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: str) -> dict:
+def reviewers(run: Run) -> list[str]:
+    """The reviewer profiles of the run, in order (``roles.reviewer``: one name or a list); all must pass."""
+    names = run.definition["roles"]["reviewer"]
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _passed_reviewers(stage: StageRun) -> set[str]:
+    """Reviewer profiles whose verdict was ``pass`` on the stage's verified files (its accepted manifest)."""
+    done = set()
+    for attempt in stage.attempts.filter(operation="review", start_manifest=stage.accepted_manifest,
+                                         status=AttemptStatus.SUCCEEDED, late=False):
+        if (attempt.verdict or {}).get("verdict") == "pass":
+            done.add(attempt.profile_name)
+    return done
+
+
+def _next_reviewer(run: Run, stage: StageRun) -> str:
+    passed = _passed_reviewers(stage)
+    return next(name for name in reviewers(run) if name not in passed)
+
+
+def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: str,
+                   profile_name: str | None = None) -> dict:
     definition = run.definition
-    profile_name = definition["roles"][role]
+    profile_name = profile_name or definition["roles"][role]
     profile = definition["profiles"][profile_name]
     deadline = float(definition["pipeline"]["deadlines"][operation])
     number = (stage.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
@@ -199,7 +223,7 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
                   f"Attempt {number} ({operation}) of stage '{stage.key}' recorded before launch with profile "
                   f"'{profile_name}'{sim}, deadline {deadline:.0f} s.", stage=stage, attempt=attempt)
     return {"attempt_id": attempt.pk, "operation": operation, "role": role, "profile": profile,
-            "operation_attempt": nth, "folder": folder}
+            "profile_name": profile_name, "operation_attempt": nth, "folder": folder}
 
 
 # ----------------------------------------------------------------------------- execute
@@ -208,7 +232,7 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
 def execute(plan: dict, should_stop) -> dict:
     """Do the step's slow work outside any transaction; returns its outcome dict."""
     kind = plan["kind"]
-    if kind == "implement":
+    if kind in ("implement", "repair", "review"):
         return _execute_agent(plan, should_stop)
     if kind == "verify":
         return _execute_verify(plan, should_stop)
@@ -247,19 +271,45 @@ def _prepare_workspace(run: Run, lease: str) -> dict:
 
 
 def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
+    """The accepted output of the stages ``stage_def`` depends on: the files of the manifest its
+    checkpoint committed, and the final message of the implementer (or repairer) that wrote them."""
     summaries = []
     for key in stage_def.get("depends_on") or []:
         dep = run.stages.get(key=key)
-        last = dep.attempts.exclude(result_manifest=None).order_by("-number").first()
+        accepted = (Manifest.objects.filter(run=run, stage=dep, digest=dep.accepted_manifest).order_by("-id").first()
+                    if dep.accepted_manifest else None)
+        author = (dep.attempts.filter(operation__in=("implement", "repair"), status=AttemptStatus.SUCCEEDED,
+                                      late=False).order_by("-number").first())
         lines = []
-        if last is not None and last.result_manifest is not None:
-            data = json.loads(var_path(last.result_manifest.path).read_text(encoding="utf-8"))
+        if accepted is not None:
+            data = json.loads(var_path(accepted.path).read_text(encoding="utf-8"))
             lines += [f"- {c['status']}: {c['path']}" for c in data["changes"]]
-            if last.final_message:
-                lines += ["", "Agent's final message:", last.final_message]
+        if author is not None and author.final_message:
+            lines += ["", "Agent's final message:", author.final_message]
         summaries.append({"key": key, "checkpoint": dep.checkpoint_commit,
                           "summary": "\n".join(lines) or "(no file changes)"})
     return summaries
+
+
+def _initial_spec_index(run: Run, stage: StageRun, plan: dict) -> str | None:
+    """The engine's initial specification index when the repository has none at the pipeline's
+    ``spec_index`` (None otherwise); kept with the attempt (``spec-index.md``), announced once per run."""
+    rel = run.definition["pipeline"].get("spec_index")
+    if not rel or os.path.isfile(context.resolve_inside(run.worktree, rel)):
+        return None
+    text = redact_text(context.initial_spec_index(run.worktree, rel))[0]
+    record = control_path(run, plan["folder"], "spec-index.md")
+    var_path(record).write_text(text, encoding="utf-8")
+    with transaction.atomic():
+        locked = _fenced(run.pk, plan["lease"])
+        if locked is not None and not locked.events.filter(kind="spec_index_created").exists():
+            listed = sum(1 for line in text.splitlines() if line.startswith("- `"))
+            machine.event(locked, "spec_index_created",
+                          f"The repository has no specification index at {rel}: the engine created an initial one "
+                          f"listing its {listed} documentation file(s), gave it to the agents and kept it at "
+                          f"{record}. It is not written into the repository.",
+                          stage=stage, data={"path": record, "spec_index": rel, "files": listed})
+    return text
 
 
 def _execute_agent(plan: dict, should_stop) -> dict:
@@ -270,10 +320,7 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         _prepare_workspace(run, plan["lease"])
         run.refresh_from_db()
         start = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
-        prompt = context.assemble_prompt(
-            pipeline=run.definition["pipeline"], stage=stage.spec, worktree=run.worktree,
-            operation=plan["operation"], dependencies=_dependency_summaries(run, stage.spec),
-        )
+        prompt = _build_prompt(run, stage, plan, start)
     except workspace.WorkspaceError as exc:
         return {"failure_kind": exc.code, "failure_message": exc.message, "launched": False}
     except context.ContextError as exc:
@@ -327,7 +374,79 @@ def _execute_agent(plan: dict, should_stop) -> dict:
     patch_rel = control_path(run, plan["folder"], "patch.diff")
     patch = workspace.write_patch(run.worktree, stage.base_commit, after["tree"], str(var_path(patch_rel)))
     outcome.update({"manifest": after, "patch_path": patch_rel, "patch": patch})
+    outcome["tamper"] = _tamper(run, after, plan["folder"], secrets)
+    if plan["operation"] == "review":
+        try:
+            outcome["verdict"] = review.parse(result.final_message, (result.extra or {}).get("verdict"))
+        except review.InvalidVerdict as exc:
+            outcome["verdict_problem"] = str(exc)
     return outcome
+
+
+def _tamper(run: Run, current: dict, folder: str, secrets: list[str]) -> dict | None:
+    """Compare the protected files with a manifest; on tampering write the diff and return
+    ``{"changes": [...], "report": rel path}``, else None."""
+    if not run.protected_files:
+        return None
+    added = {c["path"] for c in current["changes"] if c["status"] == "added"}
+    base_paths = {e["path"] for e in current["entries"]} - added
+    base_paths |= {c["path"] for c in current["changes"] if c["status"] == "deleted"}
+    changes = protected.compare(run.protected_files, list(run.definition["pipeline"]["protected_paths"]),
+                                current["entries"], base_paths)
+    if not changes:
+        return None
+    report_rel = control_path(run, folder, "protected-files.diff")
+    protected.write_report(changes, str(var_path(control_path(run, "protected", "index.json")).parent),
+                           run.worktree, str(var_path(report_rel)), redact=lambda text: redact_text(text, secrets)[0])
+    return {"changes": changes, "report": report_rel}
+
+
+def _build_prompt(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
+    """The prompt of an implement, repair or review session (raises context.ContextError)."""
+    pipeline = run.definition["pipeline"]
+    if plan["operation"] == "review":
+        patch_rel = control_path(run, plan["folder"], "reviewed.diff")
+        workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
+        checks = [{"name": c.name, "command": c.command, "exit_code": c.exit_code, "passed": c.passed}
+                  for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).order_by("id")]
+        return review.prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
+                             patch=var_path(patch_rel).read_text(encoding="utf-8", errors="replace"), checks=checks,
+                             reviewer=f"reviewer '{plan['profile_name']}'")
+    text = context.assemble_prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
+                                   operation=plan["operation"], dependencies=_dependency_summaries(run, stage.spec),
+                                   spec_index_text=_initial_spec_index(run, stage, plan))
+    if plan["operation"] == "repair":
+        text += _repair_section(run, stage, plan, start)
+    return text
+
+
+def _repair_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
+    """What a repair session is told: the defect, its evidence, and the current patch."""
+    defect = stage.last_defect or {}
+    allowance = stage.spec.get("repair_allowance", 0)
+    lines = ["", f"## Repair {stage.repairs_used} of {allowance}: what failed",
+             "A fresh session: the files below are the current attempt's; fix the defect without weakening any "
+             "check (protected files and gate commands cannot change).", "", defect.get("message", "")]
+    evidence = defect.get("evidence") or {}
+    if evidence.get("check"):
+        check = Check.objects.filter(pk=evidence["check"]).first()
+        if check is not None and check.log_path:
+            tail = process.tail_text(var_path(check.log_path), 16 * 1024)
+            lines += ["", f"### Output of `{check.command}` (exit {check.exit_code}; last 16 KiB)", "```",
+                      tail.rstrip(), "```"]
+    for finding in evidence.get("findings") or []:
+        where = finding.get("file") or "(general)"
+        if finding.get("line"):
+            where += f":{finding['line']}"
+        lines.append(f"- [{finding.get('severity')}] {where}: {finding.get('text')}")
+    patch_rel = control_path(run, plan["folder"], "current.diff")
+    workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
+    patch = var_path(patch_rel).read_text(encoding="utf-8", errors="replace")
+    if len(patch) > 100_000:
+        patch = patch[:100_000] + "\n[... cut; read the files for the rest]\n"
+    lines += ["", "### The current patch (against the stage's starting checkpoint)", "```diff",
+              patch.rstrip() or "(empty)", "```"]
+    return "\n".join(lines) + "\n"
 
 
 def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, env: dict, should_stop,
@@ -386,6 +505,10 @@ def _execute_verify(plan: dict, should_stop) -> dict:
     for round_no in range(1, 4):
         before = workspace.manifest(run.worktree, stage.base_commit, excludes)
         manifest_row = save_manifest(run, stage, before)
+        tamper = _tamper(run, before, f"stages/{stage.order + 1:02d}-{stage.key}/verify",
+                         secret_env_values(env))
+        if tamper is not None:  # a weakened check never runs: its result could not be trusted
+            return {"tamper": tamper, "checks": [], "digest": before["digest"]}
         checks = []
         for gate, kind in gates:
             check = _run_gate(run, stage, gate, kind, before["digest"], env, should_stop, round_no)
@@ -504,6 +627,20 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.save()
 
 
+def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:
+    changes = tamper["changes"]
+    text = protected.describe(changes)
+    machine.event(run, "protected_files_changed",
+                  f"{who} changed protected files: {text}. The diff against the protected copies is kept "
+                  f"({tamper['report']}).", stage=stage, attempt_id=evidence.get("attempt"),
+                  data={"changes": changes, "report": tamper["report"]})
+    machine.stop(run, "protected_files_changed",
+                 f"Protected checks were changed, so no result can be accepted: {text}. Agents may add new test "
+                 f"files but not change, delete, rename or chmod the agreed ones, nor add files such as a "
+                 f"conftest.py under a protected path.",
+                 stage=stage, evidence={**evidence, "changes": changes, "report": tamper["report"]})
+
+
 def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
     attempt = Attempt.objects.get(pk=plan["attempt_id"])
     _apply_attempt_result(attempt, outcome)
@@ -518,6 +655,9 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
         attempt.result_manifest = manifest
         attempt.save(update_fields=["result_manifest"])
     evidence = {"attempt": attempt.pk}
+    if outcome.get("tamper"):
+        _stop_tampered(run, stage, outcome["tamper"], f"Attempt {attempt.number} ({attempt.operation})", evidence)
+        return
     allowed = _role_scope(run, stage, plan["role"])
     stray = scope.outside(outcome.get("changed", []), allowed)
     if stray:
@@ -528,6 +668,9 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
         machine.stop(run, "scope_violation",
                      f"The {plan['role']} changed {len(stray)} file(s) outside its scope: {', '.join(stray[:10])}.",
                      stage=stage, evidence={**evidence, "outside": stray})
+        return
+    if plan["operation"] == "review":
+        _finish_review(run, stage, attempt, outcome)
         return
     if attempt.status != AttemptStatus.SUCCEEDED:
         what = {"workspace_branch_in_use": "the run's branch is checked out in another worktree",
@@ -543,7 +686,108 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
                   f"Attempt {attempt.number} ({attempt.operation}) of stage '{stage.key}' exited 0 after "
                   f"{attempt.elapsed_seconds:.1f} s and changed {len(changes)} file(s); its claim is not evidence, "
                   f"the gates decide.", stage=stage, attempt=attempt)
-    machine.implemented(stage)
+    if plan["operation"] == "repair":
+        machine.repaired(stage)
+    else:
+        machine.implemented(stage)
+
+
+def _finish_review(run: Run, stage: StageRun, attempt: Attempt, outcome: dict) -> None:
+    """Record a reviewer's verdict and act on it: pass, repair (a defect) or escalate."""
+    who = f"Reviewer '{attempt.profile_name}' (attempt {attempt.number})"
+    if not outcome.get("launched"):  # the workspace, not the reviewer, is at fault (e.g. head_moved)
+        machine.stop(run, attempt.failure_kind, f"{who} was not started: {attempt.failure_message}", stage=stage,
+                     evidence={"attempt": attempt.pk})
+        return
+    if attempt.status != AttemptStatus.SUCCEEDED:
+        machine.event(run, "attempt_failed", f"{who} ended {attempt.status} ({attempt.failure_kind}).",
+                      stage=stage, attempt=attempt)
+        machine.stop(run, "reviewer_unavailable",
+                     f"{who} gave no verdict: it ended {attempt.status} ({attempt.failure_kind}): "
+                     f"{attempt.failure_message or 'no message'}. No review, no acceptance.",
+                     stage=stage, evidence={"attempt": attempt.pk, "failure_kind": attempt.failure_kind})
+        return
+    problem = outcome.get("verdict_problem")
+    if problem:
+        attempt.verdict_problem = problem
+        attempt.save(update_fields=["verdict_problem"])
+        machine.stop(run, "invalid_review", f"{who} did not answer a valid verdict: {problem}.", stage=stage,
+                     evidence={"attempt": attempt.pk})
+        return
+    verdict = outcome["verdict"]
+    attempt.verdict = verdict
+    attempt.save(update_fields=["verdict"])
+    if outcome["manifest"]["digest"] != stage.accepted_manifest:
+        machine.event(run, "artifact_changed", f"The files of stage '{stage.key}' changed during the review; "
+                      f"they are verified again.", stage=stage, attempt=attempt)
+        machine.reverify(stage)
+        return
+    findings = verdict.get("findings") or []
+    listed = "; ".join(_finding_text(f) for f in findings[:10])
+    kind = verdict["verdict"]
+    if kind == "escalate":
+        machine.stop(run, "review_escalated", f"{who} escalated to a person: {listed}", stage=stage,
+                     evidence={"attempt": attempt.pk, "findings": findings})
+        return
+    if kind == "repair":
+        _defect(run, stage, "review", attempt.profile_name, stage.accepted_manifest,
+                f"{who} asked for a repair: {listed}", {"attempt": attempt.pk, "findings": findings})
+        return
+    failed = [name for name, passed in _gate_results(stage, stage.accepted_manifest).items() if not passed]
+    if failed:  # never reached through the step order; a verdict never overrides a failed command
+        machine.stop(run, "gate_failed", f"{who} answered pass, but gate(s) {', '.join(failed)} did not pass on these "
+                     f"files; a verdict never overrides a failed command.", stage=stage,
+                     evidence={"attempt": attempt.pk})
+        return
+    remaining = [name for name in reviewers(run) if name not in _passed_reviewers(stage)]
+    machine.event(run, "review_passed",
+                  f"{who} passed files {stage.accepted_manifest[:12]}"
+                  + (f"; still to review: {', '.join(remaining)}." if remaining else "; they go to the checkpoint."),
+                  stage=stage, attempt=attempt, data={"verdict": verdict})
+    if not remaining:
+        machine.reviewed(stage)
+
+
+def _finding_text(finding: dict) -> str:
+    where = finding.get("file") or "general"
+    if finding.get("line"):
+        where += f":{finding['line']}"
+    return f"[{finding['severity']}] {where}: {finding['text']}"
+
+
+def _gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
+    """The latest non-stale result of each of the stage's gates on the files ``digest``;
+    a gate that did not run on them counts as not passed."""
+    pipeline = stage.run.definition["pipeline"]
+    names = [g["name"] for g in pipeline.get("baseline_checks") or []] + [g["name"] for g in stage.spec["gates"]]
+    results = {name: False for name in names}
+    for check in stage.checks.filter(manifest_digest=digest, stale=False).order_by("id"):
+        if check.name in results:
+            results[check.name] = check.passed
+    return results
+
+
+def _defect(run: Run, stage: StageRun, kind: str, name: str, digest: str, message: str, evidence: dict) -> None:
+    """A failed gate or a reviewer's ``repair``: a repair attempt, or a stop when none may help."""
+    allowance = stage.spec.get("repair_allowance", 0)
+    if kind == "gate" and allowance == 0:  # no repair may follow: the failed gate itself is the reason
+        machine.stop(run, "gate_failed", f"{message} The stage allows no repairs (repair_allowance: 0).",
+                     stage=stage, evidence=evidence)
+        return
+    decision = machine.defect(stage, kind, name, digest, message, evidence)
+    if decision == machine.REPAIR:
+        machine.event(run, "repair_needed",
+                      f"{message} Repair {stage.repairs_used} of {allowance} starts a fresh session with this "
+                      f"evidence; the checks run again afterwards.", stage=stage, data={"defect": kind, "name": name})
+        return
+    if decision == machine.UNCHANGED_FAILURE:
+        machine.stop(run, "unchanged_failure",
+                     f"The same failure again on unchanged files ({digest[:12]}): {message} Another repair would "
+                     f"not help.", stage=stage, evidence={**evidence, "manifest": digest})
+        return
+    machine.stop(run, "repair_exhausted",
+                 f"{message} The stage's repair allowance ({allowance}) is used up ({stage.repairs_used} repairs).",
+                 stage=stage, evidence={**evidence, "manifest": digest})
 
 
 def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
@@ -556,6 +800,10 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
         machine.stop(run, "artifact_unstable",
                      f"The files of stage '{stage.key}' kept changing while the gates ran (3 rounds); no result "
                      f"can be trusted.", stage=stage, evidence={"checks": [c.pk for c in checks]})
+        return
+    if outcome.get("tamper"):
+        _stop_tampered(run, stage, outcome["tamper"], "Something between the agent's attempt and the gates",
+                       {"manifest": outcome.get("digest")})
         return
     if outcome.get("gates_wrote_outside"):
         stray = outcome["gates_wrote_outside"]
@@ -571,8 +819,11 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
     failed = [c for c in checks if not c.passed]
     if failed:
         check = failed[0]
-        machine.stop(run, "gate_failed", _check_sentence(check), stage=stage,
-                     evidence={"check": check.pk, "gate": check.name, "manifest": check.manifest_digest})
+        evidence = {"check": check.pk, "gate": check.name, "manifest": check.manifest_digest}
+        if check.failure_kind in ("missing_executable", "cancelled"):  # no repair can give the engine bash
+            machine.stop(run, "gate_failed", _check_sentence(check), stage=stage, evidence=evidence)
+            return
+        _defect(run, stage, "gate", check.name, check.manifest_digest, _check_sentence(check), evidence)
         return
     stray = scope.outside(outcome.get("changed", []), list(stage.spec["scope"]))
     if stray:
@@ -584,8 +835,8 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
         return
     machine.event(run, "verified",
                   f"Every gate of stage '{stage.key}' exited 0 on files {outcome['digest'][:12]}; they go to "
-                  f"the checkpoint.", stage=stage)
-    machine.verified(stage, outcome["digest"])
+                  f"the independent review.", stage=stage)
+    machine.gates_passed(stage, outcome["digest"])
 
 
 def _role_scope(run: Run, stage: StageRun, role: str) -> list[str]:
@@ -653,7 +904,8 @@ def record_late(run: Run, plan: dict, outcome: dict) -> None:
                   f"and changed nothing.", data={"step": plan["kind"]})
 
 
-FINISHERS = {"implement": _finish_agent, "verify": _finish_verify, "checkpoint": _finish_checkpoint}
+FINISHERS = {"implement": _finish_agent, "repair": _finish_agent, "review": _finish_agent,
+             "verify": _finish_verify, "checkpoint": _finish_checkpoint}
 
 
 def remove_scratch(run_id: int) -> None:

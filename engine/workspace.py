@@ -688,7 +688,8 @@ def ensure_worktree(
     Raises:
         WorkspaceError: ``path_not_found``/``not_a_repository`` for ``repo``;
             ``workspace_branch_in_use``, ``workspace_path_exists``,
-            ``workspace_branch_exists``; ``unknown_revision``/``ambiguous_revision``/
+            ``workspace_branch_exists``, ``head_moved`` (the path is our live worktree but no
+            longer on ``branch``); ``unknown_revision``/``ambiguous_revision``/
             ``not_a_commit`` for ``commit``; ``submodule_init_failed`` (the worktree is left
             in place for inspection); ``git_failed``.
         ValueError: ``branch`` is not a valid branch name.
@@ -710,6 +711,17 @@ def ensure_worktree(
                 head = _out(["rev-parse", "HEAD"], path)
                 return {"created": False, "pruned_stale": False, "head": head, "path": path,
                         "submodules": _submodule_report(path)}
+
+        # 1b. Our own live worktree, but on another branch or none: someone moved its HEAD
+        # (an agent's `git branch -m` or checkout, C31). Never re-created over the work in it.
+        for entry in live:
+            if entry["branch"] != ref and os.path.exists(os.path.join(path, ".git")):
+                where = entry["branch"] or "a detached HEAD"
+                raise WorkspaceError(
+                    "head_moved",
+                    f"The run's worktree {path} is no longer on branch {branch} but on {where}; "
+                    f"its files are kept as they are for a person to look at.",
+                )
 
         # 2. A stale registration of our path will be removed (decided now, done later).
         stale_admin: list[str] = []

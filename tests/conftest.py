@@ -65,17 +65,39 @@ ANSWER_STEP = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    ret
                "print": ["thinking", "writing app/core.py"], "usage": {"input_tokens": 10, "output_tokens": 5}}
 
 
-def pipeline_definition(name="p", stages=None, scenario=None, **extra) -> dict:
-    """A validated pipeline definition with a scripted profile (every role) for tests."""
+PASS_REVIEW = {"verdict": {"verdict": "pass", "findings": []}, "final_message": "pass: meets the requirement"}
+
+
+def with_passing_reviews(scenario: dict, stages: list[dict]) -> dict:
+    """``scenario`` where every stage without review steps gets a reviewer answering ``pass``.
+
+    Most tests are about something else than the review: this keeps them explicit about it
+    (a scripted reviewer with nothing to say gives no verdict, which stops the run)."""
+    scenario = {**scenario, "stages": {key: dict(ops) for key, ops in (scenario.get("stages") or {}).items()}}
+    for stage in stages:
+        ops = scenario["stages"].setdefault(stage["key"], {})
+        if "implement" not in ops and scenario.get("default"):
+            ops["implement"] = scenario["default"]
+        ops.setdefault("review", [PASS_REVIEW])
+    return scenario
+
+
+def pipeline_definition(name="p", stages=None, scenario=None, reviews=True, **extra) -> dict:
+    """A validated pipeline definition with a scripted profile (every role) for tests.
+
+    ``reviews``: give every stage a passing scripted reviewer unless the scenario says otherwise.
+    """
     stages = stages or [{"key": "answer", "requirement": "Make app.core.answer() return 42.",
                          "scope": ["app/**"], "gates": [{"name": "unit", "command": "python -m pytest -q"}]}]
+    scenario = scenario or {"stages": {"answer": {"implement": [ANSWER_STEP]}}}
+    if reviews:
+        scenario = with_passing_reviews(scenario, stages)
     doc = {
         "name": name,
         "master_plan": "docs/PLAN.md",
         "stages": stages,
         "roles": {"implementer": "scripted", "reviewer": "scripted", "documenter": "scripted"},
-        "profiles": {"scripted": {"adapter": "scripted",
-                                  "scenario": scenario or {"stages": {"answer": {"implement": [ANSWER_STEP]}}}}},
+        "profiles": {"scripted": {"adapter": "scripted", "scenario": scenario}},
         "deadlines": {"implement": 60, "gate": 120},
     }
     doc.update(extra)

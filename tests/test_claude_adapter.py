@@ -31,6 +31,17 @@ WRITE_ANSWER = {"turns": [
 ]}
 
 
+#: A reviewer whose scripted model tries Write, Edit and a Bash `touch`, then answers a verdict.
+REVIEW_TURNS = {"turns": [
+    {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/review-was-here.txt", "content": "x"}},
+               {"tool": "Edit", "input": {"file_path": "{cwd}/app/core.py", "old_string": "42",
+                                          "new_string": "43"}},
+               {"tool": "Bash", "input": {"command": "touch made-by-reviewer.txt", "description": "touch"}}],
+     "usage": {"input_tokens": 700, "output_tokens": 40}},
+    {"text": 'Reviewed the patch.\n```json\n{"verdict": "pass", "summary": "answer() returns 42", '
+             '"findings": []}\n```', "usage": {"input_tokens": 900, "output_tokens": 60}}]}
+
+
 def claude_profile(endpoint: dict, **extra) -> dict:
     return {"adapter": "claude-code", "max_turns": 6, "scripted_endpoint": endpoint, **extra}
 
@@ -40,7 +51,8 @@ def claude_pipeline(make_pipeline):
     def factory(endpoint=WRITE_ANSWER, deadline=60, **profile_extra):
         return make_pipeline(
             name="claude", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
-            profiles={"claude": claude_profile({"stages": {"answer": {"implement": endpoint}}}, **profile_extra)},
+            profiles={"claude": claude_profile({"stages": {"answer": {"implement": endpoint, "review": REVIEW_TURNS}}},
+                                               **profile_extra)},
             deadlines={"implement": deadline, "gate": 120})
     return factory
 
@@ -53,7 +65,7 @@ def test_a_stage_run_by_the_real_cli_against_the_scripted_endpoint(claude_pipeli
     assert run.simulated and run.simulated_reason == "scripted model endpoint"
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert run.status == "succeeded", (run.stop_message, (Path(settings.VAR_DIR) / attempt.log_path).read_text())
     assert attempt.adapter == "claude-code" and attempt.simulated
     assert attempt.cli_version.startswith("2.1.197")
@@ -63,6 +75,15 @@ def test_a_stage_run_by_the_real_cli_against_the_scripted_endpoint(claude_pipeli
     assert attempt.session_id and attempt.final_message == "Done: answer() returns 42."
     assert "return 42" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:app/core.py")
     assert "SIMULATED" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
+    # the review: a fresh read-only session of the real CLI; its writes are refused and recorded,
+    # nothing is created, and the run proceeds on its verdict
+    review = Attempt.objects.get(run=run, operation="review")
+    assert review.role == "reviewer" and review.status == "succeeded" and review.session_id != attempt.session_id
+    assert {r["tool"] for r in review.refusals} == {"Write", "Edit", "Bash"}, review.refusals
+    assert review.verdict == {"verdict": "pass", "summary": "answer() returns 42", "findings": []}
+    assert not (Path(run.worktree) / "review-was-here.txt").exists()
+    assert not (Path(run.worktree) / "made-by-reviewer.txt").exists()
+    assert "return 42" in (Path(run.worktree) / "app" / "core.py").read_text()
 
 
 @needs_claude
@@ -75,7 +96,7 @@ def test_401_is_auth_failed_within_seconds(claude_pipeline, repo, sent):
     started = time.monotonic()
     run = drive(run.pk, sent)
     assert time.monotonic() - started < 30
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert attempt.failure_kind == "auth_failed" and run.stop_reason == "auth_failed"
     assert attempt.exit_code == 1
 
@@ -90,7 +111,7 @@ def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(claude_pipeline, repo
     started = time.monotonic()
     run = drive(run.pk, sent)
     assert time.monotonic() - started < 4 + 5 + 10
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert attempt.status == "timeout" and attempt.failure_kind == "timeout" and run.stop_reason == "timeout"
     left = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get("CP_PROCESS_MARKER")
             == attempt.marker]
@@ -117,7 +138,7 @@ def test_a_missing_binary_is_refused_at_creation_and_missing_executable_at_launc
     stub.unlink()  # gone between creation and launch
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert attempt.failure_kind == "missing_executable" and run.stop_reason == "missing_executable"
     assert attempt.usage["input_tokens"] is None
 
@@ -145,7 +166,7 @@ def test_c11_output_cut_mid_json_is_malformed_with_unknown_usage(claude_pipeline
     run = operations.create_run(claude_pipeline(executable=str(stub)), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert attempt.exit_code == 0
     assert attempt.failure_kind == "malformed_result" and run.stop_reason == "malformed_result"
     assert all(value is None for value in attempt.usage.values())
@@ -222,7 +243,7 @@ def test_an_implementer_writing_outside_its_scope_is_a_scope_violation(claude_pi
     run = drive(run.pk, sent)
     assert run.status == "waiting_review" and run.stop_reason == "scope_violation"
     assert run.stop_evidence["outside"] == ["NOTES.md"]
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert "outside the scope" in (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
     assert (Path(run.worktree) / "NOTES.md").exists()  # the worktree is kept as it was left
 
@@ -247,7 +268,7 @@ def test_the_implementers_shell_cannot_write_outside_the_worktree(claude_pipelin
     run = operations.create_run(claude_pipeline(turns), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     log = (Path(settings.VAR_DIR) / attempt.log_path).read_text()
     assert not target.exists()
     assert git(repo, "rev-parse", "main") == head and git(repo, "status", "--porcelain") == ""
@@ -282,3 +303,38 @@ def test_the_agent_sees_only_its_own_processes_and_cannot_relink_git(claude_pipe
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_real_cli_repairs_a_failed_gate_then_the_review_passes(make_pipeline, repo, sent):
+    """Verification with the real claude: its first implementation fails the gate; a fresh
+    repair session gets the failure evidence and fixes it; the checks run again; the reviewer passes."""
+    wrong = {"turns": [
+        {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}]},
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
+                                                "content": '"""Core."""\n\n\ndef answer():\n    return 41\n'}}]},
+        {"text": "Done (wrongly)."}]}
+    fix = {"turns": [
+        {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}]},
+        {"tools": [{"tool": "Edit", "input": {"file_path": "{cwd}/app/core.py", "old_string": "return 41",
+                                               "new_string": "return 42"}}]},
+        {"text": "Repaired: answer() returns 42."}]}
+    endpoint = {"stages": {"answer": {"implement": wrong, "repair": fix, "review": REVIEW_TURNS}}}
+    pipeline = make_pipeline(
+        name="claude-repair", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
+        profiles={"claude": claude_profile(endpoint)}, deadlines={"implement": 60, "repair": 60, "gate": 120})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent, limit=20)
+    assert run.status == "succeeded", run.stop_message
+    attempts = list(Attempt.objects.filter(run=run).order_by("number"))
+    assert [a.operation for a in attempts] == ["implement", "repair", "review"]
+    assert all(a.adapter == "claude-code" and a.cli_version.startswith("2.1.197") for a in attempts)
+    assert len({a.session_id for a in attempts}) == 3  # three fresh sessions
+    prompt = (Path(settings.VAR_DIR) / attempts[1].prompt_path).read_text()
+    assert "Gate 'unit' failed" in prompt and "assert 41 == 42" in prompt
+    assert attempts[1].final_message == "Repaired: answer() returns 42."
+    assert "return 42" in git(repo, "show", f"{run.branch}:app/core.py")
+    assert run.stages.get().repairs_used == 1

@@ -67,19 +67,26 @@ WRITE_ANSWER = {"turns": [
 ]}
 
 
+REVIEW_TRIES_TO_WRITE = {"turns": [
+    {"tool": "exec_command", "input": {"cmd": "touch made-by-reviewer.txt"}},
+    {"tool": "exec_command", "input": {"cmd": "echo hi > app/core.py"}},
+    {"text": 'Looked at it.\n```json\n{"verdict": "pass", "findings": []}\n```'}]}
+
+
 @needs_codex
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, sent):
     pipeline = make_pipeline(
         name="codex", roles={"implementer": "codex", "reviewer": "codex", "documenter": "codex"},
-        profiles={"codex": {"adapter": "codex", "scripted_endpoint": {"stages": {"answer": {"implement": WRITE_ANSWER}}}}},
+        profiles={"codex": {"adapter": "codex", "scripted_endpoint": {"stages": {"answer": {
+            "implement": WRITE_ANSWER, "review": REVIEW_TRIES_TO_WRITE}}}}},
         deadlines={"implement": 60, "gate": 120})
     run = operations.create_run(pipeline, str(repo), "main")
     assert run.simulated and run.simulated_reason == "scripted model endpoint"
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     log = (Path(settings.VAR_DIR) / attempt.log_path).read_text()
     assert run.status == "succeeded", (run.stop_message, log[-3000:])
     assert attempt.adapter == "codex" and attempt.simulated and attempt.cli_version.startswith("codex-cli 0.171.0")
@@ -88,6 +95,13 @@ def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, s
     assert attempt.session_id and attempt.final_message == "Done: answer() returns 42."
     assert "return 42" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:app/core.py")
     assert "SIMULATED" in log
+    # the reviewer: codex exec in its read-only sandbox; the writes it tried are refused and
+    # recorded, nothing is created, and the run went on on its verdict
+    review = Attempt.objects.get(run=run, operation="review")
+    assert review.status == "succeeded" and review.verdict == {"verdict": "pass", "findings": []}
+    assert [d["command"] for d in review.refusals] == ["touch made-by-reviewer.txt", "echo hi > app/core.py"]
+    assert not (Path(run.worktree) / "made-by-reviewer.txt").exists()
+    assert "return 42" in (Path(run.worktree) / "app" / "core.py").read_text()
 
 
 @needs_codex

@@ -12,15 +12,15 @@ def test_a_broken_message_file_is_set_aside_and_the_next_message_still_arrives(t
     options = {"data_folder_in": str(queue_dir), "data_folder_out": str(queue_dir), "polling_interval": 0.01}
     with Connection("filesystem://", transport_options=options) as conn:
         simple = conn.SimpleQueue("runs")
-        (queue_dir / "0_broken.runs.msg").write_bytes(b"")  # what a half-written file looks like
-        (queue_dir / "1_empty-object.runs.msg").write_bytes(b"{}")  # JSON, but not a message
-        (queue_dir / "2_null.runs.msg").write_bytes(b"null")
+        (queue_dir / "00_broken.runs.msg").write_bytes(b"")  # what a half-written file looks like
+        (queue_dir / "01_empty-object.runs.msg").write_bytes(b"{}")  # JSON, but not a message
+        (queue_dir / "02_null.runs.msg").write_bytes(b"null")
         simple.put({"run": 1})
         message = simple.get(timeout=2)
         assert message.payload == {"run": 1}
         message.ack()
         simple.close()
     assert sorted(p.name for p in (tmp_path / "broken").iterdir()) == [
-        "0_broken.runs.msg", "1_empty-object.runs.msg", "2_null.runs.msg"]
+        "00_broken.runs.msg", "01_empty-object.runs.msg", "02_null.runs.msg"]
     assert list(queue_dir.iterdir()) == []
     assert not any(Path(tmp_path / "incoming").iterdir())

@@ -31,6 +31,11 @@ TWO_STAGES = [
 ]
 
 
+#: The default stage with no repairs allowed: a failed gate stops the run at once (gate_failed).
+NO_REPAIR = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
+              "gates": [{"name": "unit", "command": "python -m pytest -q"}], "repair_allowance": 0}]
+
+
 def start(run):
     operations.request_start(run, requested_by="test", source="test")
     return wait_for(run.pk)
@@ -56,7 +61,8 @@ def test_two_stages_run_through_a_real_worker(workers, make_pipeline, repo):
         tree = git(repo, "rev-parse", f"{stage['checkpoint']}^{{tree}}").strip()
         assert stage["accepted_manifest"] == tree
         assert all(c["manifest"] == tree and c["passed"] and c["exit_code"] == 0 for c in stage["checks"])
-        assert len(stage["attempts"]) == 1 and stage["attempts"][0]["simulated"] is True
+        assert [a["operation"] for a in stage["attempts"]] == ["implement", "review"]
+        assert all(a["simulated"] for a in stage["attempts"])
     assert "def double" in git(repo, "show", f"{second['checkpoint']}:app/core.py")
     message = git(repo, "log", "-1", "--format=%B", first["checkpoint"])
     assert "Control-Panel-Journal:" in message
@@ -84,7 +90,7 @@ def test_two_stages_run_through_a_real_worker(workers, make_pipeline, repo):
 
 
 def test_a_failing_gate_stops_the_run_naming_the_gate(workers, make_pipeline, repo):
-    pipeline = make_pipeline(scenario={"stages": {"answer": {"implement": [WRONG_STEP]}}})
+    pipeline = make_pipeline(stages=NO_REPAIR, scenario={"stages": {"answer": {"implement": [WRONG_STEP]}}})
     run = start(operations.create_run(pipeline, str(repo), "main"))
     assert run.status == "waiting_review"
     assert run.stop_reason == "gate_failed"
@@ -101,7 +107,7 @@ def test_a_failing_gate_stops_the_run_naming_the_gate(workers, make_pipeline, re
 
 def test_a_gate_command_that_does_not_exist_fails_with_that_said(workers, make_pipeline, repo):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
-               "gates": [{"name": "lint", "command": "no-such-linter --strict"}]}]
+               "gates": [{"name": "lint", "command": "no-such-linter --strict"}], "repair_allowance": 0}]
     run = start(operations.create_run(make_pipeline(stages=stages), str(repo), "main"))
     assert run.status == "waiting_review" and run.stop_reason == "gate_failed"
     check = Check.objects.get(run=run)
@@ -112,7 +118,7 @@ def test_a_gate_command_that_does_not_exist_fails_with_that_said(workers, make_p
 @pytest.mark.parametrize("command", ["python -m pytest -q | tee gate.log", "python -m pytest -q; echo done"])
 def test_c24_a_pipe_or_a_trailing_command_cannot_hide_a_failure(workers, make_pipeline, repo, command):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
-               "gates": [{"name": "tests", "command": command}]}]
+               "gates": [{"name": "tests", "command": command}], "repair_allowance": 0}]
     pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [WRONG_STEP]}}})
     run = start(operations.create_run(pipeline, str(repo), "main"))
     check = Check.objects.get(run=run)
@@ -135,7 +141,7 @@ def test_c01_a_branch_checked_out_elsewhere_stops_before_the_agent(workers, make
     run = start(run)
     assert run.status == "waiting_review" and run.stop_reason == "workspace_branch_in_use"
     assert str(other) in run.stop_message
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run)  # one attempt: it stopped before any agent ran
     assert attempt.status == "failed" and attempt.failure_kind == "workspace_branch_in_use"
     assert attempt.pid is None and attempt.exit_code is None and attempt.usage is None
     assert not attempt.patch_path and attempt.result_manifest is None
@@ -148,12 +154,13 @@ def test_c01_a_branch_checked_out_elsewhere_stops_before_the_agent(workers, make
     operations.recover(run, decision.pk, "removed the other worktree", "retry", reviewer="test")
     run = wait_for(run.pk)
     assert run.status == "succeeded", run.stop_message
-    assert [a.number for a in Attempt.objects.filter(run=run).order_by("number")] == [1, 2]
+    assert [(a.number, a.operation) for a in Attempt.objects.filter(run=run).order_by("number")] == [
+        (1, "implement"), (2, "implement"), (3, "review")]
 
 
 def test_c02_a_worktree_deleted_outside_git_is_recreated(workers, make_pipeline, repo):
     scenario = {"stages": {"answer": {"implement": [WRONG_STEP, ANSWER_STEP]}}}
-    run = start(operations.create_run(make_pipeline(scenario=scenario), str(repo), "main"))
+    run = start(operations.create_run(make_pipeline(stages=NO_REPAIR, scenario=scenario), str(repo), "main"))
     assert run.stop_reason == "gate_failed"
     shutil.rmtree(run.worktree)
     assert any(line.endswith(run.worktree) for line in worktree_entries(repo))
@@ -183,7 +190,7 @@ def test_c04_submodules_are_populated_in_the_worktree(workers, make_pipeline, tm
     assert run.status == "succeeded", run.stop_message
     status = git(run.worktree, "submodule", "status")
     assert status.startswith(f" {pinned} vendor/lib"), status
-    manifest = json.loads((Path(settings.VAR_DIR) / Attempt.objects.get(run=run).result_manifest.path).read_text())
+    manifest = json.loads((Path(settings.VAR_DIR) / Attempt.objects.get(run=run, operation="implement").result_manifest.path).read_text())
     assert manifest["changes"] == []
     assert {"path": "vendor/lib", "mode": "160000", "blob": pinned} in manifest["entries"]
     # nothing changed, so the checkpoint is the starting commit itself
@@ -203,7 +210,7 @@ def test_two_start_run_processes_one_accepted_one_refused(workers, make_pipeline
     assert "already_started" in refusal
     run = wait_for(run.pk)
     assert run.status == "succeeded"
-    assert Attempt.objects.filter(run=run).count() == 1
+    assert Attempt.objects.filter(run=run, operation="implement").count() == 1
     assert Run.objects.get(pk=run.pk).start_request.enqueued_times == 1
 
 
@@ -215,7 +222,7 @@ def test_c31_an_agent_that_commits_or_renames_its_branch_loses_nothing(workers, 
     step = {"write": {**ANSWER_STEP["write"]}, "run": ["sh", "-c", commit_1 + " && echo 'EXTRA = 2' > app/extra.py"]}
     run = start(operations.create_run(make_pipeline(scenario={"stages": {"answer": {"implement": [step]}}}),
                                       str(repo), "main"))
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     manifest = json.loads((Path(settings.VAR_DIR) / attempt.result_manifest.path).read_text())
     assert {c["path"] for c in manifest["changes"]} == {"app/core.py", "app/extra.py"}  # both changes, from base
     patch = (Path(settings.VAR_DIR) / attempt.patch_path).read_text()

@@ -49,7 +49,8 @@ def test_c16_two_starts_5ms_apart_give_exactly_one_execution(workers, make_pipel
     for run in runs:
         final = wait_for(run.pk, timeout=300)
         assert final.status == "succeeded", (final.pk, final.stop_reason, final.stop_message)
-        assert Attempt.objects.filter(run=run).count() == 1
+        assert Attempt.objects.filter(run=run, operation="implement").count() == 1  # one launch
+        assert Attempt.objects.filter(run=run).count() == 2  # and its one review
     assert StartRequest.objects.filter(run__in=runs).count() == 50
     logs = new_log_text(workers)
     assert "OperationalError" not in logs and "database is locked" not in logs

@@ -54,7 +54,7 @@ def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, sent, monk
 
 def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
-               "gates": [{"name": "slow", "command": "sleep 30", "deadline": 1}]}]
+               "gates": [{"name": "slow", "command": "sleep 30", "deadline": 1}], "repair_allowance": 0}]
     run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     started = time.monotonic()
@@ -67,7 +67,7 @@ def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, sent):
 
 def test_a_killed_gate_fails(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
-               "gates": [{"name": "suicide", "command": "kill -9 $$"}]}]
+               "gates": [{"name": "suicide", "command": "kill -9 $$"}], "repair_allowance": 0}]
     run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
@@ -138,7 +138,7 @@ def test_a_scenario_command_gives_the_agent_its_output_and_status(make_pipeline,
                                 "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    attempt = Attempt.objects.get(run=run)
+    attempt = Attempt.objects.get(run=run, operation="implement")
     assert (attempt.status, attempt.failure_kind) == (status, kind)
     assert "from the command" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
 

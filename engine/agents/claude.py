@@ -44,6 +44,17 @@ AUTH_TEXTS = ("Not logged in", "Please run /login", "Failed to authenticate", "a
               "Invalid API key", "invalid x-api-key")
 
 
+def var_dir() -> str | None:
+    """The Control Panel's var directory (settings.VAR_DIR: database, control records, worktrees,
+    broker), hidden from agents; None outside a configured Django."""
+    try:
+        from django.conf import settings
+        var = getattr(settings, "VAR_DIR", None)
+        return str(var) if var else None
+    except Exception:  # noqa: BLE001 - no Django here, or settings that do not load: nothing to hide
+        return None
+
+
 def find_executable(name: str, configured: str | None = None) -> str | None:
     """The CLI to run: the profile's ``executable`` (a path or a name on PATH), else the
     project's pinned install in tools/agents, else ``name`` on PATH; None when none exists."""
@@ -224,6 +235,27 @@ def usage_of(result: dict | None) -> dict:
     return usage
 
 
+def sandboxed(argv: list[str], env: dict, request: AgentRequest) -> list[str]:
+    """``argv`` inside the bubblewrap sandbox of the attempt (engine/agents/sandbox.py).
+
+    Hidden: the var directory (``var_dir``), the worker's HOME and the project's .env. Bound
+    back: the attempt's HOME, TMPDIR and data folder (read-write), its worktree (read-write for
+    writers, read-only for the reviewer; its ``.git`` file read-only), and read-only the
+    original repository's git metadata, the CLI (``argv[0]``), tools/agents, the Python install
+    and the PATH folders of ``env``.
+    """
+    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+    visible = sandbox.git_dirs(request.workspace)
+    if request.role != "reviewer":
+        writable.append(request.workspace)
+    else:
+        visible.append(request.workspace)
+    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
+    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
+                        read_only=[os.path.join(request.workspace, ".git")],
+                        hide=sandbox.private_paths(var_dir()), visible=visible)
+
+
 class CliAdapter(Adapter):
     """What the adapters of real CLIs share: the executable (``executable_name``) and its version."""
 
@@ -280,6 +312,11 @@ class ClaudeCodeAdapter(CliAdapter):
             "DISABLE_AUTOUPDATER": "1",
         })
         env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
+        if not env.get("TMPDIR"):
+            # /tmp is read-only in the sandbox; without a writable TMPDIR claude 2.1.197 cannot
+            # make its /tmp/claude-<uid> folder and exits 0 having printed nothing
+            env["TMPDIR"] = os.path.join(home, "tmp")
+            os.makedirs(env["TMPDIR"], exist_ok=True)
         return env
 
     def run(self, request: AgentRequest) -> AgentResult:
@@ -314,13 +351,8 @@ class ClaudeCodeAdapter(CliAdapter):
         return self._result(result, request, version)
 
     def supervise(self, argv: list[str], env: dict, request: AgentRequest):
-        """As CliAdapter.supervise, inside the bubblewrap sandbox (engine/agents/sandbox.py)."""
-        writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
-        if request.role != "reviewer":
-            writable.append(request.workspace)
-        argv = sandbox.wrap(argv, writable=[folder for folder in writable if folder],
-                            read_only=[os.path.join(request.workspace, ".git")])
-        return super().supervise(argv, env, request)
+        """As CliAdapter.supervise, inside the bubblewrap sandbox (``sandboxed``)."""
+        return super().supervise(sandboxed(argv, env, request), env, request)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_stream(request.raw_path)

@@ -56,7 +56,12 @@ shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
   forever): only the engine's deadline ends it. SIGINT/SIGTERM to the tree leaves nothing
   behind (§7);
 * codex reports no cost and has no turn limit option: ``max_turns`` of the profile is not
-  applied, the deadline bounds the attempt.
+  applied, the deadline bounds the attempt;
+* codex is **not** run inside engine/agents/sandbox.py (``CliAdapter.supervise``, no wrap):
+  only its own bundled bubblewrap applies, which leaves the whole file system readable to its
+  commands (the var directory and the worker's HOME included). Nesting it in the engine's
+  sandbox needs a user namespace with an unprivileged uid, a private /tmp and the ``-o`` file
+  outside the control folder (docs/agents.md, Codex).
 """
 from __future__ import annotations
 

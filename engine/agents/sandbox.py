@@ -1,14 +1,35 @@
-"""The operating-system boundary around an agent: bubblewrap with the whole file system read-only.
+"""The operating-system boundary around an agent: bubblewrap, the file system read-only, private folders hidden.
 
 A CLI's own permission rules are not enough alone: an implementer's shell tool runs any
 command, as the worker's user (root on many machines), and could write the control records
-or another run's worktree. ``wrap`` puts the agent in a mount namespace where ``/`` is
-read-only and only the folders its role may write are writable: the worktree (implementer and
-documenter; never the reviewer), its own HOME, its TMPDIR and data folder; the shared
-``/tmp`` stays visible and read-only (TMPDIR points at the run's own). Root cannot write
-through a read-only bind mount either (checked here with the bubblewrap shipped inside
-@openai/codex 0.171.0). Agents cannot commit in the worktree either: its git metadata lives
-in the original repository, which is read-only to them; the engine commits checkpoints.
+or another run's worktree, or read them. ``wrap`` puts the agent in a mount namespace where:
+
+* ``/`` is read-only and only the folders its role may write are writable: the worktree
+  (implementer and documenter; never the reviewer), its own HOME, its TMPDIR and data folder.
+  Root cannot write through a read-only bind mount either, having no capabilities to remount
+  it (below; checked with the bubblewrap shipped inside @openai/codex 0.171.0). Agents cannot
+  commit in the worktree: its git metadata lives in the original repository, which is
+  read-only to them; the engine commits checkpoints;
+* private folders are hidden (``hide``: an empty read-only tmpfs over a folder, ``/dev/null``
+  over a file): the Control Panel's var directory (the SQLite database, every run's control
+  records, the other runs' worktrees and scratch folders, the broker's messages), the worker
+  user's own HOME (``~/.claude``, ``~/.codex/auth.json``, ``~/.ssh``... see ``worker_homes``)
+  and the project's ``.env``. Inside them only what the attempt needs is bound back: the
+  writable folders above, and read-only the ``visible`` paths (the reviewer's worktree, the
+  original repository's ``.git``, the agent's executable, the Python install and PATH folders
+  that lie under a hidden folder: ``tool_paths``). The logins a real CLI needs are copied into
+  the attempt's own HOME by its adapter;
+* the agent has its own PID and IPC namespaces: it sees and can signal only its own processes;
+* it has no capabilities (``--cap-drop ALL``; bubblewrap also sets no_new_privs, so an exec
+  does not bring them back). Without that, bubblewrap started by root leaves root its
+  capabilities inside, and root could ``umount`` a hiding tmpfs or ``mount -o remount,rw`` a
+  read-only bind (both checked on the bundled bubblewrap: they worked, and no longer do).
+
+Known limits: the network is shared (the CLI must reach its model, and the scripted endpoint
+listens on 127.0.0.1), so an agent can connect to services on loopback such as Redis or
+PostgreSQL; their credentials are not in its environment (engine/steps.py ``run_env`` drops
+``CP_*``, ``DJANGO_*``, ``CELERY_*`` and ``DATABASE_URL``). Everything else the worker's user
+can read outside the hidden folders stays readable (the shared ``/tmp`` included, read-only).
 
 Which bubblewrap: ``bwrap`` on PATH (Debian package ``bubblewrap``), else the one the pinned
 codex package ships in tools/agents. ``available()`` runs it once to be sure the kernel lets it.
@@ -17,13 +38,20 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import shutil
 import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 _BUNDLED = "tools/agents/node_modules/@openai/codex-linux-x64/vendor/*/codex-resources/bwrap"
+#: Names of PATH folders whose parent is the install they belong to (``~/.pyenv/shims`` needs
+#: ``~/.pyenv``; ``~/.local/bin/claude`` links into ``~/.local/share``).
+_PREFIX_CHILDREN = ("bin", "sbin", "shims")
+#: Credentials that may sit inside an install kept visible under the worker's HOME; hidden again.
+HOME_SECRETS = (".cargo/credentials", ".cargo/credentials.toml", ".local/share/keyrings")
 
 
 @lru_cache(maxsize=1)
@@ -44,7 +72,8 @@ def available() -> tuple[bool, str]:
         return False, "no bubblewrap (install the Debian package bubblewrap, or run `make agents`)"
     try:
         probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
-                                "--proc", "/proc", "--", "true"],
+                                "--proc", "/proc", "--cap-drop", "ALL", "--tmpfs", "/mnt", "--remount-ro", "/mnt",
+                                "--", "true"],
                                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bubblewrap ({path}) could not run: {exc}"
@@ -53,26 +82,136 @@ def available() -> tuple[bool, str]:
     return True, path
 
 
-def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = ()) -> list[str]:
-    """``argv`` run inside bubblewrap with ``/`` read-only and only ``writable`` folders writable.
+def _inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (both real, absolute)."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
-    ``read_only`` paths inside a writable folder stay read-only (the worktree's ``.git`` file,
-    so an agent cannot point the engine's git at a repository of its own). The agent also gets
-    its own PID and IPC namespaces: it sees and can signal only its own processes, not the
-    worker, other runs' agents or the databases. The network is shared (the CLI must reach its
-    model). Raises RuntimeError when bubblewrap is not available (callers check ``available()``).
+
+def _depth(path: str) -> int:
+    return len([part for part in path.split("/") if part])
+
+
+def worker_homes() -> list[str]:
+    """The worker user's own HOME folders: ``$HOME`` and the password database's (when they differ)."""
+    homes = [os.path.expanduser("~")]
+    try:
+        homes.append(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        pass
+    found = []
+    for home in homes:
+        real = os.path.realpath(home) if home else ""
+        if real and real != "/" and os.path.isdir(real) and real not in found:
+            found.append(real)
+    return found
+
+
+def private_paths(var_dir: str | None) -> list[str]:
+    """What an agent must not read: the Control Panel's var directory, the worker's HOME
+    folders with the credentials they hold, and the project's ``.env``."""
+    paths = [var_dir] if var_dir else []
+    paths += worker_homes()
+    paths += [os.path.join(home, secret) for home in worker_homes() for secret in HOME_SECRETS]
+    paths.append(str(BASE_DIR / ".env"))
+    return paths
+
+
+def _install_of(path: str) -> str:
+    """The install a PATH folder or an executable's folder belongs to (``X/bin`` -> ``X``)."""
+    real = os.path.realpath(path)
+    parent = os.path.dirname(real)
+    if os.path.basename(real) in _PREFIX_CHILDREN and parent not in ("/", *worker_homes()):
+        return parent
+    return real
+
+
+def tool_paths(search_path: str | None, executables: tuple[str, ...] = ()) -> list[str]:
+    """Folders an agent's programs need to stay readable even under a hidden folder: the Python
+    install running the engine (a venv and the interpreter it was made from), the ``search_path``
+    folders (with their install: ``~/.pyenv/shims`` -> ``~/.pyenv``) and the folders of
+    ``executables`` (a ``bin`` folder with its install)."""
+    paths = []
+    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                   os.path.dirname(os.path.realpath(sys.executable))):
+        paths.append(os.path.realpath(prefix))
+    for entry in (search_path or "").split(os.pathsep):
+        if entry and os.path.isabs(entry) and os.path.isdir(entry):
+            paths.append(_install_of(entry))
+    for exe in executables:
+        if exe and os.path.isabs(exe):
+            paths.append(_install_of(os.path.dirname(os.path.realpath(exe))))
+    return list(dict.fromkeys(paths))
+
+
+def git_dirs(workspace: str) -> list[str]:
+    """The git metadata a worktree's ``.git`` file points to: ``<repo>/.git/worktrees/<id>`` and the
+    repository's common ``.git`` (via its ``commondir``). Empty when ``.git`` is not such a file."""
+    dotgit = os.path.join(workspace, ".git")
+    try:
+        with open(dotgit, encoding="utf-8") as fh:
+            text = fh.read(4096).strip()
+    except (OSError, UnicodeDecodeError):
+        return []
+    if not text.startswith("gitdir:"):
+        return []
+    gitdir = os.path.join(workspace, text[len("gitdir:"):].strip())
+    found = [os.path.realpath(gitdir)]
+    try:
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as fh:
+            found.append(os.path.realpath(os.path.join(gitdir, fh.read().strip())))
+    except OSError:
+        pass
+    return list(dict.fromkeys(path for path in found if os.path.isdir(path)))
+
+
+def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hide: list[str] = (),
+         visible: list[str] = ()) -> list[str]:
+    """``argv`` run inside bubblewrap: ``/`` read-only, ``hide`` hidden, only ``writable`` writable.
+
+    ``writable`` folders (created when missing) are bound read-write, also inside a hidden one.
+    ``read_only`` paths inside a writable folder stay read-only (the worktree's ``.git`` file, so
+    an agent cannot point the engine's git at a repository of its own). ``hide`` folders get an
+    empty tmpfs, made read-only once everything is in place, and ``hide`` files ``/dev/null``;
+    ``visible`` paths that lie under a hidden folder are bound back read-only. Mounts go deepest
+    last, so the more specific one wins whatever the order of the lists. Missing paths in
+    ``read_only``, ``hide`` and ``visible`` are skipped. The agent gets its own PID and IPC
+    namespaces and no capabilities (it cannot unmount or remount any of this). The network is
+    shared (the CLI must reach its model; see the module docstring). Raises RuntimeError when
+    bubblewrap is not available (callers check ``available()``).
     """
     ok, path = available()
     if not ok:
         raise RuntimeError(path)
     sandbox = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc", "--proc", "/proc",
-               "--die-with-parent"]
+               "--die-with-parent", "--cap-drop", "ALL"]
+    mounts: dict[str, list[str]] = {}  # real path -> its bwrap arguments (one mount per path)
+    bound = []  # what is bound read-write or read-only back: a hidden path inside one of them still hides
     for folder in writable:
         os.makedirs(folder, exist_ok=True)
         real = os.path.realpath(folder)
-        sandbox += ["--bind", real, real]
+        mounts[real] = ["--bind", real, real]
+        bound.append(real)
+    hidden = [os.path.realpath(item) for item in hide if item and os.path.exists(item)]
+    hidden = [real for real in dict.fromkeys(hidden)
+              if real != "/" and not any(_inside(real, folder) for folder in bound)]  # never what it writes
+    hidden_dirs = [real for real in hidden if os.path.isdir(real)]
+    shown = [real for real in dict.fromkeys(os.path.realpath(item) for item in visible if item and os.path.exists(item))
+             if real not in mounts and any(_inside(real, folder) and real != folder for folder in hidden_dirs)]
+    for real in shown:
+        cover = max((folder for folder in hidden_dirs if _inside(real, folder)), key=len)
+        if not any(_inside(real, other) and other != real and _inside(other, cover) for other in shown):
+            mounts[real] = ["--ro-bind", real, real]  # not already shown through an enclosing visible path
+            bound.append(real)
+    for real in hidden:
+        outer = [folder for folder in hidden_dirs if _inside(real, folder) and real != folder]
+        if real in mounts or (outer and not any(_inside(real, folder) for folder in bound)):
+            continue  # already covered by a hidden folder and not inside anything bound back
+        mounts[real] = ["--tmpfs", real] if os.path.isdir(real) else ["--ro-bind", "/dev/null", real]
     for item in read_only:
         if os.path.exists(item):
             real = os.path.realpath(item)
-            sandbox += ["--ro-bind", real, real]
+            mounts[real] = ["--ro-bind", real, real]
+    for real in sorted(mounts, key=_depth):  # an enclosing mount first: the deeper one covers it
+        sandbox += mounts[real]
+    sandbox += [arg for real in mounts if mounts[real][0] == "--tmpfs" for arg in ("--remount-ro", real)]
     return sandbox + ["--"] + list(argv)

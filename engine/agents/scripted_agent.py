@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     }
     if "verdict" in step:
         result["verdict"] = step["verdict"]
-    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.write("\n" + json.dumps(result) + "\n")  # on a line of its own, whatever came before
     sys.stdout.flush()
     return exit_status
 

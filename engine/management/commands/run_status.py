@@ -83,12 +83,17 @@ class Command(EngineCommand):
             lines.append(f"  stopped: {data['stop_reason']}: {data['stop_message']}")
         for stage in data["stages"]:
             lines.append(f"  stage {stage['key']}: {stage['status']} ({stage['phase']})"
-                         + (f", checkpoint {stage['checkpoint'][:12]}" if stage["checkpoint"] else ""))
+                         + (f", checkpoint {stage['checkpoint'][:12]}" if stage["checkpoint"] else "")
+                         + (f", repairs {stage['repairs_used']}/{stage['repair_allowance']}"
+                            if stage["repairs_used"] else ""))
             for a in stage["attempts"]:
                 how = ("stopped by the engine at its deadline" if a["status"] == "timeout"
                        else f"exit {a['exit_code']}" if a["signal"] is None else f"killed by signal {a['signal']}")
                 lines.append(f"    attempt {a['number']} {a['operation']} [{a['adapter']}]: {a['status']}, {how}"
-                             + (f", {a['failure_kind']}" if a["failure_kind"] else ""))
+                             + (f", {a['failure_kind']}" if a["failure_kind"] else "")
+                             + (f", verdict {a['verdict']['verdict']}" if a["verdict"] else "")
+                             + (f", invalid verdict: {a['verdict_problem']}" if a["verdict_problem"] else "")
+                             + (f", {len(a['refusals'])} tool call(s) refused" if a["refusals"] else ""))
             for c in stage["checks"]:
                 mark = "pass" if c["passed"] else "FAIL"
                 lines.append(f"    check {c['name']}: {mark} (exit {c['exit_code']}) `{c['command']}`"

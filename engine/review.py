@@ -1,0 +1,157 @@
+"""The independent review: what a reviewer is told, and the verdict it must answer.
+
+A reviewer is a fresh, read-only agent session. It gets the stage's requirement, its
+acceptance criteria (the requirement and the frozen gate commands), the patch of the verified
+files against the stage's starting checkpoint, and the check results, and must answer one
+JSON object (``VERDICT_SCHEMA``)::
+
+    {"verdict": "pass" | "repair" | "escalate",
+     "findings": [{"file": "app/core.py", "line": 12, "severity": "major", "text": "..."}]}
+
+``pass``: the requirement is met; ``repair``: defects an implementer can fix (they become the
+failure evidence of a repair attempt); ``escalate``: a person must decide (an unclear or
+impossible requirement, missing access). A verdict never overrides a failed command: a
+review only runs on files whose every gate exited 0, and a ``pass`` only lets them go on.
+
+The schema is checked with jsonschema (https://python-jsonschema.readthedocs.io/, Draft
+2020-12); an answer that is not one valid object is ``invalid_review``.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+
+VERDICTS = ("pass", "repair", "escalate")
+SEVERITIES = ("info", "minor", "major", "critical")
+
+VERDICT_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["verdict", "findings"],
+    "additionalProperties": False,
+    "properties": {
+        "verdict": {"enum": list(VERDICTS)},
+        "summary": {"type": "string", "maxLength": 4000},
+        "findings": {
+            "type": "array",
+            "maxItems": 200,
+            "items": {
+                "type": "object",
+                "required": ["severity", "text"],
+                "additionalProperties": False,
+                "properties": {
+                    "file": {"type": ["string", "null"], "maxLength": 1000},
+                    "line": {"type": ["integer", "null"], "minimum": 1},
+                    "severity": {"enum": list(SEVERITIES)},
+                    "text": {"type": "string", "minLength": 1, "maxLength": 4000},
+                },
+            },
+        },
+    },
+    "allOf": [{"if": {"properties": {"verdict": {"enum": ["repair", "escalate"]}}},
+               "then": {"properties": {"findings": {"minItems": 1}}}}],
+}
+
+_VALIDATOR = jsonschema.Draft202012Validator(VERDICT_SCHEMA)
+#: Bytes of the patch put into a reviewer's prompt (the reviewer can read the files itself).
+MAX_PATCH_BYTES = 200 * 1024
+
+
+class InvalidVerdict(Exception):
+    """The reviewer's answer is not one valid verdict; the message says what is wrong."""
+
+
+def validate(answer: object) -> dict:
+    """The verdict ``answer`` if it satisfies VERDICT_SCHEMA; raises InvalidVerdict naming the field."""
+    errors = sorted(_VALIDATOR.iter_errors(answer), key=lambda e: list(e.path))
+    if errors:
+        first = errors[0]
+        where = "/".join(str(p) for p in first.path) or "(answer)"
+        raise InvalidVerdict(f"{where}: {first.message}")
+    return answer  # type: ignore[return-value]
+
+
+_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S)
+
+
+def _objects(text: str):
+    """JSON objects found in ``text``: fenced ```json blocks first, then any ``{...}``, last first."""
+    for block in reversed(_FENCE.findall(text)):
+        try:
+            yield json.loads(block)
+        except ValueError:
+            continue
+    decoder = json.JSONDecoder()
+    found = []
+    for start in [m.start() for m in re.finditer(r"\{", text)]:
+        try:
+            value, _end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        found.append(value)
+    yield from reversed(found)
+
+
+def parse(final_message: str, reported: object = None) -> dict:
+    """The validated verdict of a reviewer attempt.
+
+    ``reported``: a verdict the adapter returned as data (the scripted adapter), used as is;
+    otherwise the reviewer's final message is searched for a JSON object with a ``verdict``
+    key (a fenced ``json`` block, or a bare object; the last one counts). Raises InvalidVerdict
+    when there is none or it does not satisfy the schema.
+    """
+    if reported is not None:
+        return validate(reported)
+    if not (final_message or "").strip():
+        raise InvalidVerdict("the reviewer gave no answer (empty final message)")
+    for candidate in _objects(final_message):
+        if isinstance(candidate, dict) and "verdict" in candidate:
+            return validate(candidate)
+    raise InvalidVerdict("the reviewer's final message holds no JSON object with a 'verdict' key")
+
+
+def prompt(*, pipeline: dict, stage: dict, worktree: str, patch: str, checks: list[dict], reviewer: str) -> str:
+    """The prompt of one reviewer session.
+
+    ``checks``: ``[{"name", "command", "exit_code", "passed"}]`` of the verified files;
+    ``patch``: the diff of those files against the stage's starting checkpoint (cut at
+    MAX_PATCH_BYTES).
+    """
+    if len(patch.encode("utf-8")) > MAX_PATCH_BYTES:
+        patch = patch.encode("utf-8")[:MAX_PATCH_BYTES].decode("utf-8", "ignore") + \
+            "\n[... patch cut; read the files in the workspace for the rest]\n"
+    gates = list(pipeline.get("baseline_checks") or []) + list(stage.get("gates") or [])
+    lines = [
+        f"# Independent review of stage '{stage['key']}' of pipeline '{pipeline['name']}'",
+        "",
+        f"You are {reviewer}, an independent reviewer in a fresh session. You may read the workspace; you may "
+        "not change anything (your tools are read-only and any change stops the run). Decide whether the "
+        "patch below meets the requirement. The engine already ran the checks listed below; their exit "
+        "status is the evidence, not anyone's claim.",
+        "",
+        f"Workspace: {worktree}",
+        "",
+        "## Requirement",
+        stage["requirement"].strip(),
+        "",
+        "## Acceptance criteria",
+        "- The requirement above is met, in the stage's scope: " + ", ".join(stage["scope"]),
+    ]
+    lines += [f"- `{gate['command']}` exits 0 (check '{gate['name']}')" for gate in gates]
+    lines += ["", "## Check results on these files"]
+    lines += [f"- {c['name']}: `{c['command']}` -> exit {c['exit_code']} ({'passed' if c['passed'] else 'FAILED'})"
+              for c in checks] or ["- (none)"]
+    lines += ["", "## Patch (against the stage's starting checkpoint)", "```diff", patch.rstrip("\n") or "(empty)",
+              "```", "",
+              "## Your answer",
+              "End your final message with exactly one JSON object in a ```json block, with this shape:",
+              "```json",
+              '{"verdict": "pass", "summary": "one sentence", "findings": []}',
+              "```",
+              "verdict: \"pass\" (the requirement is met), \"repair\" (defects the implementer can fix: list each) "
+              "or \"escalate\" (a person must decide: the requirement is unclear or cannot be met). Each finding: "
+              '{"file": "path or null", "line": 12 or null, "severity": "info|minor|major|critical", '
+              '"text": "what is wrong"}. "repair" and "escalate" need at least one finding.']
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,119 @@
+"""Regressions found while proving stage context and attempt records: the dependency output
+carries the implementer's message (not the reviewer's), a scenario command's output without a
+final newline, a credential pasted into a pipeline (C14), and the initial specification index.
+Runs are driven in this process (real scripted agent processes), as in tests/test_steps.py.
+
+Also here, because it needs no worker: a profile whose executable does not exist is refused
+when the run is created (the run-level case, where it disappears after creation, is in
+tests/test_issue3_runs.py).
+"""
+import json
+import secrets
+import string
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+
+from engine import operations, runner
+from engine.models import Attempt, Pipeline, Run
+from engine.pipeline_format import PipelineFormatError
+
+from .conftest import ANSWER_STEP
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
+          "gates": [{"name": "unit", "command": "true"}]}]
+
+
+def drive(run_id: int, sent: list, limit: int = 30) -> Run:
+    for _ in range(limit):
+        if not sent:
+            break
+        run_id, token = sent.pop(0)
+        runner.advance(run_id, token)
+    return Run.objects.get(pk=run_id)
+
+
+def test_a_profile_whose_executable_is_missing_is_refused_at_creation(make_pipeline, repo, tmp_path):
+    missing = tmp_path / "nowhere" / "claude"
+    roles = {"implementer": "cli", "reviewer": "cli", "documenter": "cli"}
+    pipeline = make_pipeline(name="cli", stages=QUICK, roles=roles,
+                             profiles={"cli": {"adapter": "claude-code", "executable": str(missing)}})
+    with pytest.raises(operations.OperationError) as info:
+        operations.create_run(pipeline, str(repo), "main")
+    assert (info.value.code, info.value.field) == ("agent_unavailable", "profile")
+    assert str(missing) in info.value.message and "not found" in info.value.message
+    assert not Run.objects.exists()  # nothing half created
+
+
+def test_the_dependency_output_carries_the_implementers_final_message(make_pipeline, repo, sent):
+    final = "answer() returns 42 now (FINAL-" + secrets.token_hex(4) + ")"
+    stages = [QUICK[0], {"key": "double", "requirement": "Add double().", "scope": ["app/**"],
+                         "depends_on": ["answer"], "gates": [{"name": "unit", "command": "true"}]}]
+    scenario = {"stages": {"answer": {"implement": [{**ANSWER_STEP, "final_message": final}]},
+                           "double": {"implement": [{"print": "nothing to change"}]}}}
+    run = operations.create_run(make_pipeline(stages=stages, scenario=scenario), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    attempt = Attempt.objects.get(run=run, stage__key="double", operation="implement")
+    prompt = (Path(settings.VAR_DIR) / attempt.prompt_path).read_text()
+    assert f"Agent's final message:\n{final}" in prompt
+
+
+def test_a_scenario_command_whose_output_ends_without_a_newline_still_succeeds(make_pipeline, repo, sent, tmp_path):
+    emitter = tmp_path / "no_newline.py"
+    emitter.write_text("import os\nos.write(1, b'progress 100%')\n")
+    step = {**ANSWER_STEP, "run": [sys.executable, str(emitter)]}
+    run = operations.create_run(make_pipeline(stages=QUICK, scenario={"stages": {"answer": {"implement": [step]}}}),
+                                str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    assert (attempt.status, attempt.failure_kind) == ("succeeded", ""), attempt.failure_message
+    assert run.status == "succeeded", run.stop_message
+
+
+def test_c14_a_key_pasted_into_a_requirement_is_stored_nowhere(db, tmp_path):
+    key = "sk-" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(48))
+    doc = {"name": "pasted", "master_plan": None,
+           "roles": {"implementer": "s", "reviewer": "s", "documenter": "s"},
+           "profiles": {"s": {"adapter": "scripted", "scenario": {"default": [{}]}}},
+           "stages": [{"key": "one", "requirement": f"Call the API with {key} and store the result.",
+                       "scope": ["app/**"], "gates": ["true"]}]}
+    path = tmp_path / "pasted.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    try:
+        operations.load_pipelines([str(path)])
+    except PipelineFormatError as exc:  # refusing it is fine, as long as the refusal does not repeat it
+        assert key[3:] not in json.dumps(exc.errors)
+    assert key[3:] not in json.dumps(list(Pipeline.objects.values("definition")), default=str)
+
+
+def test_a_repository_without_a_specification_index_gets_an_initial_one_and_the_run_says_so(make_pipeline, tmp_path,
+                                                                                          sent):
+    from engine.models import RunEvent
+
+    from .conftest import make_repo
+
+    repo = make_repo(tmp_path / "origin", {"app/__init__.py": "", "app/core.py": '"""Core."""\n',
+                                           "README.md": "# Answer\n", "docs/PLAN.md": "# Plan\nOne stage.\n",
+                                           "docs/guide/usage.md": "# Usage\n"})
+    run = operations.create_run(make_pipeline(stages=QUICK), str(repo), "main")  # spec_index: docs/INDEX.md
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    prompt = (Path(settings.VAR_DIR) / Attempt.objects.get(run=run, operation="implement").prompt_path).read_text()
+    assert "## Specification index (docs/INDEX.md)\n# Specification index" in prompt
+    assert "Generated by the Run Engine because the repository has no specification index at `docs/INDEX.md`" in prompt
+    assert "- `docs/guide/usage.md`: Usage" in prompt and "- `README.md`: Answer" in prompt
+    events = RunEvent.objects.filter(run=run, kind="spec_index_created")
+    assert events.count() == 1 and "docs/INDEX.md" in events.get().message
+    record = Path(settings.VAR_DIR) / events.get().data["path"]
+    assert record.is_file() and record.is_relative_to(Path(settings.VAR_DIR) / run.control_dir)
+    assert "docs/guide/usage.md" in record.read_text()
+    assert not (Path(run.worktree) / "docs" / "INDEX.md").exists()  # the repository is not written

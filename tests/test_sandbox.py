@@ -1,0 +1,222 @@
+"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/claude.py ``sandboxed``),
+run for real: what a wrapped shell can read and write.
+
+Each test lays out a var directory (another run's control records and worktree, a database
+file, broker messages, this run's scratch folders and worktree), a worker HOME with fake
+credentials, and runs ``sh -c`` through exactly the arguments the claude adapter uses.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.agents import AgentRequest, sandbox
+from engine.agents.claude import find_executable, sandboxed
+
+from .conftest import git, make_repo
+
+needs_bwrap = pytest.mark.skipif(not sandbox.available()[0], reason=f"no sandbox: {sandbox.available()[1]}")
+pytestmark = needs_bwrap
+
+SECRET = "s3cret-do-not-read"
+
+
+def lay_out(root: Path, *, var_in_home: bool, repo_in_var: bool) -> dict:
+    """A var directory with another run's files, a worker HOME with credentials, and this run's
+    worktree of a repository (inside or outside var), its scratch folders and attempt HOME."""
+    home = root / "worker-home"
+    var = (home / "project" / "var") if var_in_home else (root / "var")
+    for rel in (".codex/auth.json", ".claude/.credentials.json", ".ssh/id_ed25519"):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(SECRET)
+    other = {"control": var / "runs" / "7-other" / "control.json", "worktree": var / "worktrees" / "7-other" / "a.py",
+             "database": var / "controlpanel.sqlite3", "broker": var / "broker" / "queue" / "msg.json",
+             "scratch": var / "scratch" / "run-7" / "data" / "kept.txt"}
+    for path in other.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(SECRET)
+    origin = make_repo((var / "repos" / "origin") if repo_in_var else (root / "origin"),
+                       {"README.md": "hello\n", "app.py": "x = 1\n"})
+    worktree = var / "worktrees" / "1-abcdef12"
+    git(origin, "worktree", "add", "-q", "-b", "agent/1", str(worktree), "main")
+    scratch = var / "scratch" / "run-1"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch / "home" / "attempt-001"),
+           "TMPDIR": str(scratch / "tmp"), "CP_DATA_DIR": str(scratch / "data"), "LANG": "C.UTF-8",
+           "GIT_TERMINAL_PROMPT": "0"}
+    for key in ("TMPDIR", "CP_DATA_DIR", "HOME"):
+        os.makedirs(env[key], exist_ok=True)
+    return {"home": home, "var": var, "other": other, "origin": origin, "worktree": worktree, "env": env}
+
+
+@pytest.fixture(params=[(False, False), (True, True)], ids=["var-apart", "var-in-home-repo-in-var"])
+def layout(request, tmp_path, monkeypatch, settings):
+    var_in_home, repo_in_var = request.param
+    found = lay_out(tmp_path, var_in_home=var_in_home, repo_in_var=repo_in_var)
+    monkeypatch.setenv("HOME", str(found["home"]))  # the worker's HOME, as os.path.expanduser sees it
+    settings.VAR_DIR = found["var"]
+    return found
+
+
+def run_in(layout: dict, role: str, script: str, argv0: str = "/bin/sh") -> subprocess.CompletedProcess:
+    """``sh -c script`` in the worktree, wrapped the way the claude adapter wraps its CLI for ``role``."""
+    env = layout["env"]
+    request = AgentRequest(role=role, operation="implement", prompt="", workspace=str(layout["worktree"]),
+                           profile={}, deadline_seconds=30, log_path="", raw_path="", env=env, stage_key="s",
+                           attempt_number=1, control_dir=str(layout["var"] / "runs" / "1-abcdef12"),
+                           home_dir=env["HOME"])
+    argv = sandboxed([argv0, "-c", script], env, request)
+    return subprocess.run(argv, cwd=str(layout["worktree"]), env=env, capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("role", ["implementer", "reviewer"])
+def test_other_runs_the_database_and_the_workers_home_are_hidden(layout, role):
+    targets = [*layout["other"].values(), layout["home"] / ".codex" / "auth.json",
+               layout["home"] / ".claude" / ".credentials.json", layout["home"] / ".ssh" / "id_ed25519"]
+    for target in targets:
+        out = run_in(layout, role, f"cat '{target}'")
+        assert out.returncode != 0 and SECRET not in out.stdout, (target, out.stdout)
+        assert "No such file or directory" in out.stderr, (target, out.stderr)
+    listing = run_in(layout, role, f"ls -a '{layout['var']}' '{layout['var']}/worktrees' '{layout['var']}/scratch'")
+    assert "7-other" not in listing.stdout and "run-7" not in listing.stdout and "broker" not in listing.stdout
+    assert "1-abcdef12" in listing.stdout and "run-1" in listing.stdout, listing.stdout + listing.stderr
+    grep = run_in(layout, role, f"grep -rl {SECRET} '{layout['var']}' '{layout['home']}' 2>/dev/null; true")
+    assert grep.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("role", ["implementer", "reviewer"])
+def test_nothing_outside_its_own_folders_is_writable(layout, role):
+    for target in (layout["var"] / "runs" / "x.txt", layout["var"] / "x.txt", layout["home"] / "x.txt",
+                   layout["var"] / "worktrees" / "x.txt", layout["origin"] / ".git" / "x.txt"):
+        out = run_in(layout, role, f"echo x > '{target}'")
+        assert out.returncode != 0, target
+        assert not target.exists()
+    out = run_in(layout, role, "echo 'gitdir: /tmp/elsewhere' > .git")
+    assert out.returncode != 0 and "Read-only file system" in out.stderr
+    for key in ("HOME", "TMPDIR", "CP_DATA_DIR"):  # its own folders are
+        out = run_in(layout, role, f'echo ok > "${key}/written" && cat "${key}/written"')
+        assert out.stdout == "ok\n", (key, out.stderr)
+        assert (Path(layout["env"][key]) / "written").read_text() == "ok\n"
+
+
+def test_the_writer_reads_and_writes_its_worktree(layout):
+    out = run_in(layout, "implementer", "cat README.md && echo 'x = 2' > app.py && echo new > new.txt")
+    assert out.returncode == 0 and out.stdout == "hello\n", out.stderr
+    assert (layout["worktree"] / "app.py").read_text() == "x = 2\n" and (layout["worktree"] / "new.txt").exists()
+
+
+def test_the_reviewer_reads_but_cannot_write_its_worktree(layout):
+    out = run_in(layout, "reviewer", "cat README.md && ls")
+    assert out.returncode == 0 and out.stdout.startswith("hello\n") and "app.py" in out.stdout, out.stderr
+    for script in ("echo 'x = 2' > app.py", "echo new > new.txt", "rm README.md", "mkdir d"):
+        out = run_in(layout, "reviewer", script)
+        assert out.returncode != 0 and "Read-only file system" in out.stderr, (script, out.stderr)
+    assert (layout["worktree"] / "app.py").read_text() == "x = 1\n"
+    assert sorted(p.name for p in layout["worktree"].iterdir()) == [".git", "README.md", "app.py"]
+
+
+@pytest.mark.parametrize("role", ["implementer", "reviewer"])
+def test_git_works_in_the_worktree_but_cannot_commit(layout, role):
+    (layout["worktree"] / "app.py").write_text("x = 3\n")
+    out = run_in(layout, role, "git status --porcelain && git log -1 --format=%s && git diff --stat")
+    assert out.returncode == 0, out.stderr
+    assert " M app.py" in out.stdout and "initial" in out.stdout and "app.py" in out.stdout
+    head = git(layout["origin"], "rev-parse", "agent/1")
+    out = run_in(layout, role, "git -c user.name=a -c user.email=a@b commit -qam agent")
+    assert out.returncode != 0 and git(layout["origin"], "rev-parse", "agent/1") == head
+
+
+def test_python_and_the_agent_cli_stay_runnable(layout):
+    """The interpreter (its install may live under the hidden HOME, e.g. ~/.pyenv) and the pinned CLI."""
+    out = run_in(layout, "implementer", f"'{sys.executable}' -c 'import json, sqlite3; print(42)'")
+    assert out.stdout == "42\n", out.stderr
+    claude = find_executable("claude")
+    if claude:
+        out = run_in(layout, "reviewer", f"'{claude}' --version")
+        assert out.returncode == 0 and "Claude Code" in out.stdout, out.stderr
+
+
+def test_wrap_hides_a_file_and_keeps_the_deeper_mount(tmp_path):
+    """``hide`` of a file gives /dev/null; a visible folder inside a hidden one comes back read-only,
+    a writable one inside it read-write, whatever the order of the lists."""
+    secret = tmp_path / ".env"
+    secret.write_text("DJANGO_SECRET_KEY=x\n")
+    hidden = tmp_path / "hidden"
+    (hidden / "tools").mkdir(parents=True)
+    (hidden / "tools" / "t").write_text("tool\n")
+    (hidden / "other").write_text(SECRET)
+    work = hidden / "tools" / "work"
+    argv = sandbox.wrap(["sh", "-c", f"cat {secret}; cat {hidden}/tools/t; cat {hidden}/other; "
+                        f"echo w > {work}/w; echo t > {hidden}/tools/x; echo h > {hidden}/h; true"],
+                        writable=[str(work)], hide=[str(secret), str(hidden)], visible=[str(hidden / "tools")])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.stdout == "tool\n", out
+    assert "DJANGO" not in out.stdout and SECRET not in out.stdout
+    assert (work / "w").read_text() == "w\n"
+    assert not (hidden / "tools" / "x").exists() and not (hidden / "h").exists()
+    assert out.stderr.count("Read-only file system") == 2, out.stderr
+    assert "/dev/null" in argv and secret.read_text() == "DJANGO_SECRET_KEY=x\n"
+
+
+def test_a_tool_installed_under_the_workers_home_runs_but_its_credentials_stay_hidden(layout):
+    """A PATH folder under the hidden HOME (``~/.cargo/bin``) comes back read-only with its install,
+    except the credentials files known to live there."""
+    cargo = layout["home"] / ".cargo"
+    (cargo / "bin").mkdir(parents=True)
+    (cargo / "bin" / "mytool").write_text("#!/bin/sh\ncat \"$(dirname \"$0\")/../share.txt\"\n")
+    (cargo / "bin" / "mytool").chmod(0o755)
+    (cargo / "share.txt").write_text("tool data\n")
+    (cargo / "credentials.toml").write_text(SECRET)
+    layout["env"]["PATH"] = f"{cargo / 'bin'}{os.pathsep}{layout['env']['PATH']}"
+    out = run_in(layout, "implementer", "mytool; cat ~/.cargo/credentials.toml " + str(cargo / "credentials.toml"))
+    assert out.stdout == "tool data\n", out.stderr
+    assert SECRET not in out.stdout
+    out = run_in(layout, "implementer", f"ls -a '{layout['home']}'")
+    assert out.stdout.split() == [".", "..", ".cargo"] or out.stdout.split() == [".", "..", ".cargo", "project"]
+
+
+def test_root_in_the_sandbox_cannot_unmount_or_remount_its_way_out(layout):
+    """Without ``--cap-drop ALL`` bubblewrap started by root leaves root its capabilities: it
+    could unmount the tmpfs hiding the var directory or remount a read-only bind read-write."""
+    control = layout["other"]["control"]
+    script = (f"grep CapEff /proc/self/status; umount '{layout['var']}'; umount -l '{layout['var']}'; "
+              f"cat '{control}'; mount -o remount,rw,bind .git; echo 'gitdir: /tmp/elsewhere' > .git; "
+              f"unshare -U -r -m sh -c \"umount -l '{layout['var']}'; cat '{control}'\"; true")
+    out = run_in(layout, "implementer", script)
+    assert "CapEff:\t0000000000000000" in out.stdout, out.stdout
+    assert SECRET not in out.stdout, out
+    assert (layout["worktree"] / ".git").read_text().startswith("gitdir: ") and "elsewhere" not in out.stdout
+    assert "/tmp/elsewhere" not in (layout["worktree"] / ".git").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_executable("claude") is None, reason="run `make agents` to install the pinned claude CLI")
+def test_the_real_claude_works_in_the_sandbox_and_its_shell_sees_nothing_private(layout):
+    """The pinned claude (against the scripted endpoint) runs with its var directory and the
+    worker's HOME hidden; its Bash tool cannot read them, and it still edits its worktree."""
+    from engine.agents.claude import ClaudeCodeAdapter
+
+    control = layout["var"] / "runs" / "1-abcdef12"
+    control.mkdir(parents=True)
+    (control / "prompt.md").write_text("Do it.\n")
+    look = (f"cat '{layout['other']['control']}' '{layout['home']}/.claude/.credentials.json' "
+            f"'{layout['other']['database']}'; git status --short; echo rc=$?")
+    scenario = {"turns": [
+        {"tools": [{"tool": "Bash", "input": {"command": look, "description": "look around"}}]},
+        {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app.py"}}]},
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app.py", "content": "x = 42\n"}}]},
+        {"text": "Done."}]}
+    env = {**os.environ, **layout["env"]}
+    request = AgentRequest(
+        role="implementer", operation="implement", prompt="Do it.", workspace=str(layout["worktree"]),
+        profile={"adapter": "claude-code", "max_turns": 6, "scripted_endpoint": {"default": scenario}},
+        deadline_seconds=60, log_path=str(control / "out.log"), raw_path=str(control / "out.raw"), env=env,
+        stage_key="s", attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
+        home_dir=layout["env"]["HOME"])
+    result = ClaudeCodeAdapter().run(request)
+    raw = (control / "out.raw").read_text()
+    assert result.exit_code == 0 and result.failure_kind is None, raw[-3000:]
+    assert SECRET not in raw and "No such file or directory" in raw and "rc=0" in raw
+    assert (layout["worktree"] / "app.py").read_text() == "x = 42\n"

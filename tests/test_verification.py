@@ -1,0 +1,359 @@
+"""Verification: protected checks, the independent review, bounded repair and budgets.
+
+Runs are driven step by step in this process (``drive``), with real git worktrees, real gate
+commands and the scripted test adapter's real child processes for controlled behaviour.
+"""
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from engine import operations, protected
+from engine.models import Attempt, Check
+
+from .conftest import ANSWER_STEP, git, make_repo
+from .test_steps import drive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WRONG = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 41\n'}}
+WRONG_40 = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 40\n'}}
+WRONG_39 = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 39\n'}}
+PASS = {"verdict": {"verdict": "pass", "findings": []}}
+
+
+def stage(**extra) -> list[dict]:
+    return [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**", "tests/**"],
+             "gates": [{"name": "unit", "command": "python -m pytest -q"}], **extra}]
+
+
+def run_with(make_pipeline, repo, sent, ops: dict, stages=None, **extra):
+    pipeline = make_pipeline(stages=stages or stage(), scenario={"stages": {"answer": ops}}, **extra)
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    return drive(run.pk, sent, limit=30)
+
+
+def var(rel: str) -> Path:
+    return Path(settings.VAR_DIR) / rel
+
+
+def operations_of(run) -> list[str]:
+    return [a.operation for a in Attempt.objects.filter(run=run).order_by("number")]
+
+
+# ----------------------------------------------------------------------------- protected checks
+
+
+PROTECT = {"protected_paths": ["tests/**", "pytest.ini"]}
+
+
+@pytest.mark.parametrize("how, change", [
+    ({"write": {**ANSWER_STEP["write"], "tests/test_core.py": "def test_answer():\n    assert True\n"}},
+     {"path": "tests/test_core.py", "change": "modified", "old_mode": "100644", "new_mode": "100644"}),
+    ({**ANSWER_STEP, "delete": ["tests/test_core.py"]}, {"path": "tests/test_core.py", "change": "deleted"}),
+    ({**ANSWER_STEP, "run": ["mv", "tests/test_core.py", "tests/test_renamed.py"]},
+     {"path": "tests/test_core.py", "change": "renamed", "to": "tests/test_renamed.py"}),
+    ({**ANSWER_STEP, "run": ["chmod", "+x", "tests/test_core.py"]},
+     {"path": "tests/test_core.py", "change": "mode_changed", "old_mode": "100644", "new_mode": "100755"}),
+], ids=["edited", "deleted", "renamed", "chmodded"])
+def test_a_weakened_protected_test_stops_the_run_with_the_diff(make_pipeline, repo, sent, how, change):
+    run = run_with(make_pipeline, repo, sent, {"implement": [how]}, **PROTECT)
+    assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
+    assert run.stop_evidence["changes"] == [change]
+    assert "tests/test_core.py" in run.stop_message
+    report = var(run.stop_evidence["report"]).read_text()
+    assert "tests/test_core.py" in report
+    if change["change"] == "modified":
+        assert "-    assert core.answer() == 42" in report and "+    assert True" in report
+    assert not Check.objects.filter(run=run).exists()  # a weakened check never runs
+    assert not run.stages.get().checkpoint_commit
+    # the protected copy in the control records is the original, byte for byte
+    copy = var(f"{run.control_dir}/protected/files/tests/test_core.py")
+    assert copy.read_bytes() == git(repo, "show", "main:tests/test_core.py").encode()
+
+
+def test_an_agent_may_add_a_new_test_file(make_pipeline, repo, sent):
+    step = {"write": {**ANSWER_STEP["write"], "tests/test_more.py": "from app import core\n\n\n"
+                                                                   "def test_more():\n    assert core.answer() > 0\n"}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [step]}, **PROTECT)
+    assert run.status == "succeeded", run.stop_message
+    assert "tests/test_more.py" in git(repo, "show", "--name-only", "--format=", run.branch)
+    assert {p["path"] for p in run.protected_files} == {"tests/test_core.py", "pytest.ini"}
+
+
+def test_the_files_a_gate_names_are_protected_even_without_protected_paths(make_pipeline, repo, sent):
+    stages = stage(gates=[{"name": "core", "command": "python -m pytest -q tests/test_core.py"}])
+    step = {"write": {**ANSWER_STEP["write"], "tests/test_core.py": "def test_answer():\n    pass\n"}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [step]}, stages=stages)
+    assert run.stop_reason == "protected_files_changed"
+    assert {p["path"]: p["why"] for p in run.protected_files} == {
+        "tests/test_core.py": "named by the gate command `python -m pytest -q tests/test_core.py`",
+        "pytest.ini": "read by `pytest` in the gate command `python -m pytest -q tests/test_core.py`"}
+
+
+C22_MAKEFILE = "test:\n\tpython -m pytest -q tests\n"
+
+
+def test_c22_narrowing_the_makefile_and_adding_a_skipping_conftest_is_not_accepted(make_pipeline, sent, tmp_path):
+    repo = make_repo(tmp_path / "c22", {
+        "Makefile": C22_MAKEFILE, "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n",
+        "app/__init__.py": "", "app/core.py": "def answer():\n    return 41\n",
+        "tests/test_a.py": "def test_a():\n    assert True\n",
+        "tests/test_b.py": "from app import core\n\n\ndef test_b():\n    assert core.answer() == 42\n",
+        "docs/PLAN.md": "plan\n"})
+    narrowed = {"write": {"Makefile": "test:\n\tpython -m pytest -q tests/test_a.py\n",
+                          "tests/conftest.py": "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
+                                               "    for item in items:\n"
+                                               "        item.add_marker(pytest.mark.skip('weakened'))\n"}}
+    stages = [{"key": "answer", "requirement": "Make the tests pass.", "scope": ["**"],
+               "gates": [{"name": "make-test", "command": "make test"}]}]
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [narrowed]}}},
+                             protected_paths=["tests/**", "Makefile", "pytest.ini", "conftest.py"])
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "protected_files_changed"
+    assert run.stop_evidence["changes"] == [
+        {"path": "Makefile", "change": "modified", "old_mode": "100644", "new_mode": "100644"},
+        {"path": "tests/conftest.py", "change": "added"}]
+    assert not run.stages.get().checkpoint_commit
+    assert git(repo, "rev-list", "--count", f"{run.commit}..{run.branch}").strip() == "0"
+    # the narrowed gate would have passed: that is exactly why it must not be trusted
+    report = var(run.stop_evidence["report"]).read_text()
+    assert "+\tpython -m pytest -q tests/test_a.py" in report and "item.add_marker" in report
+
+
+def test_compare_unit_cases():
+    snap = [{"path": "tests/test_a.py", "mode": "100644", "blob": "a" * 40},
+            {"path": "pytest.ini", "mode": "100644", "blob": "b" * 40}]
+    same = [{"path": "tests/test_a.py", "mode": "100644", "blob": "a" * 40},
+            {"path": "pytest.ini", "mode": "100644", "blob": "b" * 40}]
+    globs = ["tests/**", "pytest.ini"]
+    assert protected.compare(snap, globs, same) == []
+    assert protected.compare(snap, globs, same + [{"path": "tests/test_new.py", "mode": "100644",
+                                                   "blob": "c" * 40}]) == []
+    assert protected.compare(snap, globs, same + [{"path": "tests/helpers/conftest.py", "mode": "100644",
+                                                   "blob": "c" * 40}]) == [
+        {"path": "tests/helpers/conftest.py", "change": "added"}]
+    # a file that was already there at the stage's start is not "added" again
+    assert protected.compare(snap, globs, same + [{"path": "tests/util.py", "mode": "100644", "blob": "d" * 40}],
+                             base_entries={"tests/util.py"}) == []
+
+
+# ----------------------------------------------------------------------------- review
+
+
+def test_a_pass_never_overrides_a_failed_gate(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "review": [PASS]},
+                   stages=stage(repair_allowance=0))
+    assert run.stop_reason == "gate_failed"
+    assert "review" not in operations_of(run)  # the reviewer's pass was never asked for, never counted
+    assert not run.stages.get().checkpoint_commit
+
+
+@pytest.mark.parametrize("answer, problem", [
+    ({"final_message": 'Looks fine.\n```json\n{"verdict": "pass", "findings": [\n```'}, "no JSON object"),
+    ({"final_message": "I approve of this change."}, "no JSON object"),
+    ({"verdict": {"verdict": "maybe", "findings": []}}, "'maybe' is not one of"),
+    ({"verdict": {"verdict": "repair", "findings": []}}, "findings"),
+    ({"verdict": {"verdict": "pass", "findings": [{"severity": "high", "text": "x"}]}}, "findings/0/severity"),
+], ids=["cut-json", "prose", "unknown-verdict", "repair-without-findings", "bad-severity"])
+def test_an_invalid_review_stops_the_run(make_pipeline, repo, sent, answer, problem):
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP], "review": [answer]})
+    assert (run.status, run.stop_reason) == ("waiting_review", "invalid_review"), run.stop_message
+    review = Attempt.objects.get(run=run, operation="review")
+    assert problem in review.verdict_problem and problem in run.stop_message
+    assert review.verdict is None and not run.stages.get().checkpoint_commit
+
+
+def test_an_escalation_waits_for_a_person_with_its_findings(make_pipeline, repo, sent):
+    finding = {"file": "app/core.py", "line": 4, "severity": "major",
+               "text": "The requirement does not say what answer() returns for negative input."}
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP],
+                                               "review": [{"verdict": {"verdict": "escalate", "findings": [finding]}}]})
+    assert (run.status, run.stop_reason) == ("waiting_review", "review_escalated")
+    assert run.stop_evidence["findings"] == [finding]
+    assert "app/core.py:4" in run.stop_message and "negative input" in run.stop_message
+    assert run.decisions.get(state="pending").reason == "review_escalated"
+    data = operations.run_status(run)
+    assert data["pending_decision"] is not None
+
+
+def test_an_unavailable_reviewer_stops_the_run(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP], "review": [{"exit": 2}]})
+    assert run.stop_reason == "reviewer_unavailable" and "crashed" in run.stop_message
+
+
+def test_a_reviewer_that_writes_is_a_scope_violation(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP],
+                                               "review": [{**PASS, "write": {"app/extra.py": "x = 1\n"}}]})
+    assert run.stop_reason == "scope_violation" and run.stop_evidence["outside"] == ["app/extra.py"]
+
+
+def test_a_reviewers_repair_finds_its_way_into_a_repair_session(make_pipeline, repo, sent):
+    finding = {"file": "app/core.py", "line": 5, "severity": "minor", "text": "Add a docstring to answer()."}
+    fixed = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    """The answer."""\n    return 42\n'}}
+    run = run_with(make_pipeline, repo, sent, {
+        "implement": [ANSWER_STEP], "repair": [fixed],
+        "review": [{"verdict": {"verdict": "repair", "findings": [finding]}}, PASS]})
+    assert run.status == "succeeded", run.stop_message
+    assert operations_of(run) == ["implement", "review", "repair", "review"]
+    repair = Attempt.objects.get(run=run, operation="repair")
+    prompt = var(repair.prompt_path).read_text()
+    assert "Add a docstring to answer()." in prompt and "Repair 1 of 2" in prompt
+    assert "return 42" in prompt  # the current patch
+    assert '"""The answer."""' in git(repo, "show", f"{run.branch}:app/core.py")
+
+
+def test_several_reviewers_must_all_pass(make_pipeline, repo, sent):
+    scenario_second = {"stages": {"answer": {"review": [{"verdict": {"verdict": "escalate", "findings": [
+        {"severity": "critical", "file": None, "line": None, "text": "second reviewer disagrees"}]}}]}}}
+    pipeline = make_pipeline(
+        stages=stage(), scenario={"stages": {"answer": {"implement": [ANSWER_STEP], "review": [PASS]}}},
+        roles={"implementer": "scripted", "reviewer": ["scripted", "second"], "documenter": "scripted"},
+        profiles={"scripted": {"adapter": "scripted", "scenario": {"stages": {"answer": {
+            "implement": [ANSWER_STEP], "review": [PASS]}}}},
+                  "second": {"adapter": "scripted", "scenario": scenario_second}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "review_escalated" and "second reviewer disagrees" in run.stop_message
+    assert [(a.operation, a.profile_name) for a in Attempt.objects.filter(run=run)] == [
+        ("implement", "scripted"), ("review", "scripted"), ("review", "second")]
+
+
+# ----------------------------------------------------------------------------- repair
+
+
+def test_fail_then_fix_continues_from_verification(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [ANSWER_STEP], "review": [PASS]})
+    assert run.status == "succeeded", run.stop_message
+    assert operations_of(run) == ["implement", "repair", "review"]  # never implemented twice
+    checks = list(Check.objects.filter(run=run).order_by("id"))
+    assert [(c.name, c.passed) for c in checks] == [("unit", False), ("unit", True)]
+    stage_row = run.stages.get()
+    assert stage_row.repairs_used == 1 and stage_row.last_defect["kind"] == "gate"
+    prompt = var(Attempt.objects.get(run=run, operation="repair").prompt_path).read_text()
+    assert "Gate 'unit' failed" in prompt and "assert 41 == 42" in prompt  # the failure evidence
+    assert "return 41" in prompt  # the current patch
+    assert "return 42" in git(repo, "show", f"{run.branch}:app/core.py")
+
+
+def test_three_failures_with_an_allowance_of_two_exhaust_the_repairs(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [WRONG_40, WRONG_39]})
+    assert (run.status, run.stop_reason) == ("waiting_review", "repair_exhausted"), run.stop_message
+    assert operations_of(run) == ["implement", "repair", "repair"]
+    assert run.stages.get().repairs_used == 2 and "allowance (2)" in run.stop_message
+    assert Check.objects.filter(run=run, passed=False).count() == 3
+
+
+def test_the_same_failure_on_unchanged_files_stops_at_once(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [{"print": "I changed nothing"}]})
+    assert (run.status, run.stop_reason) == ("waiting_review", "unchanged_failure"), run.stop_message
+    assert operations_of(run) == ["implement", "repair"]
+    checks = list(Check.objects.filter(run=run).order_by("id"))
+    assert len(checks) == 2 and checks[0].manifest_digest == checks[1].manifest_digest
+
+
+def test_a_recheck_never_resets_the_repair_counters(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [WRONG_40, WRONG_39]})
+    assert run.stop_reason == "repair_exhausted"
+    operations.recover(run, run.decisions.get(state="pending").pk, "check again", "verify", reviewer="t")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "repair_exhausted" and run.stages.get().repairs_used == 2
+    operations.recover(run, run.decisions.get(state="pending").pk, "one more try", "retry", reviewer="t")
+    run = drive(run.pk, sent)
+    # a fresh implementation fails again; the allowance is still used up: no repair session started
+    assert run.stop_reason == "repair_exhausted" and run.stages.get().repairs_used == 2
+    assert operations_of(run) == ["implement", "repair", "repair", "implement"]
+    assert Check.objects.filter(run=run, passed=False).count() == 5
+
+
+def test_a_gate_that_writes_into_the_worktree_gets_results_for_the_new_files(make_pipeline, repo, sent):
+    stages = stage(gates=[{"name": "writer", "command": "python -m pytest -q && echo built > app/built.txt"}])
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP]}, stages=stages)
+    checks = list(Check.objects.filter(run=run).order_by("id"))
+    assert [c.stale for c in checks] == [True, False] and checks[0].manifest_digest != checks[1].manifest_digest
+    assert run.status == "succeeded", run.stop_message
+    assert run.stages.get().accepted_manifest == checks[1].manifest_digest
+
+
+# ----------------------------------------------------------------------------- budgets
+
+
+def test_an_exhausted_attempt_budget_stops_the_run(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [ANSWER_STEP]},
+                   budgets={"max_attempts": 2})
+    assert (run.status, run.stop_reason) == ("waiting_review", "budget_exhausted"), run.stop_message
+    assert operations_of(run) == ["implement", "repair"] and "max_attempts" in run.stop_message
+
+
+def test_an_exhausted_cost_budget_stops_the_run(make_pipeline, repo, sent):
+    costly = {**ANSWER_STEP, "usage": {"input_tokens": 10, "output_tokens": 5, "cost_usd": 0.75}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [costly]}, budgets={"max_cost_usd": 0.5})
+    assert run.stop_reason == "budget_exhausted" and "$0.7500" in run.stop_message
+    assert operations_of(run) == ["implement"]
+
+
+def test_an_exhausted_time_budget_stops_the_run(make_pipeline, repo, sent):
+    slow = {**ANSWER_STEP, "sleep": 1.5}
+    run = run_with(make_pipeline, repo, sent, {"implement": [slow]}, budgets={"max_active_seconds": 1})
+    assert run.stop_reason == "budget_exhausted" and run.active_seconds >= 1
+    assert "max_active_seconds" in run.stop_message
+    data = json.loads(json.dumps(operations.run_status(run)))
+    assert data["stop_reason"] == "budget_exhausted"
+
+
+# ----------------------------------------------------------------------------- manifests of whole runs
+
+
+def test_c26_a_run_whose_agent_only_adds_files_keeps_and_commits_them(make_pipeline, sent, tmp_path):
+    repo = make_repo(tmp_path / "c26", {"src/__init__.py": "", "tests/__init__.py": "", "docs/PLAN.md": "plan\n",
+                                        "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n"})
+    only_new = {"write": {"src/new_mod.py": "def f():\n    return 1\n",
+                          "tests/test_new.py": "from src.new_mod import f\n\n\ndef test_f():\n    assert f() == 1\n",
+                          "build/out.bin": "\x00\x01binary build output", ".pytest_cache/x": "cache"}}
+    stages = [{"key": "answer", "requirement": "Add src/new_mod.py with a test.", "scope": ["src/**", "tests/**"],
+               "gates": [{"name": "tests", "command": "python -m pytest -q tests"}]}]
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [only_new]}}},
+                             exclude=["build/"])
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    manifest = json.loads(var(attempt.result_manifest.path).read_text())
+    added = {c["path"]: c for c in manifest["changes"]}
+    assert set(added) == {"src/new_mod.py", "tests/test_new.py"}
+    assert all(c["status"] == "added" and len(c["new_blob"]) == 40 for c in added.values())
+    assert not any(p.startswith(("build/", ".pytest_cache/")) for p in (e["path"] for e in manifest["entries"]))
+    assert {"build/", ".pytest_cache/"} <= set(manifest["excluded"])
+    patch = var(attempt.patch_path).read_text()
+    assert "src/new_mod.py" in patch and "tests/test_new.py" in patch and "build/out.bin" not in patch
+    committed = git(repo, "show", "--name-only", "--format=", run.branch).split()
+    assert sorted(committed) == ["src/new_mod.py", "tests/test_new.py"]
+    assert Path(run.worktree, "src", "new_mod.py").exists()  # the worktree is kept
+
+
+def test_c27_an_env_file_never_reaches_the_checkpoint_or_the_patch(make_pipeline, sent, tmp_path):
+    body = "sk-" + "".join(__import__("secrets").choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(48))
+    repo = make_repo(tmp_path / "c27", {"src/__init__.py": "", "docs/PLAN.md": "plan\n"})
+    step = {"write": {".env": f"OPENAI_API_KEY={body}\n", ".env.local": f"OPENAI_API_KEY={body}\n",
+                      ".env.example": "OPENAI_API_KEY=\n", "id_ed25519": "key", "server.pem": "pem",
+                      "src/app.py": "print('app')\n"}}
+    stages = [{"key": "answer", "requirement": "Write src/app.py.", "scope": ["**"],
+               "gates": [{"name": "runs", "command": "python src/app.py"}]}]
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [step]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    manifest = json.loads(var(attempt.result_manifest.path).read_text())
+    assert [c["path"] for c in manifest["changes"]] == [".env.example", "src/app.py"]
+    assert {".env", ".env.local", "id_ed25519", "server.pem"} <= set(manifest["excluded"])
+    assert body not in var(attempt.patch_path).read_text() and "src/app.py" in var(attempt.patch_path).read_text()
+    assert body not in git(repo, "log", "-p", "--all")
+    assert sorted(git(repo, "show", "--name-only", "--format=", run.branch).split()) == [".env.example", "src/app.py"]
