@@ -33,12 +33,25 @@ What it does, in one process (the "worker") plus children:
 5. Checks the result: the process exited 0, every byte was captured (not truncated), and,
    by streaming both logs, that no credential is left in them; reports the number of
    redactions against the number of credentials written.
+6. Worst case of the display decoder (reported, no target): one chunk holding a
+   60,000-character line (minified JSON, no control character) followed by a progress line
+   ``50%\r100%\n``, decoded by a fresh :class:`engine.process.DisplayDecoder`, timed against
+   plain ``bytes.decode("utf-8", "replace")`` of the same chunk (median of batches).  The chunk
+   starts with the newline that ends the previous line, so both lines lie in the part of the
+   chunk that the decoder renders with its line regex (the first line of a chunk continues the
+   held line and is rendered on its own): a pattern that rescans a line from every position
+   (as an unanchored ``[^\n]*[\r...][^\n]*`` did) is quadratic in the line's length there,
+   and shows as a ratio in the thousands.  The decoded text is checked (``100%`` replaces
+   ``50%``; the long line is intact).  The variant with the long line first in the chunk is
+   printed too, and how the time grows when the line grows fourfold from 15,000 characters
+   (about 4 for a linear decoder, 16 for a quadratic one).
 
 Units: 1 MB = 1,000,000 bytes everywhere (data size, throughput and the memory target), so
 the target is the stricter reading of "100 MB".
 
 Target (from the issue): worker peak RSS over its baseline < 100 MB.  The throughput ratio
-(capture time / cat time) is reported; the issue sets no target for it.  Exit status 0 on
+(capture time / cat time) and the decoder's worst-case ratio are reported; the issue sets no
+target for them.  Exit status 0 on
 PASS, 1 on FAIL (target missed, or the capture was wrong: non-zero exit, truncation, a
 credential left in a log).
 """
@@ -238,6 +251,63 @@ def _mb(n: float) -> str:
     return f"{n / MB:,.1f} MB"
 
 
+WORST_LINE_CHARS = 60_000
+WORST_BATCHES = 7
+WORST_CALLS = 50  # decodes per batch
+
+
+def _worst_case_chunks(chars: int = WORST_LINE_CHARS) -> dict[str, tuple[bytes, str]]:
+    """The worst-case chunks and the display text each must decode to."""
+    piece = '{"path":"src/pkg/mod.py","text":"def f(x): return x * 2","ok":true},'
+    line = ("[" + piece * (chars // len(piece) + 1))[:chars]
+    return {
+        "long line inside the chunk": ((f"\n{line}\n50%\r100%\n").encode(), f"\n{line}\n100%\n"),
+        "long line first in the chunk": ((f"{line}\n50%\r100%\n").encode(), f"{line}\n100%\n"),
+    }
+
+
+def _time_batches(fn, best: bool = False) -> float:
+    """Median (``best``: minimum) over batches of the seconds one call of ``fn`` takes (one
+    call only when that takes more than 0.2 s, as a quadratic decoder does here)."""
+    t = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t
+    if first > 0.2:
+        return first
+    times = []
+    for _ in range(WORST_BATCHES):
+        t = time.perf_counter()
+        for _ in range(WORST_CALLS):
+            fn()
+        times.append((time.perf_counter() - t) / WORST_CALLS)
+    return min(times) if best else statistics.median(times)
+
+
+def worst_case_decoder(failures: list[str]) -> None:
+    """Time DisplayDecoder on the worst-case chunks against bytes.decode; print the ratios."""
+    from engine.process import DisplayDecoder
+
+    print()
+    print(f"display decoder, worst case: one {WORST_LINE_CHARS:,}-character line and a progress "
+          f"line 50%\\r100%\\n in one chunk")
+    for label, (chunk, expected) in _worst_case_chunks().items():
+        shown = DisplayDecoder().feed(chunk)
+        if shown != expected:
+            failures.append(f"DisplayDecoder rendered the worst-case chunk ({label}) wrongly: "
+                            f"{shown[-20:]!r} at its end, expected {expected[-20:]!r}")
+        plain = _time_batches(lambda: chunk.decode("utf-8", "replace"))
+        decoder = _time_batches(lambda: DisplayDecoder().feed(chunk))
+        print(f"  {label:<30} DisplayDecoder {decoder * 1e6:9.1f} us   bytes.decode "
+              f"{plain * 1e6:7.1f} us   ratio {decoder / plain:7.1f}x   (reported; no target)")
+    # How the time grows with the line: about 4 when linear, about 16 when quadratic.
+    short_chunk, _ = _worst_case_chunks(WORST_LINE_CHARS // 4)["long line inside the chunk"]
+    chunk, _ = _worst_case_chunks()["long line inside the chunk"]
+    growth = (_time_batches(lambda: DisplayDecoder().feed(chunk), best=True)
+              / _time_batches(lambda: DisplayDecoder().feed(short_chunk), best=True))
+    print(f"  time for a {WORST_LINE_CHARS:,}-character line / a {WORST_LINE_CHARS // 4:,}-character one "
+          f"(line inside the chunk, best batches): {growth:.1f}   (4 = linear, 16 = quadratic)")
+
+
 # ---------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------
@@ -358,6 +428,7 @@ def main() -> int:
         print(f"ratio capture/cat time       {ratio:.2f}x   (reported; the issue sets no target)")
         if over >= TARGET_OVER_BASELINE:
             failures.append(f"peak RSS over baseline {_mb(over)} is not under {_mb(TARGET_OVER_BASELINE)}")
+        worst_case_decoder(failures)
         print()
         for failure in failures:
             print(f"FAIL: {failure}")

@@ -171,6 +171,8 @@ def next_step(run: Run) -> Step:
             return Step("review", stage.pk)
         if stage.phase == StagePhase.REPAIR:
             return Step("repair", stage.pk)
+        if stage.phase == StagePhase.DOCUMENT:
+            return Step("document", stage.pk)
         if stage.phase == StagePhase.CHECKPOINT:
             return Step("checkpoint", stage.pk)
         raise IllegalTransition(f"stage {stage.key} is {stage.status} in phase {stage.phase}")
@@ -195,9 +197,87 @@ def gates_passed(stage: StageRun, digest: str) -> None:
     _set_stage(stage, StageStatus.RUNNING, StagePhase.REVIEW)
 
 
-def reviewed(stage: StageRun) -> None:
-    """Every reviewer passed the verified files: they may be checkpointed."""
+def reviewed(run: Run, stage: StageRun) -> None:
+    """Every reviewer passed the verified files: the documentation agent updates the docs for
+    them (once per stage); documented files go to the checkpoint, or first to a person's
+    approval when the stage has a human gate."""
+    if not stage.documented_manifest:
+        _set_stage(stage, StageStatus.RUNNING, StagePhase.DOCUMENT)
+    else:
+        _to_checkpoint(run, stage)
+
+
+def documented(run: Run, stage: StageRun, started_from: str, changed: bool) -> None:
+    """The documentation agent finished on the reviewed files ``started_from``: when it changed
+    files, checks and reviews run again on the updated files; otherwise they go on as reviewed."""
+    stage.documented_manifest = started_from
+    if changed:
+        _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
+    else:
+        _to_checkpoint(run, stage)
+
+
+def _to_checkpoint(run: Run, stage: StageRun) -> None:
+    approved = stage.decisions.filter(kind=Decision.Kind.APPROVAL, state=Decision.State.APPROVED,
+                                      artifact=stage.accepted_manifest).exists()
+    if stage.spec.get("human_gate") and not approved:
+        await_approval(run, stage)
+    else:
+        _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
+
+
+def await_approval(run: Run, stage: StageRun) -> Decision:
+    """A human gate: the run waits for a person to approve these very files (``accepted_manifest``)."""
+    _set_stage(stage, StageStatus.WAITING_APPROVAL, StagePhase.CHECKPOINT)
+    _set_run_status(run, RunStatus.WAITING_APPROVAL)
+    run.stop_reason = "human_gate"
+    run.stop_message = (f"Stage '{stage.key}' passed its checks and review; it waits for a person's approval of "
+                        f"files {stage.accepted_manifest[:12]} before its checkpoint.")
+    run.stop_evidence = {"manifest": stage.accepted_manifest}
+    run.save()
+    decision = Decision.objects.create(run=run, stage=stage, kind=Decision.Kind.APPROVAL,
+                                       reason="human_gate", artifact=stage.accepted_manifest)
+    event(run, "waiting_approval", run.stop_message, stage=stage, decision=decision,
+          data={"artifact": stage.accepted_manifest})
+    return decision
+
+
+def approved(run: Run, stage: StageRun, decision: Decision, reviewer: str) -> None:
+    """A person approved the pending decision for the stage's current files: checkpoint next."""
+    decision.state = Decision.State.APPROVED
+    decision.decided_by = reviewer
+    decision.action = "approve"
+    decision.decided_at = timezone.now()
+    decision.save()
+    _set_run_status(run, RunStatus.QUEUED)
+    run.stop_reason = ""
+    run.stop_message = ""
+    run.stop_evidence = {}
+    run.queued_at = timezone.now()
+    run.save()
     _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
+    event(run, "approved", f"{reviewer} approved stage '{stage.key}' on files {decision.artifact[:12]}; it is "
+                           f"checkpointed next.", stage=stage, decision=decision)
+
+
+def rechecked(run: Run, stage: StageRun, note: str, requested_by: str) -> int:
+    """A person asked for verification again (a corrected result): the stage's pending decisions
+    are superseded, its files are verified and reviewed again and, with a human gate, a new
+    approval is asked for. Repair counters and budgets are kept. Returns the decisions superseded."""
+    superseded = run.decisions.filter(stage=stage, state=Decision.State.PENDING).update(
+        state=Decision.State.SUPERSEDED, decided_at=timezone.now(), decided_by=requested_by, action="recheck")
+    _set_run_status(run, RunStatus.QUEUED)
+    run.stop_reason = ""
+    run.stop_message = ""
+    run.stop_evidence = {}
+    run.queued_at = timezone.now()
+    run.save()
+    stage.accepted_manifest = ""
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
+    event(run, "recheck", f"Recheck requested by {requested_by or 'an operator'}: stage '{stage.key}' is verified "
+                          f"again ({superseded} pending decision(s) superseded; repair counters kept). Note: {note}",
+          stage=stage)
+    return superseded
 
 
 #: Outcomes of ``defect``.
@@ -321,7 +401,8 @@ def succeed(run: Run) -> None:
     run.stop_reason = ""
     run.stop_message = ""
     run.save()
-    event(run, "succeeded", "Every stage passed its gates and was checkpointed; the run succeeded.")
+    event(run, "succeeded", "Every stage passed its gates, its review and was checkpointed, and every check passed "
+                            "again on the final checkpoint; the run succeeded.")
 
 
 def resume(run: Run, stage: StageRun | None, phase: str | None = None) -> None:

@@ -42,12 +42,14 @@ class StageStatus(models.TextChoices):
 
 
 class StagePhase(models.TextChoices):
-    """Where a stage is in implement -> verify -> review -> checkpoint (repair -> verify on a defect)."""
+    """Where a stage is: implement -> verify -> review -> document -> (verify -> review) -> checkpoint;
+    a defect sends it to repair -> verify."""
 
     IMPLEMENT = "implement", "implement"
     VERIFY = "verify", "verify"
     REVIEW = "review", "review"
     REPAIR = "repair", "repair"
+    DOCUMENT = "document", "document"
     CHECKPOINT = "checkpoint", "checkpoint"
     DONE = "done", "done"
 
@@ -200,6 +202,8 @@ class StageRun(models.Model):
     checkpoint_commit = models.CharField(max_length=40, blank=True)
     accepted_manifest = models.CharField(max_length=64, blank=True, help_text="digest of the files verified")
     repairs_used = models.PositiveIntegerField(default=0, help_text="repair attempts consumed; never reset")
+    documented_manifest = models.CharField(
+        max_length=64, blank=True, help_text="digest of the reviewed files the documentation agent started from")
     last_defect = models.JSONField(
         default=dict, blank=True,
         help_text="the defect that asked for the last repair: {kind, name, digest, message, evidence}",

@@ -28,6 +28,7 @@ from .models import (
     RunStatus,
     StagePhase,
     StageRun,
+    StageStatus,
     StartRequest,
 )
 from .pipeline_format import PipelineFormatError, load_file
@@ -338,6 +339,88 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
     return decision
 
 
+# ----------------------------------------------------------------------------- Approve A Human Gate
+
+
+def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
+    """Approve the pending human-gate decision of a run waiting for approval, for the files ``artifact``.
+
+    ``artifact``: the manifest digest the person looked at (or a unique prefix of it, at least
+    12 hex digits). Only the current pending decision for the stage's current files is
+    accepted, and only when every gate of the stage passed on those files. Raises
+    OperationError: ``reviewer_required`` [reviewer], ``not_waiting_approval`` [run],
+    ``unknown_decision`` / ``stale_decision`` [decision], ``artifact_mismatch`` [artifact],
+    ``checks_missing`` [decision].
+    """
+    from .steps import gate_results
+
+    run = get_run(run)
+    if not (reviewer or "").strip():
+        raise OperationError("reviewer_required", "The approving person's name is required.", "reviewer")
+    artifact = (artifact or "").strip().lower()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
+        if decision is None or decision.kind != Decision.Kind.APPROVAL:
+            raise OperationError("unknown_decision", f"Run {run.pk} has no approval decision {decision_id!r}.",
+                                 "decision")
+        if decision.state != Decision.State.PENDING:
+            raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}"
+                                 f"{' by ' + decision.decided_by if decision.decided_by else ''}, not pending: it "
+                                 f"cannot be approved again.", "decision")
+        if run.status != RunStatus.WAITING_APPROVAL:
+            raise OperationError("not_waiting_approval", f"Run {run.pk} is {run.status}; only a run waiting for "
+                                 f"approval can be approved.", "run")
+        stage = decision.stage
+        current = stage.accepted_manifest if stage is not None else ""
+        if len(artifact) < 12 or not decision.artifact.startswith(artifact) or decision.artifact != current:
+            raise OperationError("artifact_mismatch", f"The artifact {artifact or '(none)'!r} is not the files "
+                                 f"waiting for approval ({decision.artifact}); approve what you looked at, and look "
+                                 f"again if the files changed.", "artifact")
+        failed = [name for name, passed in gate_results(stage, current).items() if not passed]
+        if failed:
+            raise OperationError("checks_missing", f"Stage '{stage.key}' has no passing result of "
+                                 f"{', '.join(failed)} on files {current[:12]}; an approval cannot pass a check "
+                                 f"that is missing or failed.", "decision")
+        machine.approved(run, stage, decision, reviewer)
+        StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
+                                                    last_enqueued_at=timezone.now())
+        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+    return decision
+
+
+# ----------------------------------------------------------------------------- Recheck A Corrected Result
+
+
+def recheck(run, note: str, requested_by: str = "") -> StageRun:
+    """Verify the waiting stage of a run again (after a person corrected its files).
+
+    The stage's pending decisions are superseded (an approval given for other files no longer
+    counts), its gates and reviews run again without resetting any counter or budget, and a
+    stage with a human gate asks for a new approval of the files it then has. Raises
+    OperationError: ``note_required`` [note], ``not_waiting`` [run], ``nothing_to_verify``
+    [run] (the stage's implementation never produced a result).
+    """
+    run = get_run(run)
+    if not (note or "").strip():
+        raise OperationError("note_required", "A recheck note is required (what was corrected).", "note")
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.status not in (RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL):
+            raise OperationError("not_waiting", f"Run {run.pk} is {run.status}; only a run waiting for review or "
+                                 f"approval can be rechecked.", "run")
+        stage = run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.PENDING]).order_by("order").first()
+        if stage is None or not stage.attempts.filter(operation__in=("implement", "repair")).exclude(
+                result_manifest=None).exists():
+            raise OperationError("nothing_to_verify", f"Run {run.pk} has no stage whose implementation produced a "
+                                 f"result; there is nothing to recheck.", "run")
+        machine.rechecked(run, stage, note, requested_by)
+        StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
+                                                    last_enqueued_at=timezone.now())
+        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+    return stage
+
+
 # ----------------------------------------------------------------------------- status
 
 
@@ -419,5 +502,6 @@ def run_stopped(run: Run) -> bool:
     return run.status in RUN_STOPPED
 
 
-__all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover",
+__all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
+           "recheck",
            "run_status", "run_stopped", "get_run", "get_pipeline"]

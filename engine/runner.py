@@ -107,7 +107,16 @@ def advance(run_id: int, token: str | None = None) -> str:
                          evidence={"budgets": run.definition["pipeline"].get("budgets") or {}})
             log.info("run %s: budget exhausted before the %s step", run_id, step.kind)
             return "budget_exhausted"
-        plan = steps.begin(run, step, lease)
+        try:
+            with transaction.atomic():
+                plan = steps.begin(run, step, lease)
+        except Exception as exc:  # the engine's own fault: say so on the run instead of leaving it running
+            log.exception("run %s: could not begin the %s step", run_id, step.kind)
+            run.refresh_from_db()
+            stage = run.stages.filter(pk=step.stage_id).first() if step.stage_id else None
+            machine.stop(run, "crashed", f"The engine failed to begin the {step.kind} step: "
+                         f"{type(exc).__name__}: {exc}", stage=stage)
+            return "crashed"
         simulated = " [simulated]" if run.simulated else ""
     log.info("run %s%s: %s step claimed by %s", run_id, simulated, step.kind, owner)
     beat = Heartbeat(run_id, lease, settings.CP_HEARTBEAT_INTERVAL)

@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import context, machine, process, protected, review, scope, workspace
+from . import context, faults, machine, process, protected, review, scope, workspace
 from .agents import AgentRequest, get_adapter
 from .models import (
     Attempt,
@@ -151,6 +151,11 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
     """Persist the intent of ``step`` (run locked by the caller) and return its plan."""
     plan = {"kind": step.kind, "run_id": run.pk, "lease": lease, "stage_id": step.stage_id}
     if step.kind == "finish":
+        last = run.stages.order_by("-order").first()
+        plan["checkpoint"] = last.checkpoint_commit if last else run.commit
+        machine.event(run, "final_verify",
+                      f"Every stage is checkpointed; verifying the whole result: every baseline check and every "
+                      f"stage's gates run again on the final checkpoint {plan['checkpoint'][:12]}.")
         return plan
     stage = StageRun.objects.select_related("run").get(pk=step.stage_id)
     if stage.status == StageStatus.PENDING or not stage.base_commit:
@@ -163,6 +168,8 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
         plan.update(_begin_attempt(run, stage, step.kind, "implementer", lease))
     elif step.kind == "review":
         plan.update(_begin_attempt(run, stage, "review", "reviewer", lease, profile_name=_next_reviewer(run, stage)))
+    elif step.kind == "document":
+        plan.update(_begin_attempt(run, stage, "document", "documenter", lease))
     elif step.kind == "checkpoint":
         entry = JournalEntry.objects.create(
             run=run, stage=stage, parent_commit=stage.base_commit, expected_tree=stage.accepted_manifest
@@ -232,13 +239,45 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
 def execute(plan: dict, should_stop) -> dict:
     """Do the step's slow work outside any transaction; returns its outcome dict."""
     kind = plan["kind"]
-    if kind in ("implement", "repair", "review"):
+    if kind in ("implement", "repair", "review", "document"):
         return _execute_agent(plan, should_stop)
     if kind == "verify":
         return _execute_verify(plan, should_stop)
     if kind == "checkpoint":
         return _execute_checkpoint(plan)
+    if kind == "finish":
+        return _execute_final(plan, should_stop)
     return {}
+
+
+def _execute_final(plan: dict, should_stop) -> dict:
+    """Run every baseline check and every stage's gates on the final checkpoint (Check kind final).
+
+    The worktree must hold exactly the final checkpoint's files (nothing after it); a failed check
+    does not end the pass: every check runs, so the report names all that fail.
+    """
+    run = Run.objects.get(pk=plan["run_id"])
+    _prepare_workspace(run, plan["lease"])
+    run.refresh_from_db()
+    current = workspace.manifest(run.worktree, plan["checkpoint"], _excludes(run))
+    if current["changes"]:
+        return {"dirty": [c["path"] for c in current["changes"]], "checks": []}
+    manifest_row = save_manifest(run, None, current)
+    env = run_env(run, "final")
+    pipeline = run.definition["pipeline"]
+    checks = []
+    stages = list(run.stages.order_by("order"))
+    plan_gates = [(stages[0] if stages else None, g, Check.Kind.FINAL) for g in pipeline.get("baseline_checks") or []]
+    plan_gates += [(stage, g, Check.Kind.FINAL) for stage in stages for g in stage.spec.get("gates") or []]
+    for stage, gate, kind in plan_gates:
+        check = _run_gate(run, stage, gate, kind, current["digest"], env, should_stop, 1)
+        Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
+        checks.append(check.pk)
+        if should_stop():
+            return {"cancelled": True, "checks": checks}
+    after = workspace.manifest(run.worktree, plan["checkpoint"], _excludes(run))
+    return {"checks": checks, "digest": current["digest"],
+            "changed_by_checks": [c["path"] for c in after["changes"]]}
 
 
 def _prepare_workspace(run: Run, lease: str) -> dict:
@@ -286,6 +325,14 @@ def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
             lines += [f"- {c['status']}: {c['path']}" for c in data["changes"]]
         if author is not None and author.final_message:
             lines += ["", "Agent's final message:", author.final_message]
+        if accepted is not None and dep.checkpoint_commit:
+            docs = [c["path"] for c in data["changes"] if c["status"] != "deleted"
+                    and scope.matches(c["path"], list(run.definition["pipeline"]["documentation_paths"]))]
+            for rel in docs[:20]:
+                shown = workspace.git(["show", f"{dep.checkpoint_commit}:{rel}"], run.worktree, check=False)
+                if shown.returncode == 0:
+                    lines += ["", f"Documentation {rel} (as checkpointed):",
+                              shown.stdout[:32_000].decode("utf-8", "replace").strip()]
         summaries.append({"key": key, "checkpoint": dep.checkpoint_commit,
                           "summary": "\n".join(lines) or "(no file changes)"})
     return summaries
@@ -417,7 +464,54 @@ def _build_prompt(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
                                    spec_index_text=_initial_spec_index(run, stage, plan))
     if plan["operation"] == "repair":
         text += _repair_section(run, stage, plan, start)
+    elif plan["operation"] == "document":
+        text += _document_section(run, stage, plan, start)
     return text
+
+
+def _document_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
+    """What the documentation agent is told: its paths, the verified diff and the knowledge base."""
+    pipeline = run.definition["pipeline"]
+    paths = list(pipeline["documentation_paths"])
+    patch_rel = control_path(run, plan["folder"], "verified.diff")
+    workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
+    patch = var_path(patch_rel).read_text(encoding="utf-8", errors="replace")
+    if len(patch) > 100_000:
+        patch = patch[:100_000] + "\n[... cut; read the files for the rest]\n"
+    lines = ["", "## Your task: update the documentation",
+             "The change below passed every check and the independent review. Bring the documentation up to "
+             "date with it: the specification index and the notes it lists that this change affects. Describe "
+             "the behaviour as implemented and the commands that verify it (the gates above). You may change "
+             f"only these paths: {', '.join(paths)}; any other change stops the run. If a note is missing, "
+             "create it and list it in the index.", ""]
+    lines += _knowledge_base(run.worktree, pipeline, paths)
+    lines += ["", "## The verified change (against the stage's starting checkpoint)", "```diff",
+              patch.rstrip() or "(empty)", "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _knowledge_base(worktree: str, pipeline: dict, paths: list[str], limit: int = 200_000) -> list[str]:
+    """The notes under the documentation paths, each as a section (cut at ``limit`` bytes in all)."""
+    index = pipeline.get("spec_index")
+    notes = sorted(e for e in _tracked_and_new(worktree) if scope.matches(e, paths) and e != index
+                   and e.endswith((".md", ".rst", ".txt")))
+    lines, used = ["### The knowledge base" + (f" (index: {index})" if index else "")], 0
+    for rel in notes:
+        try:
+            text = context.read_inside(worktree, rel, required=False) or ""
+        except context.ContextError:
+            continue
+        if used + len(text) > limit:
+            lines.append(f"- {rel} (not included: the knowledge base passed {limit} bytes; read it yourself)")
+            continue
+        used += len(text)
+        lines += [f"#### {rel}", text.strip()]
+    return lines if len(lines) > 1 else lines + ["(no notes yet)"]
+
+
+def _tracked_and_new(worktree: str) -> list[str]:
+    out = workspace.git(["ls-files", "-z", "--cached", "--others", "--exclude-standard"], worktree).stdout
+    return [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
 
 
 def _repair_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
@@ -461,7 +555,7 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
     result = process.run_supervised(
         argv, cwd=run.worktree, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
-        redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-check-{check.pk}",
+        redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-{run.uid.hex[:8]}-check-{check.pk}",
         should_stop=should_stop, grace_seconds=5.0,
     )
     failure = ""
@@ -556,6 +650,10 @@ def _execute_checkpoint(plan: dict) -> dict:
     current = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
     if current["digest"] != stage.accepted_manifest:
         return {"changed": True, "digest": current["digest"]}
+    earlier = _earlier_checkpoint(run, stage, current["tree"])
+    if earlier:  # an earlier checkpoint step committed these files and died before its journal said so
+        return {"commit": earlier, "created": False, "recovered": True}
+    faults.hit("checkpoint.before_commit")
     message = f"{run.pipeline_name}: stage {stage.key} (run {run.pk})\n\n{stage.spec['title'] or stage.key}"
     trailers = {"Control-Panel-Run": str(run.uid), "Control-Panel-Stage": stage.key,
                 "Control-Panel-Journal": str(entry.uid), "Control-Panel-Manifest": current["digest"]}
@@ -565,7 +663,21 @@ def _execute_checkpoint(plan: dict) -> dict:
             keep_agent_commits=f"refs/controlpanel/run-{run.pk}/stage-{stage.order + 1}-agent-commits")
     except workspace.WorkspaceError as exc:
         return {"failure_kind": exc.code, "failure_message": exc.message}
+    faults.hit("checkpoint.after_commit")
     return {"commit": result["commit"], "created": result["created"]}
+
+
+def _earlier_checkpoint(run: Run, stage: StageRun, tree: str) -> str | None:
+    """The branch tip when an earlier checkpoint step of this stage committed exactly ``tree``
+    (found by its journal trailer), so that recovery never makes a second commit; else None."""
+    tip = workspace.branch_tip(run.repo_path, run.branch)
+    if not tip or tip == stage.base_commit:
+        return None
+    for entry in stage.journal.exclude(pk=None).order_by("-id"):
+        found = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
+        if found == tip and workspace.git(["rev-parse", f"{tip}^{{tree}}"], run.worktree).stdout.decode().strip() == tree:
+            return tip
+    return None
 
 
 def crashed(plan: dict, exc: BaseException) -> dict:
@@ -579,7 +691,7 @@ def crashed(plan: dict, exc: BaseException) -> dict:
 def finish(run: Run, plan: dict, outcome: dict) -> None:
     """Record the outcome of a step on the locked ``run`` and move it on or stop it."""
     if plan["kind"] == "finish":
-        machine.succeed(run)
+        _finish_final(run, plan, outcome)
         return
     stage = StageRun.objects.select_related("run").get(pk=plan["stage_id"])
     stage.run = run
@@ -592,6 +704,42 @@ def finish(run: Run, plan: dict, outcome: dict) -> None:
                      f"{outcome['failure_message']}", stage=stage)
         return
     FINISHERS[plan["kind"]](run, stage, plan, outcome)
+
+
+def _finish_final(run: Run, plan: dict, outcome: dict) -> None:
+    """Succeed only when every check passed on the final checkpoint; else stop naming what failed."""
+    checkpoint = plan["checkpoint"]
+    if outcome.get("crashed"):
+        machine.stop(run, "crashed", f"The engine failed during the final verification: {outcome['failure_message']}")
+        return
+    if outcome.get("dirty"):
+        machine.stop(run, "final_verification_failed",
+                     f"The worktree no longer holds the final checkpoint {checkpoint[:12]}: "
+                     f"{', '.join(outcome['dirty'][:10])} changed after it; nothing can be verified.",
+                     evidence={"checkpoint": checkpoint, "changed": outcome["dirty"]})
+        return
+    if outcome.get("cancelled"):
+        machine.stop(run, "interrupted", "The final verification was stopped before it finished.")
+        return
+    checks = list(Check.objects.filter(pk__in=outcome["checks"]).select_related("stage").order_by("id"))
+    for check in checks:
+        machine.event(run, "check_passed" if check.passed else "check_failed",
+                      f"Final verification on {checkpoint[:12]}: " + _check_sentence(check), stage=check.stage,
+                      gate_check=check)
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        names = ", ".join(f"'{c.name}' of stage '{c.stage.key}'" if c.stage else f"'{c.name}'" for c in failed)
+        machine.stop(run, "final_verification_failed",
+                     f"The whole result does not verify: {names} failed on the final checkpoint {checkpoint[:12]} "
+                     f"({_check_sentence(failed[0])}) A later stage may have broken an earlier stage's gate.",
+                     evidence={"checkpoint": checkpoint, "checks": [c.pk for c in failed],
+                               "failed": [c.name for c in failed]})
+        return
+    if outcome.get("changed_by_checks"):
+        machine.event(run, "artifact_changed",
+                      f"The final checks wrote into the worktree ({', '.join(outcome['changed_by_checks'][:10])}); "
+                      f"the final checkpoint {checkpoint[:12]} itself is unchanged.")
+    machine.succeed(run)
 
 
 def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
@@ -672,6 +820,9 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
     if plan["operation"] == "review":
         _finish_review(run, stage, attempt, outcome)
         return
+    if plan["operation"] == "document":
+        _finish_document(run, stage, attempt, outcome)
+        return
     if attempt.status != AttemptStatus.SUCCEEDED:
         what = {"workspace_branch_in_use": "the run's branch is checked out in another worktree",
                 "missing_executable": "the agent's executable was not found"}.get(attempt.failure_kind, "")
@@ -733,7 +884,7 @@ def _finish_review(run: Run, stage: StageRun, attempt: Attempt, outcome: dict) -
         _defect(run, stage, "review", attempt.profile_name, stage.accepted_manifest,
                 f"{who} asked for a repair: {listed}", {"attempt": attempt.pk, "findings": findings})
         return
-    failed = [name for name, passed in _gate_results(stage, stage.accepted_manifest).items() if not passed]
+    failed = [name for name, passed in gate_results(stage, stage.accepted_manifest).items() if not passed]
     if failed:  # never reached through the step order; a verdict never overrides a failed command
         machine.stop(run, "gate_failed", f"{who} answered pass, but gate(s) {', '.join(failed)} did not pass on these "
                      f"files; a verdict never overrides a failed command.", stage=stage,
@@ -745,7 +896,30 @@ def _finish_review(run: Run, stage: StageRun, attempt: Attempt, outcome: dict) -
                   + (f"; still to review: {', '.join(remaining)}." if remaining else "; they go to the checkpoint."),
                   stage=stage, attempt=attempt, data={"verdict": verdict})
     if not remaining:
-        machine.reviewed(stage)
+        machine.reviewed(run, stage)
+
+
+def _finish_document(run: Run, stage: StageRun, attempt: Attempt, outcome: dict) -> None:
+    """The documentation agent's attempt: a failure stops the run (docs_failed); changed docs are
+    verified and reviewed again before the checkpoint."""
+    if not outcome.get("launched"):
+        machine.stop(run, attempt.failure_kind, f"The documentation agent was not started: {attempt.failure_message}",
+                     stage=stage, evidence={"attempt": attempt.pk})
+        return
+    if attempt.status != AttemptStatus.SUCCEEDED:
+        machine.stop(run, "docs_failed",
+                     f"The documentation agent (attempt {attempt.number}) ended {attempt.status} "
+                     f"({attempt.failure_kind}): {attempt.failure_message or 'no message'}. The verified files are "
+                     f"kept; the stage is not checkpointed without current documentation.",
+                     stage=stage, evidence={"attempt": attempt.pk, "failure_kind": attempt.failure_kind})
+        return
+    changed = outcome.get("changed") or []
+    machine.event(run, "documented",
+                  f"The documentation agent (attempt {attempt.number}) updated {', '.join(changed[:10])}; the checks "
+                  f"and reviews run again on the updated files." if changed else
+                  f"The documentation agent (attempt {attempt.number}) found the documentation current; nothing "
+                  f"changed.", stage=stage, attempt=attempt, data={"changed": changed})
+    machine.documented(run, stage, stage.accepted_manifest, bool(changed))
 
 
 def _finding_text(finding: dict) -> str:
@@ -755,7 +929,7 @@ def _finding_text(finding: dict) -> str:
     return f"[{finding['severity']}] {where}: {finding['text']}"
 
 
-def _gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
+def gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
     """The latest non-stale result of each of the stage's gates on the files ``digest``;
     a gate that did not run on them counts as not passed."""
     pipeline = stage.run.definition["pipeline"]
@@ -825,11 +999,14 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
             return
         _defect(run, stage, "gate", check.name, check.manifest_digest, _check_sentence(check), evidence)
         return
-    stray = scope.outside(outcome.get("changed", []), list(stage.spec["scope"]))
+    allowed = list(stage.spec["scope"])
+    if stage.documented_manifest:  # the documentation agent's changes are part of these files
+        allowed += list(run.definition["pipeline"]["documentation_paths"])
+    stray = scope.outside(outcome.get("changed", []), allowed)
     if stray:
         machine.stop(run, "scope_violation",
                      f"The verified files of stage '{stage.key}' include changes outside its scope "
-                     f"({', '.join(stage.spec['scope'])}): {', '.join(stray[:10])}. Something other than the agent "
+                     f"({', '.join(allowed)}): {', '.join(stray[:10])}. Something other than the agent "
                      f"wrote them (a gate writing into the worktree?); they would land in the checkpoint.",
                      stage=stage, evidence={"outside": stray, "manifest": outcome["digest"]})
         return
@@ -837,6 +1014,11 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
                   f"Every gate of stage '{stage.key}' exited 0 on files {outcome['digest'][:12]}; they go to "
                   f"the independent review.", stage=stage)
     machine.gates_passed(stage, outcome["digest"])
+    if not [name for name in reviewers(run) if name not in _passed_reviewers(stage)]:
+        # a recovery or recheck verified files every reviewer already passed: their verdicts stand
+        machine.event(run, "review_passed", f"Every reviewer already passed files {outcome['digest'][:12]}; their "
+                      f"verdicts stand for these same files.", stage=stage)
+        machine.reviewed(run, stage)
 
 
 def _role_scope(run: Run, stage: StageRun, role: str) -> list[str]:
@@ -904,7 +1086,7 @@ def record_late(run: Run, plan: dict, outcome: dict) -> None:
                   f"and changed nothing.", data={"step": plan["kind"]})
 
 
-FINISHERS = {"implement": _finish_agent, "repair": _finish_agent, "review": _finish_agent,
+FINISHERS = {"implement": _finish_agent, "repair": _finish_agent, "review": _finish_agent, "document": _finish_agent,
              "verify": _finish_verify, "checkpoint": _finish_checkpoint}
 
 

@@ -330,9 +330,9 @@ def test_the_real_cli_repairs_a_failed_gate_then_the_review_passes(make_pipeline
     run = drive(run.pk, sent, limit=20)
     assert run.status == "succeeded", run.stop_message
     attempts = list(Attempt.objects.filter(run=run).order_by("number"))
-    assert [a.operation for a in attempts] == ["implement", "repair", "review"]
+    assert [a.operation for a in attempts] == ["implement", "repair", "review", "document"]
     assert all(a.adapter == "claude-code" and a.cli_version.startswith("2.1.197") for a in attempts)
-    assert len({a.session_id for a in attempts}) == 3  # three fresh sessions
+    assert len({a.session_id for a in attempts}) == 4  # four fresh sessions
     prompt = (Path(settings.VAR_DIR) / attempts[1].prompt_path).read_text()
     assert "Gate 'unit' failed" in prompt and "assert 41 == 42" in prompt
     assert attempts[1].final_message == "Repaired: answer() returns 42."

@@ -5,6 +5,8 @@ The real-binary tests skip only when tools/agents has no codex (``make agents`` 
 """
 import json
 import os
+import shutil
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -179,6 +181,72 @@ def test_a_permissive_worker_codex_config_does_not_loosen_the_reviewer(tmp_path,
     assert (home / "auth.json").exists() and not (home / "config.toml").exists()
 
 
+SECRET = "s3cret-do-not-read"
+
+
+@pytest.fixture
+def private_files(monkeypatch):
+    """Another run's control record in the var directory, and a worker HOME with a codex login.
+
+    Both lie outside /tmp (which the sandbox replaces by its own anyway), so only the hiding of
+    the var directory and of the worker's HOME can keep them from the agent."""
+    tag = uuid.uuid4().hex[:12]
+    control = Path(settings.VAR_DIR) / "runs" / f"999-other-{tag}" / "control.json"
+    control.parent.mkdir(parents=True)
+    control.write_text(json.dumps({"run": 999, "note": SECRET}))
+    worker_home = Path(settings.BASE_DIR) / "test-artifacts" / f"worker-home-{tag}"
+    (worker_home / ".codex").mkdir(parents=True)
+    (worker_home / ".codex" / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": None, "note": SECRET}))
+    monkeypatch.setenv("HOME", str(worker_home))  # the worker's HOME, as the sandbox and prepare_home see it
+    monkeypatch.delenv("CODEX_HOME", raising=False)
+    try:
+        yield {"control": control, "auth": worker_home / ".codex" / "auth.json", "home": worker_home}
+    finally:
+        shutil.rmtree(control.parent, ignore_errors=True)
+        shutil.rmtree(worker_home, ignore_errors=True)
+
+
+@needs_codex
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["implementer", "reviewer"])
+def test_codex_runs_in_the_engine_sandbox(tmp_path, private_files, role):
+    """Its commands cannot read the var directory or the worker's HOME, cannot signal a process of
+    the host (own PID namespace), and codex's own rules still apply inside: the reviewer writes
+    nothing; every failed or refused command is recorded."""
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    commands = [f"cat '{private_files['control']}'", f"cat '{private_files['auth']}'",
+                f"kill -9 {bystander.pid}", f"echo x > '{private_files['home']}/written.txt'",
+                "echo kept > inside.txt"]
+    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": cmd}} for cmd in commands] + [{"text": "done"}]}
+    request = make_request(tmp_path, role, scenario)
+    try:
+        result = CodexAdapter().run(request)
+        assert bystander.poll() is None  # still alive: codex's commands are in the sandbox's PID namespace
+    finally:
+        bystander.kill()
+        bystander.wait()
+    raw = Path(request.raw_path).read_text()
+    assert result.exit_code == 0 and result.failure_kind is None, (result.failure_message, log_of(request)[-3000:])
+    assert SECRET not in raw and SECRET not in log_of(request)
+    assert not (private_files["home"] / "written.txt").exists()
+    refused = {r["command"]: r for r in result.extra["refusals"]}
+    for cmd in commands[:2]:  # hidden: an empty folder where the var directory and the worker's HOME are
+        assert refused[cmd]["exit_code"] == 1 and "No such file or directory" in refused[cmd]["message"], refused
+    assert "No such process" in refused[commands[2]]["message"], refused
+    assert refused[commands[3]]["sandbox_denied"] and "Read-only file system" in refused[commands[3]]["message"]
+    inside = Path(request.workspace) / "inside.txt"
+    if role == "implementer":
+        assert inside.read_text() == "kept\n" and commands[4] not in refused
+    else:
+        assert not inside.exists() and refused[commands[4]]["sandbox_denied"], refused
+        assert sorted(p.name for p in Path(request.workspace).iterdir()) == [".git", "README.md"]
+    # the -o file was written in the attempt's HOME (the control folder is hidden inside), read
+    # after the process ended, and kept redacted in the control folder
+    assert result.final_message == "done"
+    assert not (Path(request.home_dir) / "codex-last-message-1.txt").exists()
+    assert (Path(request.control_dir) / "codex-last-message-1.txt").read_text().strip() == "done"
+
+
 @needs_codex
 @pytest.mark.slow
 def test_401_is_auth_failed_within_seconds(tmp_path):
@@ -241,10 +309,10 @@ def test_exit_0_without_a_completed_turn_is_malformed_with_unknown_usage(tmp_pat
 def test_the_argument_array_per_role(tmp_path):
     reviewer = build_argv("codex", make_request(tmp_path, "reviewer"))
     implementer = build_argv("codex", make_request(tmp_path, "implementer", model="gpt-5"))
-    control = str(tmp_path / "control")
+    home = str(tmp_path / "attempt-home")  # the -o file: visible and writable inside the sandbox
     assert reviewer == ["codex", "exec", "--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules",
                         "-C", str(tmp_path / "work"), "--sandbox", "read-only", "-c", 'web_search="disabled"',
-                        "-o", f"{control}/codex-last-message-1.txt", "-"]
+                        "-o", f"{home}/codex-last-message-1.txt", "-"]
     assert implementer[8:18] == ["--sandbox", "workspace-write",
                                  "-c", "sandbox_workspace_write.exclude_slash_tmp=true",
                                  "-c", "sandbox_workspace_write.exclude_tmpdir_env_var=true",
@@ -300,6 +368,30 @@ def test_the_parser_sums_usage_and_finds_session_and_final_message(tmp_path):
     write_jsonl(raw, [{"type": "turn.completed", "usage": {"input_tokens": 3, "output_tokens": 1}}])
     assert usage_of(parse_events(str(raw))["usage"])["cache_creation_tokens"] is None
     assert parse_events(str(tmp_path / "missing.raw"))["usage"] is None
+
+
+def test_refusals_the_stream_reports_itself_are_recorded(tmp_path):
+    """A declined command and a failed (or declined) patch, as codex's exec JSONL schema reports
+    them; 0.171.0 offline emits neither (module docstring of rejected_item)."""
+    events = [{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+              {"type": "item.completed", "item": {"id": "item_1", "type": "command_execution", "command": "rm -rf /x",
+                                                  "aggregated_output": "", "exit_code": None, "status": "declined"}},
+              {"type": "item.completed", "item": {"id": "item_2", "type": "file_change", "status": "failed",
+                                                  "changes": [{"path": "/w/a.py", "kind": "update"},
+                                                              {"path": "/w/b.py", "kind": "add"}]}},
+              {"type": "item.completed", "item": {"id": "item_3", "type": "file_change", "status": "completed",
+                                                  "changes": [{"path": "/w/c.py", "kind": "add"}]}},
+              {"type": "item.completed", "item": {"id": "item_4", "type": "command_execution", "command": "false",
+                                                  "aggregated_output": "", "exit_code": 1, "status": "failed"}},
+              {"type": "turn.completed", "usage": {"input_tokens": 1}}]
+    result = classify(tmp_path, events, exit_code=0)
+    assert result.failure_kind is None
+    assert result.extra["refusals"] == [
+        {"tool": "exec_command", "command": "rm -rf /x", "exit_code": None, "message": "declined",
+         "sandbox_denied": True},
+        {"tool": "apply_patch", "command": "update /w/a.py, add /w/b.py", "exit_code": None,
+         "message": "codex reported the patch as failed (not applied, or declined)", "sandbox_denied": False}]
+    assert "sandbox refused 1 command(s)" in log_of(make_request(tmp_path, "implementer"))
 
 
 def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch):

@@ -60,9 +60,15 @@ def test_two_stages_run_through_a_real_worker(workers, make_pipeline, repo):
     for stage in (first, second):
         tree = git(repo, "rev-parse", f"{stage['checkpoint']}^{{tree}}").strip()
         assert stage["accepted_manifest"] == tree
-        assert all(c["manifest"] == tree and c["passed"] and c["exit_code"] == 0 for c in stage["checks"])
-        assert [a["operation"] for a in stage["attempts"]] == ["implement", "review"]
+        assert all(c["manifest"] == tree and c["passed"] and c["exit_code"] == 0 for c in stage["checks"]
+                   if c["kind"] != "final")
+        assert [a["operation"] for a in stage["attempts"]] == ["implement", "review", "document"]
         assert all(a["simulated"] for a in stage["attempts"])
+    # and the whole result was verified again on the final checkpoint
+    final_tree = git(repo, "rev-parse", f"{second['checkpoint']}^{{tree}}").strip()
+    finals = [c for stage in (first, second) for c in stage["checks"] if c["kind"] == "final"]
+    assert [(c["name"], c["passed"], c["manifest"]) for c in finals] == [("unit", True, final_tree),
+                                                                        ("all", True, final_tree)]
     assert "def double" in git(repo, "show", f"{second['checkpoint']}:app/core.py")
     message = git(repo, "log", "-1", "--format=%B", first["checkpoint"])
     assert "Control-Panel-Journal:" in message
@@ -155,7 +161,7 @@ def test_c01_a_branch_checked_out_elsewhere_stops_before_the_agent(workers, make
     run = wait_for(run.pk)
     assert run.status == "succeeded", run.stop_message
     assert [(a.number, a.operation) for a in Attempt.objects.filter(run=run).order_by("number")] == [
-        (1, "implement"), (2, "implement"), (3, "review")]
+        (1, "implement"), (2, "implement"), (3, "review"), (4, "document")]
 
 
 def test_c02_a_worktree_deleted_outside_git_is_recreated(workers, make_pipeline, repo):

@@ -1,18 +1,21 @@
-"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/claude.py ``sandboxed``),
-run for real: what a wrapped shell can read and write.
+"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/claude.py ``sandboxed``,
+engine/agents/codex.py ``sandboxed``), run for real: what a wrapped shell can read and write.
 
 Each test lays out a var directory (another run's control records and worktree, a database
 file, broker messages, this run's scratch folders and worktree), a worker HOME with fake
-credentials, and runs ``sh -c`` through exactly the arguments the claude adapter uses.
+credentials, and runs ``sh -c`` through exactly the arguments the claude adapter uses (or the
+codex adapter's, in the user-namespace mode with a private /tmp).
 """
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
 from engine.agents import AgentRequest, sandbox
+from engine.agents import codex as codex_adapter
 from engine.agents.claude import find_executable, sandboxed
 
 from .conftest import git, make_repo
@@ -59,14 +62,16 @@ def layout(request, tmp_path, monkeypatch, settings):
     return found
 
 
-def run_in(layout: dict, role: str, script: str, argv0: str = "/bin/sh") -> subprocess.CompletedProcess:
-    """``sh -c script`` in the worktree, wrapped the way the claude adapter wraps its CLI for ``role``."""
+def run_in(layout: dict, role: str, script: str, argv0: str = "/bin/sh",
+           wrapper=sandboxed) -> subprocess.CompletedProcess:
+    """``sh -c script`` in the worktree, wrapped the way the claude adapter wraps its CLI for ``role``
+    (``wrapper``: or the codex adapter's ``sandboxed``)."""
     env = layout["env"]
     request = AgentRequest(role=role, operation="implement", prompt="", workspace=str(layout["worktree"]),
                            profile={}, deadline_seconds=30, log_path="", raw_path="", env=env, stage_key="s",
                            attempt_number=1, control_dir=str(layout["var"] / "runs" / "1-abcdef12"),
                            home_dir=env["HOME"])
-    argv = sandboxed([argv0, "-c", script], env, request)
+    argv = wrapper([argv0, "-c", script], env, request)
     return subprocess.run(argv, cwd=str(layout["worktree"]), env=env, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
 
@@ -188,6 +193,78 @@ def test_root_in_the_sandbox_cannot_unmount_or_remount_its_way_out(layout):
     assert "CapEff:\t0000000000000000" in out.stdout, out.stdout
     assert SECRET not in out.stdout, out
     assert (layout["worktree"] / ".git").read_text().startswith("gitdir: ") and "elsewhere" not in out.stdout
+    assert "/tmp/elsewhere" not in (layout["worktree"] / ".git").read_text()
+
+
+def run_codex_wrapped(layout: dict, role: str, script: str) -> subprocess.CompletedProcess:
+    return run_in(layout, role, script, wrapper=codex_adapter.sandboxed)
+
+
+needs_user_namespace = pytest.mark.skipif(not sandbox.user_namespace_available()[0],
+                                          reason=f"no user-namespace sandbox: {sandbox.user_namespace_available()[1]}")
+
+
+@needs_user_namespace
+@pytest.mark.parametrize("role", ["implementer", "reviewer"])
+def test_the_user_namespace_mode_hides_and_binds_back_the_same(layout, role):
+    """codex's wrap: the same hidden and writable folders as claude's, as uid SANDBOX_UID, with a
+    private writable /tmp (the layout lies under /tmp: what it needs is bound back into it)."""
+    targets = [*layout["other"].values(), layout["home"] / ".codex" / "auth.json",
+               layout["home"] / ".ssh" / "id_ed25519"]
+    for target in targets:
+        out = run_codex_wrapped(layout, role, f"cat '{target}'")
+        assert out.returncode != 0 and SECRET not in out.stdout and "No such file or directory" in out.stderr, target
+    listing = run_codex_wrapped(layout, role, f"ls -a '{layout['var']}/worktrees' '{layout['var']}/scratch'")
+    assert "7-other" not in listing.stdout and "run-7" not in listing.stdout
+    assert "1-abcdef12" in listing.stdout and "run-1" in listing.stdout, listing.stdout + listing.stderr
+    for key in ("HOME", "TMPDIR", "CP_DATA_DIR"):
+        out = run_codex_wrapped(layout, role, f'echo ok > "${key}/written" && cat "${key}/written"')
+        assert out.stdout == "ok\n", (key, out.stderr)
+        assert (Path(layout["env"][key]) / "written").read_text() == "ok\n"
+    probe = f"/tmp/cp-private-tmp-{uuid.uuid4().hex}"
+    out = run_codex_wrapped(layout, role, f"id -u; echo t > {probe} && cat {probe}; git status --porcelain; "
+                                          f"cat README.md")
+    assert out.stdout.split("\n")[:3] == [str(sandbox.SANDBOX_UID), "t", "hello"], out
+    assert not os.path.exists(probe)  # the sandbox's own /tmp, gone with it
+    out = run_codex_wrapped(layout, role, "echo 'x = 2' > app.py; echo 'gitdir: /tmp/elsewhere' > .git")
+    if role == "implementer":
+        assert (layout["worktree"] / "app.py").read_text() == "x = 2\n"
+    else:
+        assert out.stderr.count("Read-only file system") == 2
+        assert (layout["worktree"] / "app.py").read_text() == "x = 1\n"
+    assert "/tmp/elsewhere" not in (layout["worktree"] / ".git").read_text()
+    for target in (layout["var"] / "x.txt", layout["home"] / "x.txt", layout["origin"] / ".git" / "x.txt"):
+        assert run_codex_wrapped(layout, role, f"echo x > '{target}'").returncode != 0 and not target.exists()
+
+
+@needs_user_namespace
+def test_the_user_namespace_mode_nests_a_sandbox_and_still_cannot_be_undone(layout):
+    """A bubblewrap inside it can make its own user namespace (what codex's sandbox does for every
+    command), while no mount of the outer one can be unmounted or remounted, neither directly nor
+    from a user namespace of the agent's own (there they are locked), and the host's processes
+    cannot be signalled."""
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    control, key = layout["other"]["control"], layout["home"] / ".ssh" / "id_ed25519"
+    undo = ("for m in $(awk '{print $5}' /proc/self/mountinfo | sort -r); do umount -l \"$m\" 2>/dev/null && "
+            f"echo unmounted $m; done; mount -o remount,rw / && echo remounted; cat '{control}' '{key}'")
+    bwrap = sandbox.bwrap_path()
+    script = (f"'{bwrap}' --ro-bind / / --dev /dev --unshare-user --unshare-pid --unshare-net -- "
+              "sh -c 'echo nested-ok'; "
+              f"grep CapEff /proc/self/status; kill -9 {bystander.pid}; {undo}; "
+              f"unshare -U -r -m sh -c \"{undo.replace(chr(34), chr(92) + chr(34)).replace('$', chr(92) + '$')}\"; "
+              f"'{bwrap}' --bind / / --unshare-user --uid 0 -- sh -c \"cat '{control}'\"; "
+              "mount -o remount,rw,bind .git; echo 'gitdir: /tmp/elsewhere' > .git; touch /cp-root-was-here; true")
+    try:
+        out = run_codex_wrapped(layout, "implementer", script)
+        assert bystander.poll() is None, out  # still alive: its own PID namespace
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert "nested-ok" in out.stdout and "CapEff:\t0000000000000000" in out.stdout, out
+    assert "No such process" in out.stderr, out.stderr
+    assert "unmounted" not in out.stdout and "remounted" not in out.stdout and SECRET not in out.stdout, out
+    assert out.stderr.count(f"{control}: No such file or directory") == 3, out.stderr
+    assert not os.path.exists("/cp-root-was-here")
     assert "/tmp/elsewhere" not in (layout["worktree"] / ".git").read_text()
 
 

@@ -50,7 +50,7 @@ def test_c16_two_starts_5ms_apart_give_exactly_one_execution(workers, make_pipel
         final = wait_for(run.pk, timeout=300)
         assert final.status == "succeeded", (final.pk, final.stop_reason, final.stop_message)
         assert Attempt.objects.filter(run=run, operation="implement").count() == 1  # one launch
-        assert Attempt.objects.filter(run=run).count() == 2  # and its one review
+        assert Attempt.objects.filter(run=run).count() == 3  # and its one review and one documentation
     assert StartRequest.objects.filter(run__in=runs).count() == 50
     logs = new_log_text(workers)
     assert "OperationalError" not in logs and "database is locked" not in logs

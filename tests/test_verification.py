@@ -199,7 +199,7 @@ def test_a_reviewers_repair_finds_its_way_into_a_repair_session(make_pipeline, r
         "implement": [ANSWER_STEP], "repair": [fixed],
         "review": [{"verdict": {"verdict": "repair", "findings": [finding]}}, PASS]})
     assert run.status == "succeeded", run.stop_message
-    assert operations_of(run) == ["implement", "review", "repair", "review"]
+    assert operations_of(run) == ["implement", "review", "repair", "review", "document"]
     repair = Attempt.objects.get(run=run, operation="repair")
     prompt = var(repair.prompt_path).read_text()
     assert "Add a docstring to answer()." in prompt and "Repair 1 of 2" in prompt
@@ -230,9 +230,10 @@ def test_several_reviewers_must_all_pass(make_pipeline, repo, sent):
 def test_fail_then_fix_continues_from_verification(make_pipeline, repo, sent):
     run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [ANSWER_STEP], "review": [PASS]})
     assert run.status == "succeeded", run.stop_message
-    assert operations_of(run) == ["implement", "repair", "review"]  # never implemented twice
+    assert operations_of(run) == ["implement", "repair", "review", "document"]  # never implemented twice
     checks = list(Check.objects.filter(run=run).order_by("id"))
-    assert [(c.name, c.passed) for c in checks] == [("unit", False), ("unit", True)]
+    assert [(c.name, c.kind, c.passed) for c in checks] == [("unit", "gate", False), ("unit", "gate", True),
+                                                            ("unit", "final", True)]
     stage_row = run.stages.get()
     assert stage_row.repairs_used == 1 and stage_row.last_defect["kind"] == "gate"
     prompt = var(Attempt.objects.get(run=run, operation="repair").prompt_path).read_text()
@@ -274,7 +275,7 @@ def test_a_recheck_never_resets_the_repair_counters(make_pipeline, repo, sent):
 def test_a_gate_that_writes_into_the_worktree_gets_results_for_the_new_files(make_pipeline, repo, sent):
     stages = stage(gates=[{"name": "writer", "command": "python -m pytest -q && echo built > app/built.txt"}])
     run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP]}, stages=stages)
-    checks = list(Check.objects.filter(run=run).order_by("id"))
+    checks = list(Check.objects.filter(run=run, kind="gate").order_by("id"))
     assert [c.stale for c in checks] == [True, False] and checks[0].manifest_digest != checks[1].manifest_digest
     assert run.status == "succeeded", run.stop_message
     assert run.stages.get().accepted_manifest == checks[1].manifest_digest
@@ -357,3 +358,190 @@ def test_c27_an_env_file_never_reaches_the_checkpoint_or_the_patch(make_pipeline
     assert body not in var(attempt.patch_path).read_text() and "src/app.py" in var(attempt.patch_path).read_text()
     assert body not in git(repo, "log", "-p", "--all")
     assert sorted(git(repo, "show", "--name-only", "--format=", run.branch).split()) == [".env.example", "src/app.py"]
+
+
+
+# ----------------------------------------------------------------------------- documentation and final verification
+
+
+def test_the_documentation_agent_updates_docs_and_the_checks_and_review_run_again(make_pipeline, repo, sent):
+    doc = {"write": {"docs/answer.md": "# answer\n\n`app.core.answer()` returns 42. Verified by `python -m pytest -q`.\n",
+                     "docs/INDEX.md": "# Index\n- docs/PLAN.md\n- docs/answer.md\n"}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP], "review": [PASS], "document": [doc]},
+                   stages=stage(scope=["app/**"]))
+    assert run.status == "succeeded", run.stop_message
+    assert operations_of(run) == ["implement", "review", "document", "review"]
+    document = Attempt.objects.get(run=run, operation="document")
+    assert document.role == "documenter"
+    prompt = var(document.prompt_path).read_text()
+    assert "update the documentation" in prompt and "docs/**" in prompt and "return 42" in prompt
+    gates = [c.manifest_digest for c in Check.objects.filter(run=run, kind="gate").order_by("id")]
+    assert len(set(gates)) == 2  # the gates ran again on the documented files
+    index = git(repo, "show", f"{run.branch}:docs/INDEX.md")
+    assert "docs/answer.md" in index and "returns 42" in git(repo, "show", f"{run.branch}:docs/answer.md")
+
+
+def test_a_documentation_agent_that_edits_code_is_rejected(make_pipeline, repo, sent):
+    sneaky = {"write": {"docs/answer.md": "# answer\n", "app/core.py": "def answer():\n    return 0\n"}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP], "document": [sneaky]})
+    assert (run.status, run.stop_reason) == ("waiting_review", "scope_violation"), run.stop_message
+    assert run.stop_evidence["outside"] == ["app/core.py"]
+    assert "return 0" in var(Attempt.objects.get(run=run, operation="document").patch_path).read_text()
+    assert not run.stages.get().checkpoint_commit
+
+
+def test_a_failed_documentation_agent_stops_the_run(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP], "document": [{"exit": 3}]})
+    assert (run.status, run.stop_reason) == ("waiting_review", "docs_failed"), run.stop_message
+
+
+def test_a_later_stage_that_breaks_an_earlier_gate_fails_the_final_verification(make_pipeline, repo, sent):
+    stages = [
+        {"key": "answer", "requirement": "Make answer() return 42.", "scope": ["app/**"],
+         "gates": [{"name": "answer-test", "command": "python -m pytest -q tests/test_core.py"}]},
+        {"key": "breaker", "requirement": "Add breaker.txt.", "scope": ["app/**", "breaker.txt"],
+         "gates": [{"name": "has-file", "command": "test -f breaker.txt"}]},
+    ]
+    breaks = {"write": {"breaker.txt": "x\n", "app/core.py": "def answer():\n    return 0\n"}}
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [ANSWER_STEP]},
+                                                                 "breaker": {"implement": [breaks]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent, limit=30)
+    assert (run.status, run.stop_reason) == ("waiting_review", "final_verification_failed"), run.stop_message
+    final = run.stages.order_by("-order").first().checkpoint_commit
+    assert "'answer-test' of stage 'answer'" in run.stop_message and final[:12] in run.stop_message
+    assert run.stop_evidence["checkpoint"] == final and run.stop_evidence["failed"] == ["answer-test"]
+    assert [(c.name, c.passed) for c in Check.objects.filter(run=run, kind="final").order_by("id")] == [
+        ("answer-test", False), ("has-file", True)]
+
+
+# ----------------------------------------------------------------------------- human gates and rechecks
+
+
+def gated_run(make_pipeline, repo, sent, ops=None):
+    run = run_with(make_pipeline, repo, sent, ops or {"implement": [ANSWER_STEP]}, stages=stage(human_gate=True))
+    assert (run.status, run.stop_reason) == ("waiting_approval", "human_gate"), run.stop_message
+    return run
+
+
+def test_a_human_gate_waits_then_an_approval_checkpoints_once(make_pipeline, repo, sent):
+    run = gated_run(make_pipeline, repo, sent)
+    stage_row = run.stages.get()
+    decision = run.decisions.get(state="pending")
+    assert decision.kind == "approval" and decision.artifact == stage_row.accepted_manifest
+    assert not stage_row.checkpoint_commit and stage_row.status == "waiting_approval"
+    assert operations.run_status(run)["waiting_for"] == "approval"
+    operations.approve(run, decision.pk, decision.artifact[:12], reviewer="pat")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    decision.refresh_from_db()
+    assert (decision.state, decision.decided_by) == ("approved", "pat")
+    # approving twice: refused, and nothing moves
+    with pytest.raises(operations.OperationError) as info:
+        operations.approve(run, decision.pk, decision.artifact, reviewer="pat")
+    assert info.value.code == "stale_decision" and info.value.field == "decision"
+    assert git(repo, "rev-list", "--count", f"{run.commit}..{run.branch}").strip() == "1"
+
+
+def test_an_approval_for_other_files_or_an_unknown_decision_is_refused(make_pipeline, repo, sent):
+    run = gated_run(make_pipeline, repo, sent)
+    decision = run.decisions.get(state="pending")
+    for artifact in ("0" * 40, decision.artifact[:6], ""):
+        with pytest.raises(operations.OperationError) as info:
+            operations.approve(run, decision.pk, artifact, reviewer="pat")
+        assert info.value.code == "artifact_mismatch" and info.value.field == "artifact"
+    with pytest.raises(operations.OperationError) as info:
+        operations.approve(run, 99999, decision.artifact, reviewer="pat")
+    assert info.value.code == "unknown_decision"
+    with pytest.raises(operations.OperationError) as info:
+        operations.approve(run, decision.pk, decision.artifact, reviewer=" ")
+    assert info.value.code == "reviewer_required"
+    run.refresh_from_db()
+    assert run.status == "waiting_approval" and run.decisions.get(pk=decision.pk).state == "pending"
+
+
+def test_an_old_artifact_after_a_recheck_that_changed_files_is_refused(make_pipeline, repo, sent):
+    run = gated_run(make_pipeline, repo, sent)
+    old = run.decisions.get(state="pending")
+    # a person corrects the files in the worktree, then asks for a recheck
+    Path(run.worktree, "app", "core.py").write_text('"""Core, corrected."""\n\n\ndef answer():\n    return 42\n')
+    operations.recheck(run, "added a better docstring", requested_by="pat")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_approval", run.stop_message
+    new = run.decisions.get(state="pending")
+    assert new.pk != old.pk and new.artifact != old.artifact
+    assert run.decisions.get(pk=old.pk).state == "superseded"
+    for decision_id, artifact in ((old.pk, old.artifact), (new.pk, old.artifact)):
+        with pytest.raises(operations.OperationError) as info:
+            operations.approve(run, decision_id, artifact, reviewer="pat")
+        assert info.value.code in ("stale_decision", "artifact_mismatch")
+    operations.approve(run, new.pk, new.artifact, reviewer="pat")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    assert "corrected" in git(repo, "show", f"{run.branch}:app/core.py")
+
+
+def test_an_approval_cannot_pass_a_failed_check(make_pipeline, repo, sent):
+    run = gated_run(make_pipeline, repo, sent)
+    decision = run.decisions.get(state="pending")
+    Check.objects.filter(run=run, manifest_digest=decision.artifact).update(passed=False, exit_code=1)
+    with pytest.raises(operations.OperationError) as info:
+        operations.approve(run, decision.pk, decision.artifact, reviewer="pat")
+    assert info.value.code == "checks_missing" and "unit" in info.value.message
+    assert run.decisions.get(pk=decision.pk).state == "pending"
+
+
+def test_a_recheck_needs_a_result_and_a_note(make_pipeline, repo, sent):
+    stages = stage(docs=["docs/MISSING.md"])
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP]}, stages=stages)
+    assert run.stop_reason == "missing_file"
+    with pytest.raises(operations.OperationError) as info:
+        operations.recheck(run, "try", requested_by="pat")
+    assert info.value.code == "nothing_to_verify"
+    with pytest.raises(operations.OperationError) as info:
+        operations.recheck(run, "  ", requested_by="pat")
+    assert info.value.code == "note_required" and info.value.field == "note"
+
+
+def test_a_recheck_after_exhausted_repairs_keeps_the_counters(make_pipeline, repo, sent):
+    run = run_with(make_pipeline, repo, sent, {"implement": [WRONG], "repair": [WRONG_40, WRONG_39]})
+    assert run.stop_reason == "repair_exhausted"
+    operations.recheck(run, "looked again", requested_by="pat")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "repair_exhausted" and run.stages.get().repairs_used == 2
+    assert operations_of(run) == ["implement", "repair", "repair"]
+
+
+def test_the_next_stage_receives_the_accepted_output_and_the_documentation(make_pipeline, repo, sent):
+    stages = [
+        {"key": "answer", "requirement": "Make answer() return 42.", "scope": ["app/**"],
+         "gates": [{"name": "unit", "command": "python -m pytest -q"}]},
+        {"key": "double", "requirement": "Add double().", "scope": ["app/**"], "depends_on": ["answer"],
+         "gates": [{"name": "unit", "command": "python -m pytest -q"}]},
+    ]
+    doc = {"write": {"docs/answer.md": "# answer\n\nanswer() returns 42 (documented by the scripted documenter).\n"}}
+    double = {"write": {"app/extra.py": "def double():\n    return 84\n"}}
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {
+        "answer": {"implement": [{**ANSWER_STEP, "final_message": "answer() now returns 42"}], "document": [doc]},
+        "double": {"implement": [double]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent, limit=40)
+    assert run.status == "succeeded", run.stop_message
+    second = Attempt.objects.get(run=run, stage__key="double", operation="implement")
+    prompt = var(second.prompt_path).read_text()
+    first = run.stages.get(key="answer")
+    assert first.checkpoint_commit in prompt and "app/core.py" in prompt
+    assert "answer() now returns 42" in prompt  # the implementer's message, not the reviewer's
+    assert "Documentation docs/answer.md" in prompt and "documented by the scripted documenter" in prompt
+
+
+def test_a_stage_with_nothing_changed_checkpoints_to_the_same_commit(make_pipeline, repo, sent):
+    stages = [{"key": "answer", "requirement": "Change nothing; the tests already pass.", "scope": ["app/**"],
+               "gates": [{"name": "noop", "command": "true"}]}]
+    run = run_with(make_pipeline, repo, sent, {"implement": [{"print": "nothing to do"}]}, stages=stages)
+    assert run.status == "succeeded", run.stop_message
+    assert run.stages.get().checkpoint_commit == run.commit
+    assert git(repo, "rev-parse", run.branch).strip() == run.commit  # no empty commit was made
+    assert run.events.filter(kind="checkpoint", message__contains="unchanged; reusing").exists()

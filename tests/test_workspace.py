@@ -5,10 +5,14 @@ import concurrent.futures
 import fcntl
 import hashlib
 import os
+import random
 import secrets
+import shutil
 import stat
 import string
 import subprocess
+import tempfile
+import time
 
 import pytest
 
@@ -663,6 +667,285 @@ def test_manifest_unchanged_and_empty_patch(repo, tmp_path, lock_dir):
     with pytest.raises(WorkspaceError) as err:
         ws.manifest(path, "HEAD^{tree}")
     assert err.value.code == "not_a_commit"
+
+
+# The manifest as first written (before the faster one): a copy of the original algorithm,
+# kept here as the reference the fast path must agree with byte for byte.
+
+
+def _ref_ls_files_stage(cwd, args, env):
+    out = ws.git([*ws._TEMP_INDEX_CONFIG, "ls-files", "--stage", "-z", *args], cwd, env=env).stdout
+    entries = {}
+    for item in ws._split_z(out):
+        meta, _, path = item.partition(b"\t")
+        mode, oid, _stage = meta.split(b" ")
+        entries[os.fsdecode(path)] = (mode.decode(), oid.decode())
+    return entries
+
+
+def _ref_ls_files_paths(cwd, args, env, config):
+    out = ws.git([*ws._TEMP_INDEX_CONFIG, *config, "ls-files", "-z", *args], cwd, env=env).stdout
+    return [os.fsdecode(p) for p in ws._split_z(out)]
+
+
+def _ref_drop_listed_parents(paths):
+    parents = set()
+    for path in paths:
+        parts = path.rstrip("/").split("/")
+        parents.update("/".join(parts[:i]) + "/" for i in range(1, len(parts)))
+    return [p for p in set(paths) if p not in parents]
+
+
+def _ref_covered(path, prefixes):
+    parts = path.rstrip("/").split("/")
+    return path in prefixes or any("/".join(parts[:i]) + "/" in prefixes
+                                   for i in range(1, len(parts)))
+
+
+def _ref_tree_entries(cwd, tree):
+    out = ws.git(["ls-tree", "-r", "-z", "--full-tree", tree], cwd).stdout
+    entries = []
+    for item in ws._split_z(out):
+        meta, _, path = item.partition(b"\t")
+        mode, _kind, oid = meta.split(b" ")
+        entries.append({"path": os.fsdecode(path), "mode": mode.decode(), "blob": oid.decode()})
+    entries.sort(key=lambda e: os.fsencode(e["path"]))
+    return entries
+
+
+def _ref_tree_changes(cwd, base, tree):
+    out = ws.git(["diff-tree", "-r", "-z", "--no-renames", "--no-ext-diff",
+                  "--ignore-submodules=none", base, tree], cwd).stdout
+    items = ws._split_z(out)
+    changes = []
+    for i in range(0, len(items) - 1, 2):
+        old_mode, new_mode, old_blob, new_blob, status = items[i].lstrip(b":").decode().split()
+        word = {"A": "added", "D": "deleted", "T": "type_changed"}.get(status[0], "modified")
+        if status[0] == "M" and old_blob == new_blob:
+            word = "mode_changed"
+        changes.append({
+            "path": os.fsdecode(items[i + 1]), "status": word,
+            "old_mode": None if old_mode == "000000" else old_mode,
+            "new_mode": None if new_mode == "000000" else new_mode,
+            "old_blob": None if old_blob == "0" * 40 else old_blob,
+            "new_blob": None if new_blob == "0" * 40 else new_blob,
+        })
+    changes.sort(key=lambda c: os.fsencode(c["path"]))
+    return changes
+
+
+def reference_manifest(worktree, base_commit, excludes=None):
+    patterns = ws.DEFAULT_EXCLUDES if excludes is None else list(excludes)
+    base = ws.resolve_commit(worktree, base_commit)
+    top = ws._out(["rev-parse", "--show-toplevel"], worktree)
+    own_index = ws._out(["rev-parse", "--path-format=absolute", "--git-path", "index"], top)
+    config = ws._TEMP_INDEX_CONFIG
+    with tempfile.TemporaryDirectory(prefix="cp-manifest-ref-") as tmp:
+        index, exclude_file, empty_file = (os.path.join(tmp, n) for n in ("index", "x", "e"))
+        with open(exclude_file, "w", encoding="utf-8") as fh:
+            fh.write("".join(p + "\n" for p in patterns))
+        open(empty_file, "wb").close()
+        if os.path.exists(own_index):
+            shutil.copy2(own_index, index)
+        env = {"GIT_INDEX_FILE": index, "GIT_OPTIONAL_LOCKS": "0"}
+        if ws.git([*config, "read-tree", "-m", base], top, env=env, check=False).returncode:
+            os.remove(index)
+            ws.git([*config, "read-tree", base], top, env=env)
+        exclude_from = [f"--exclude-from={exclude_file}"]
+        base_excluded = _ref_ls_files_stage(top, ["--cached", "--ignored", *exclude_from], env)
+        ws.git([*config, "-c", f"core.excludesFile={exclude_file}", "add", "-A"], top, env=env)
+        now_excluded = _ref_ls_files_stage(top, ["--cached", "--ignored", *exclude_from], env)
+        restore, changed_tracked = [], []
+        for path in sorted(set(base_excluded) | set(now_excluded), key=os.fsencode):
+            old, new = base_excluded.get(path), now_excluded.get(path)
+            if old == new:
+                continue
+            if old is not None:
+                changed_tracked.append(path)
+                restore.append(f"{old[0]} {old[1]}\t".encode() + os.fsencode(path) + b"\0")
+            else:
+                restore.append(f"0 {'0' * 40}\t".encode() + os.fsencode(path) + b"\0")
+        if restore:
+            ws.git([*config, "update-index", "-z", "--index-info"], top, env=env,
+                   input=b"".join(restore))
+        tree = ws._out([*config, "write-tree"], top, env=env)
+        untracked_matching = _ref_drop_listed_parents(_ref_ls_files_paths(
+            top, ["--others", "--ignored", "--directory", *exclude_from], env, []))
+        repo_ignored = set(_ref_ls_files_paths(
+            top, ["--others", "--ignored", "--directory", "--exclude-standard"], env,
+            ["-c", f"core.excludesFile={empty_file}"]))
+        excluded = {p for p in untracked_matching if not _ref_covered(p, repo_ignored)}
+        excluded.update(changed_tracked)
+    return {"tree": tree, "digest": tree, "base": base,
+            "entries": _ref_tree_entries(top, tree), "changes": _ref_tree_changes(top, base, tree),
+            "excluded": sorted(excluded, key=os.fsencode)}
+
+
+_WORDS = ["mod", "read me", "naïve", "名前", "x-y", "données", "a.b", "Z"]
+_EXTS = [".py", ".txt", ".md", ".pem", ".pyc", ".log", ".js", ""]
+_DIRS = ["", "src", "src/pkg", "docs", "dir with space", "ünï/cødé", "deep/er/still", "dist",
+         "node_modules/lib", "build", "config", "src/pkg/__pycache__", "keys", "mixed"]
+
+
+def _random_path(rng, dirs=_DIRS) -> str:
+    name = f"{rng.choice(_WORDS)}{rng.randrange(100)}{rng.choice(_EXTS)}"
+    folder = rng.choice(dirs)
+    return f"{folder}/{name}" if folder else name
+
+
+def _random_repo(tmp_path, rng) -> str:
+    files = {_random_path(rng): f"line {i}\n" * rng.randint(1, 5) for i in range(60)}
+    files.update({
+        ".gitignore": "*.log\n/ignored_dir/\n!keep.log\n!re-included.pem\n",
+        "src/.gitignore": "local_*\n",
+        ".env.example": "A=\n", "run.sh": "echo hi\n", "config/.env": "TOKEN=base\n",
+        "dist/app.js": "v1\n", "node_modules/lib/x.js": "x\n", "keys/id_rsa": "key\n",
+        "src/pkg/__pycache__/m.cpython-311.pyc": "pyc\n", "link-target.txt": "target\n",
+    })
+    repo = str(tmp_path / "repo")
+    os.makedirs(repo)
+    run(repo, "init", "-q", "-b", "main")
+    for name, text in files.items():
+        write(os.path.join(repo, name), text)
+    os.chmod(os.path.join(repo, "run.sh"), 0o755)
+    os.symlink("link-target.txt", os.path.join(repo, "the link"))
+    os.symlink("../docs", os.path.join(repo, "src/docs link"))
+    run(repo, "add", "-A", "--force")
+    # an unpopulated submodule: a gitlink at a commit that is not in this repository
+    run(repo, "update-index", "--add", "--cacheinfo", f"160000,{'ab' * 20},vendor/lib")
+    run(repo, "commit", "-q", "-m", "base")
+    return os.path.realpath(repo)
+
+
+def _write_new(path, name, text) -> None:
+    """Write a file unless an earlier edit left a directory there or a file above it."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        above = os.path.join(path, *parts[:i])
+        if os.path.lexists(above) and not os.path.isdir(above):
+            return
+    full = os.path.join(path, name)
+    if not os.path.isdir(full):
+        write(full, text)
+
+
+def _random_edit(path, rng, round_no) -> None:
+    """An agent's edit: modified, deleted, re-moded, retyped files; new files, some excluded."""
+    tracked = [p for p in run(path, "ls-files", "-z").split("\0") if p]
+    files = [p for p in tracked if os.path.isfile(os.path.join(path, p))
+             and not os.path.islink(os.path.join(path, p))]
+    rng.shuffle(files)
+    for name in files[:6]:
+        write(os.path.join(path, name), f"edited in round {round_no}: {rng.random()}\n")
+    for name in files[6:9]:
+        os.remove(os.path.join(path, name))
+    for name in files[9:12]:
+        os.chmod(os.path.join(path, name), rng.choice([0o755, 0o644]))
+    if len(files) > 13:  # a file becomes a symlink, another a directory
+        os.remove(os.path.join(path, files[12]))
+        os.symlink(rng.choice(["link-target.txt", "nowhere", "../up"]),
+                   os.path.join(path, files[12]))
+        os.remove(os.path.join(path, files[13]))
+        _write_new(path, files[13] + "/inside.txt", "now a directory\n")
+    links = [p for p in tracked if os.path.islink(os.path.join(path, p))]
+    if links and rng.random() < 0.5:
+        os.remove(os.path.join(path, links[0]))
+        write(os.path.join(path, links[0]), "a file where a link was\n")
+    new_dirs = [*_DIRS, "new dir", "ignored_dir", "mixed/sub", ".venv/lib", "src/.pytest_cache"]
+    for i in range(12):
+        _write_new(path, _random_path(rng, new_dirs), f"new {round_no} {i}\n")
+    for name in rng.sample([
+            ".env", "src/.env.local", "x/__pycache__/a.pyc", "build/out.o", "debug.log",
+            "keep.log", "re-included.pem", "src/local_x.py", "node_modules/new/y.js",
+            "mixed/.env", "mixed/a.log", "only-ignored/.env", "ignored_dir/.env",
+            "new\nline.txt", "tab\there.txt", "deep/er/.DS_Store", "sub/build/x.o"], 9):
+        _write_new(path, name, f"excluded? {round_no}\n")
+    # tracked files the patterns exclude: changed, deleted or retyped
+    for name, action in (("config/.env", "edit"), ("dist/app.js", rng.choice(["edit", "delete"])),
+                         ("node_modules/lib/x.js", rng.choice(["delete", "keep"])),
+                         ("keys/id_rsa", rng.choice(["link", "keep"]))):
+        full = os.path.join(path, name)
+        if action == "keep" or not (os.path.isfile(full) or os.path.islink(full)):
+            continue
+        os.remove(full)
+        if action == "edit":
+            write(full, f"changed {round_no}\n")
+        elif action == "link":
+            os.symlink("elsewhere", full)
+    if rng.random() < 0.3 and os.path.isdir(os.path.join(path, "vendor/lib")):
+        os.rmdir(os.path.join(path, "vendor/lib"))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_manifest_matches_reference_on_random_edits(tmp_path, lock_dir, seed):
+    """The fast manifest and manifest_digest return exactly what the original algorithm did:
+    random edits over three rounds (with an agent commit between two of them), default,
+    custom and no exclude patterns."""
+    rng = random.Random(seed)
+    repo = _random_repo(tmp_path, rng)
+    path, info = new_worktree(repo, tmp_path, lock_dir, f"run-r{seed}")
+    base = info["head"]
+    statuses, excluded = set(), set()
+    for round_no in range(3):
+        _random_edit(path, rng, round_no)
+        if round_no == 1:  # the agent commits (its own index now differs from base)
+            run(path, "add", "-A")
+            run(path, "commit", "-q", "-m", "agent commit")
+        for excludes in (None, ["*.md", "docs/", "!docs/keep.md", "mixed/"], []):
+            expected = reference_manifest(path, base, excludes)
+            assert ws.manifest(path, base, excludes) == expected, (round_no, excludes)
+            assert ws.manifest_digest(path, base, excludes) == expected["digest"]
+            statuses.update(c["status"] for c in expected["changes"])
+            excluded.update(expected["excluded"])
+    # what the rounds covered (so the comparison is not vacuous)
+    assert statuses == {"added", "deleted", "modified", "mode_changed", "type_changed"}
+    assert "config/.env" in excluded and any(p.endswith("/") for p in excluded)
+
+
+def test_manifest_sees_a_same_size_edit_made_in_the_second_of_the_checkout(repo, tmp_path,
+                                                                           lock_dir):
+    """Racy git: an edit keeping the size, in the second the worktree's index was written,
+    leaves the entry's stat data matching (at git's one-second resolution). Only the index
+    file's own modification time tells git to compare the content, so the manifest's copy of
+    the index must keep it (a plain copy made a second later missed the edit)."""
+    for attempt in range(5):
+        path, info = new_worktree(repo, tmp_path, lock_dir, f"run-racy-{attempt}")
+        target = os.path.join(path, "src/app.py")
+        write(target, "print(2)\n")  # the same size as "print(1)\n"
+        own_index = run(path, "rev-parse", "--path-format=absolute", "--git-path", "index").strip()
+        if int(os.stat(target).st_mtime) == int(os.stat(own_index).st_mtime):
+            break
+    else:
+        pytest.skip("could not edit a file within the second its index was written")
+    time.sleep(1.1)
+    m = ws.manifest(path, info["head"])
+    assert change_paths(m) == {"src/app.py": "modified"}
+    assert ws.manifest_digest(path, info["head"]) == m["digest"]
+
+
+def test_manifest_restores_excluded_paths_like_reference(tmp_path, lock_dir):
+    """Tracked excluded files changed, deleted and retyped; a pattern-matched file let in by a
+    repository "!" rule; a tracked file whose kind changes so a directory pattern matches."""
+    repo = make_repo(tmp_path / "repo", {
+        "README.md": "hello\n", ".gitignore": "!secret.pem\n", "config/.env": "A=1\n",
+        "dist/app.js": "v1\n", "build": "a file named build\n", "keys/a.pem": "k\n",
+    })
+    path, info = new_worktree(repo, tmp_path, lock_dir, "run-restore")
+    write(os.path.join(path, "config/.env"), "A=2\n")
+    os.remove(os.path.join(path, "dist/app.js"))
+    os.remove(os.path.join(path, "keys/a.pem"))
+    os.symlink("elsewhere", os.path.join(path, "keys/a.pem"))
+    write(os.path.join(path, "secret.pem"), "let in by the repository, kept out by the patterns\n")
+    os.remove(os.path.join(path, "build"))
+    write(os.path.join(path, "build/out.o"), "now a directory\n")
+    write(os.path.join(path, "README.md"), "changed\n")
+    m = ws.manifest(path, info["head"])
+    assert m == reference_manifest(path, info["head"])
+    assert ws.manifest_digest(path, info["head"]) == m["digest"]
+    # git matches a directory-only pattern ("build/") against what is at the path in the
+    # working tree: the tracked file "build", now a directory, keeps its base state.
+    assert change_paths(m) == {"README.md": "modified"}
+    assert m["excluded"] == ["build", "config/.env", "dist/app.js", "keys/a.pem", "secret.pem"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
 
       codex exec --json --skip-git-repo-check --ignore-user-config --ignore-rules
                  -C WORKSPACE --sandbox MODE [role -c overrides] -c web_search="disabled"
-                 -o CONTROL_DIR/codex-last-message-N.txt [-m MODEL]
+                 -o HOME/codex-last-message-N.txt [-m MODEL]
                  [scripted provider -c overrides] [profile extra_args] -
 
 * role sandbox: reviewer ``read-only`` (a write fails inside the command with "Read-only
@@ -43,10 +43,14 @@ shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
   as ``command_execution`` items; they are in the session record
   ``CODEX_HOME/sessions/YYYY/MM/DD/rollout-*-<thread_id>.jsonl`` (``function_call`` +
   ``function_call_output``), from which the adapter copies them into the log and records
-  every non-zero command (refused or failed) in ``extra["refusals"]``;
+  every non-zero command (refused or failed) in ``extra["refusals"]``, with what the JSONL
+  reports as refused itself (``rejected_item``: a declined command, a failed patch; neither
+  seen offline);
 * ``check()``: the role's options and sandbox mode must be listed in ``codex exec --help``
   (0.171.0 lists ``--sandbox`` with ``read-only, workspace-write, danger-full-access``);
-* the ``-o`` file holds the final agent text; it is written empty when the turn fails;
+* the ``-o`` file holds the final agent text; it is written empty when the turn fails. It is
+  in the attempt's HOME (writable in the sandbox, unlike the control folder), read when the
+  process has ended and kept redacted in the control folder;
 * failures: a 401/403 from the provider gives rc 1 within a second, ``turn.failed``
   "unexpected status 401 Unauthorized: <message>, url: ..."; a missing or empty
   ``env_key`` variable gives rc 1, "Missing environment variable: `NAME`."; a 500 gives
@@ -57,11 +61,14 @@ shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
   behind (§7);
 * codex reports no cost and has no turn limit option: ``max_turns`` of the profile is not
   applied, the deadline bounds the attempt;
-* codex is **not** run inside engine/agents/sandbox.py (``CliAdapter.supervise``, no wrap):
-  only its own bundled bubblewrap applies, which leaves the whole file system readable to its
-  commands (the var directory and the worker's HOME included). Nesting it in the engine's
-  sandbox needs a user namespace with an unprivileged uid, a private /tmp and the ``-o`` file
-  outside the control folder (docs/agents.md, Codex).
+* codex runs inside engine/agents/sandbox.py (``sandboxed``: the var directory, the worker's
+  HOME and the project's .env hidden, as for claude) and its commands inside codex's own
+  bubblewrap within it. That nesting needs the sandbox's user-namespace mode (codex's inner
+  bubblewrap cannot map uid 0 without capabilities: "bwrap: setting up uid map: Operation not
+  permitted", every command failing while codex exits 0) and a private writable /tmp (codex
+  makes ``/tmp/codex-daemon-<uid>`` whatever TMPDIR says). Its commands then cannot read the
+  hidden folders nor signal the host's processes, and codex's own rules still apply inside
+  (docs/agents.md, Codex; tests/test_codex_adapter.py ``test_codex_runs_in_the_engine_sandbox``).
 """
 from __future__ import annotations
 
@@ -72,10 +79,11 @@ import shutil
 from collections import deque
 from pathlib import Path
 
+from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, classify_process, empty_usage
-from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable
+from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
 from .claude import probe as claude_probe
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -145,8 +153,40 @@ def provider_args(url: str) -> list[str]:
 
 
 def last_message_path(request: AgentRequest) -> str:
-    """Where ``-o`` writes the final agent text: a file of the attempt's control folder."""
+    """Where ``-o`` writes the final agent text: a file of the attempt's HOME, writable inside the
+    sandbox (the control folder is hidden there). Read by the adapter when the process has ended
+    (the engine removes the HOME after the attempt), then kept redacted in the control folder
+    (``kept_message_path``)."""
+    return str(Path(request.home_dir) / f"codex-last-message-{request.attempt_number}.txt")
+
+
+def kept_message_path(request: AgentRequest) -> str:
+    """The redacted copy of the ``-o`` file kept in the attempt's control folder."""
     return str(Path(request.control_dir) / f"codex-last-message-{request.attempt_number}.txt")
+
+
+def sandboxed(argv: list[str], env: dict, request: AgentRequest) -> list[str]:
+    """``argv`` inside the engine's bubblewrap sandbox (engine/agents/sandbox.py), as
+    claude.sandboxed, in the user-namespace mode with a private /tmp that codex's own sandbox
+    needs inside it (sandbox.wrap ``user_namespace``, ``private_tmp``).
+
+    Hidden: the var directory, the worker's HOME and the project's .env. Bound back: the
+    attempt's HOME (= CODEX_HOME, holding the ``-o`` file), TMPDIR and data folder (read-write),
+    its worktree (read-write for writers, read-only for every other role; its ``.git`` file
+    read-only), and read-only the original repository's git metadata, the CLI (``argv[0]``),
+    tools/agents, the Python install and the PATH folders of ``env``.
+    """
+    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+    visible = sandbox.git_dirs(request.workspace)
+    if request.role in WRITE_ROLES:
+        writable.append(request.workspace)
+    else:
+        visible.append(request.workspace)
+    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
+    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
+                        read_only=[os.path.join(request.workspace, ".git")],
+                        hide=sandbox.private_paths(var_dir()), visible=visible, user_namespace=True,
+                        private_tmp=True)
 
 
 def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None) -> list[str]:
@@ -221,10 +261,14 @@ def parse_events(raw_path: str) -> dict:
     * ``errors``: the last five top-level ``error`` messages that are not reconnect notices;
     * ``auth_error``: a failure/error message or a stderr line matches AUTH_PATTERNS;
     * ``reconnects``: how many "Reconnecting..." error events there were (no network);
-    * ``stderr_tail``: the last five non-JSON lines (stderr), without the PATH-aliases warning.
+    * ``stderr_tail``: the last five non-JSON lines (stderr), without the PATH-aliases warning;
+    * ``rejected``: what the stream itself reports as refused (``rejected_item``): a
+      ``command_execution`` with status ``declined`` and a ``file_change`` with status ``failed``
+      (codex's exec schema folds a declined patch into ``failed``); at most MAX_REFUSALS.
     """
     found = {"session_id": "", "turns_completed": 0, "usage": None, "last_text": "", "failure": "", "errors": [],
-             "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": []}
+             "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": [],
+             "rejected": []}
     errors: deque[str] = deque(maxlen=5)
     stderr_tail: deque[str] = deque(maxlen=5)
     try:
@@ -284,9 +328,41 @@ def parse_events(raw_path: str) -> dict:
                     found["last_text"] = str(item["text"])
                 elif item.get("type") == "command_execution":
                     found["commands"] += 1
+                rejected = rejected_item(item)
+                if rejected and len(found["rejected"]) < MAX_REFUSALS:
+                    found["rejected"].append(rejected)
     found["errors"] = list(errors)
     found["stderr_tail"] = list(stderr_tail)
     return found
+
+
+def rejected_item(item: dict) -> dict | None:
+    """A refusal record for a completed JSONL item that codex reports as refused, else None.
+
+    * ``command_execution`` with ``status: "declined"`` (exec schema ``CommandExecutionStatus``):
+      ``{"tool": "exec_command", "command", "exit_code", "message": its output,
+      "sandbox_denied": True}``;
+    * ``file_change`` with ``status: "failed"`` (``PatchApplyStatus``; a declined patch is
+      reported as failed too): ``{"tool": "apply_patch", "command": "update a.py, add b.py",
+      "exit_code": None, "message": ..., "sandbox_denied": False}``.
+
+    Not seen from codex 0.171.0 offline: with ``approval_policy=never`` (codex exec) nothing is
+    declined, a command its sandbox refused is left out of the stream altogether (it is in the
+    session record: ``refusals_of``), and without model metadata no apply_patch tool is offered.
+    """
+    kind, status = item.get("type"), item.get("status")
+    if kind == "command_execution" and status == "declined":
+        code = item.get("exit_code")
+        return {"tool": "exec_command", "command": str(item.get("command") or "")[:OUTPUT_CHARS],
+                "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else None,
+                "message": str(item.get("aggregated_output") or "declined")[-OUTPUT_CHARS:], "sandbox_denied": True}
+    if kind == "file_change" and status == "failed":
+        changes = item.get("changes") if isinstance(item.get("changes"), list) else []
+        files = ", ".join(f"{change.get('kind', '?')} {change.get('path', '?')}" for change in changes
+                          if isinstance(change, dict))
+        return {"tool": "apply_patch", "command": files[:OUTPUT_CHARS], "exit_code": None,
+                "message": "codex reported the patch as failed (not applied, or declined)", "sandbox_denied": False}
+    return None
 
 
 def usage_of(reported: dict | None) -> dict:
@@ -390,6 +466,10 @@ class CodexAdapter(CliAdapter):
                     for word, boundary in needed.items() if word not in helptext]
         problems += [f"{flag} is not in `{self.executable_name} exec --help`" for flag in COMMON_HELP
                      if flag not in helptext]
+        ok, why = sandbox.user_namespace_available()
+        if not ok:
+            problems.append(f"no operating-system sandbox, so nothing keeps its commands from reading the var "
+                            f"directory and the worker's HOME: {why}")
         return problems
 
     def environment(self, request: AgentRequest, home: str) -> dict:
@@ -415,10 +495,8 @@ class CodexAdapter(CliAdapter):
         home = request.home_dir
         prepare_home(home, request.env)
         env = self.environment(request, home)
-        last_message = Path(last_message_path(request))
-        last_message.parent.mkdir(parents=True, exist_ok=True)
-        if last_message.exists():
-            last_message.unlink()
+        for stale in (last_message_path(request), kept_message_path(request)):
+            Path(stale).unlink(missing_ok=True)
         endpoint = None
         scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
         if scenario is not None:
@@ -435,7 +513,11 @@ class CodexAdapter(CliAdapter):
         finally:
             if endpoint is not None:
                 endpoint.stop()
-        return self._result(result, request, version)
+        return self._result(result, request, version)  # reads the -o file before the engine removes HOME
+
+    def supervise(self, argv: list[str], env: dict, request: AgentRequest):
+        """As CliAdapter.supervise, inside the bubblewrap sandbox (``sandboxed``)."""
+        return super().supervise(sandboxed(argv, env, request), env, request)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_events(request.raw_path)
@@ -457,6 +539,7 @@ class CodexAdapter(CliAdapter):
                 failure_message += f" Last output: {reported or ' | '.join(parsed['stderr_tail'])}"
         final = self._final_message(request) or parsed["last_text"]
         refusals = refusals_of(session_record(request.home_dir, parsed["session_id"]))
+        refusals += parsed["rejected"][:max(0, MAX_REFUSALS - len(refusals))]
         for refusal in refusals:  # the session record is not redacted: these go to the database
             refusal["command"], _ = redact_text(refusal["command"], request.secrets)
             refusal["message"], _ = redact_text(refusal["message"], request.secrets)
@@ -475,23 +558,29 @@ class CodexAdapter(CliAdapter):
 
     @staticmethod
     def _final_message(request: AgentRequest) -> str:
-        """The ``-o`` file's text (first MiB), redacted; the file is rewritten redacted when needed."""
+        """The ``-o`` file's text (first MiB), redacted; that redacted text is kept in the control
+        folder (``kept_message_path``), the file itself goes with the attempt's HOME."""
         path = Path(last_message_path(request))
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
                 text = fh.read(1024 * 1024)
         except OSError:
             return ""
-        redacted, count = redact_text(text, request.secrets)
-        if count:
-            path.write_text(redacted, encoding="utf-8")
+        redacted, _ = redact_text(text, request.secrets)
+        path.unlink(missing_ok=True)
+        try:
+            kept = Path(kept_message_path(request))
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(redacted, encoding="utf-8")
+        except OSError:
+            pass  # the final message is in the result all the same
         return redacted.strip()
 
     @staticmethod
     def _log_denials(request: AgentRequest, denials: list[dict]) -> None:
         """Append the sandbox's refusals (which codex's JSONL leaves out) to the display log, redacted."""
-        lines = [f"[run-engine] codex's sandbox refused {len(denials)} command(s) (from its session record; "
-                 "codex exec --json does not show them):"]
+        lines = [f"[run-engine] codex's sandbox refused {len(denials)} command(s) (from its session record: "
+                 "codex exec --json leaves refused commands out):"]
         for denial in denials:
             output = " | ".join(line for line in denial["message"].splitlines() if line.strip())
             lines.append(f"[run-engine]   $ {denial['command']}  ->  {output}")

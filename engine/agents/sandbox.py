@@ -25,6 +25,11 @@ or another run's worktree, or read them. ``wrap`` puts the agent in a mount name
   capabilities inside, and root could ``umount`` a hiding tmpfs or ``mount -o remount,rw`` a
   read-only bind (both checked on the bundled bubblewrap: they worked, and no longer do).
 
+For an agent that runs its own bubblewrap inside (codex), ``wrap(..., user_namespace=True,
+private_tmp=True)`` adds a user namespace where the agent is SANDBOX_UID (its own bubblewrap
+can then map that uid without capabilities; root cannot map uid 0) and a private writable
+``/tmp``; ``user_namespace_available()`` checks that a bubblewrap nested in it works.
+
 Known limits: the network is shared (the CLI must reach its model, and the scripted endpoint
 listens on 127.0.0.1), so an agent can connect to services on loopback such as Redis or
 PostgreSQL; their credentials are not in its environment (engine/steps.py ``run_env`` drops
@@ -52,6 +57,10 @@ _BUNDLED = "tools/agents/node_modules/@openai/codex-linux-x64/vendor/*/codex-res
 _PREFIX_CHILDREN = ("bin", "sbin", "shims")
 #: Credentials that may sit inside an install kept visible under the worker's HOME; hidden again.
 HOME_SECRETS = (".cargo/credentials", ".cargo/credentials.toml", ".local/share/keyrings")
+#: The user and group an agent runs as in the user-namespace mode (``wrap(..., user_namespace=True)``):
+#: not 0, so a bubblewrap inside (codex's) can map it without capabilities. Outside the sandbox its
+#: files belong to the worker's user.
+SANDBOX_UID = SANDBOX_GID = 1000
 
 
 @lru_cache(maxsize=1)
@@ -80,6 +89,34 @@ def available() -> tuple[bool, str]:
     if probe.returncode != 0:
         return False, f"bubblewrap ({path}) could not make a sandbox here: {probe.stderr.strip()[:300]}"
     return True, path
+
+
+@lru_cache(maxsize=1)
+def user_namespace_available() -> tuple[bool, str]:
+    """``(True, path)`` when the user-namespace sandbox (``wrap(..., user_namespace=True,
+    private_tmp=True)``) runs here and a bubblewrap inside it can make its own sandbox, as codex's
+    does for every command; ``(False, why)`` otherwise."""
+    ok, path = available()
+    if not ok:
+        return False, path
+    inner = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-user", "--unshare-pid", "--unshare-net",
+             "--", "true"]
+    try:
+        probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
+                                "--proc", "/proc", "--cap-drop", "ALL", *_user_args(), "--tmpfs", "/tmp",
+                                "--", *inner],
+                               capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"bubblewrap ({path}) could not run: {exc}"
+    if probe.returncode != 0:
+        return False, (f"bubblewrap ({path}) could not nest a sandbox in a user namespace here (the agent's own "
+                       f"sandbox would refuse every command): {probe.stderr.strip()[:300]}")
+    return True, path
+
+
+def _user_args() -> list[str]:
+    """The arguments of the user-namespace mode: a new user namespace, as SANDBOX_UID/SANDBOX_GID."""
+    return ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -165,7 +202,7 @@ def git_dirs(workspace: str) -> list[str]:
 
 
 def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hide: list[str] = (),
-         visible: list[str] = ()) -> list[str]:
+         visible: list[str] = (), user_namespace: bool = False, private_tmp: bool = False) -> list[str]:
     """``argv`` run inside bubblewrap: ``/`` read-only, ``hide`` hidden, only ``writable`` writable.
 
     ``writable`` folders (created when missing) are bound read-write, also inside a hidden one.
@@ -176,14 +213,27 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     last, so the more specific one wins whatever the order of the lists. Missing paths in
     ``read_only``, ``hide`` and ``visible`` are skipped. The agent gets its own PID and IPC
     namespaces and no capabilities (it cannot unmount or remount any of this). The network is
-    shared (the CLI must reach its model; see the module docstring). Raises RuntimeError when
-    bubblewrap is not available (callers check ``available()``).
+    shared (the CLI must reach its model; see the module docstring).
+
+    ``user_namespace``: the agent also gets its own user namespace and runs as SANDBOX_UID (files
+    of the worker's user look like its own; other users' files belong to "nobody"), so that a
+    bubblewrap it starts itself (codex's sandbox for its commands) can set up its own user
+    namespace: without capabilities, root cannot map uid 0 into a new one ("setting up uid map:
+    Operation not permitted"). ``private_tmp``: ``/tmp`` is a writable tmpfs of the sandbox's own
+    (codex writes ``/tmp/codex-daemon-<uid>`` whatever TMPDIR says), gone with it; ``writable`` and
+    ``visible`` paths under ``/tmp`` are bound back into it like under a hidden folder.
+
+    Raises RuntimeError when bubblewrap is not available (callers check ``available()``, and
+    ``user_namespace_available()`` for that mode).
     """
-    ok, path = available()
+    ok, path = user_namespace_available() if user_namespace else available()
     if not ok:
         raise RuntimeError(path)
     sandbox = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc", "--proc", "/proc",
                "--die-with-parent", "--cap-drop", "ALL"]
+    if user_namespace:
+        sandbox += _user_args()
+    own_tmp = os.path.realpath("/tmp") if private_tmp else None
     mounts: dict[str, list[str]] = {}  # real path -> its bwrap arguments (one mount per path)
     bound = []  # what is bound read-write or read-only back: a hidden path inside one of them still hides
     for folder in writable:
@@ -192,6 +242,7 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
         mounts[real] = ["--bind", real, real]
         bound.append(real)
     hidden = [os.path.realpath(item) for item in hide if item and os.path.exists(item)]
+    hidden += [own_tmp] if own_tmp else []  # hidden like a private folder, but writable (not remounted)
     hidden = [real for real in dict.fromkeys(hidden)
               if real != "/" and not any(_inside(real, folder) for folder in bound)]  # never what it writes
     hidden_dirs = [real for real in hidden if os.path.isdir(real)]
@@ -203,7 +254,8 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
             mounts[real] = ["--ro-bind", real, real]  # not already shown through an enclosing visible path
             bound.append(real)
     for real in hidden:
-        outer = [folder for folder in hidden_dirs if _inside(real, folder) and real != folder]
+        # the private /tmp covers nothing: it is writable, a hidden folder in it stays read-only and empty
+        outer = [folder for folder in hidden_dirs if _inside(real, folder) and real != folder and folder != own_tmp]
         if real in mounts or (outer and not any(_inside(real, folder) for folder in bound)):
             continue  # already covered by a hidden folder and not inside anything bound back
         mounts[real] = ["--tmpfs", real] if os.path.isdir(real) else ["--ro-bind", "/dev/null", real]
@@ -213,5 +265,6 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
             mounts[real] = ["--ro-bind", real, real]
     for real in sorted(mounts, key=_depth):  # an enclosing mount first: the deeper one covers it
         sandbox += mounts[real]
-    sandbox += [arg for real in mounts if mounts[real][0] == "--tmpfs" for arg in ("--remount-ro", real)]
+    sandbox += [arg for real in mounts if mounts[real][0] == "--tmpfs" and real != own_tmp
+                for arg in ("--remount-ro", real)]
     return sandbox + ["--"] + list(argv)

@@ -17,6 +17,14 @@ def waiting_hint(data: dict) -> str:
     if data["waiting_for"] == "worker":
         return ("queued: waiting for a worker to claim it (is `make worker` running with the same CP_VAR_DIR, "
                 "DATABASE_URL and CELERY_BROKER_URL?)")
+    pending = data.get("pending_decision")
+    if data["waiting_for"] == "approval" and pending:
+        return (f"waits for approval of files {pending['artifact']}: python manage.py approve {data['id']} "
+                f"--decision {pending['id']} --artifact {pending['artifact'][:12]} --reviewer YOUR_NAME "
+                f"(or recheck {data['id']} --note TEXT after a correction)")
+    if data["waiting_for"] == "review" and pending:
+        return (f"waits for a person ({pending['reason']}): python manage.py recover {data['id']} --decision "
+                f"{pending['id']} --note TEXT --action retry|verify")
     if data["status"] == "running" and data.get("heartbeat_age_seconds") is not None \
             and data["heartbeat_age_seconds"] > settings.CP_HEARTBEAT_STALE:
         return (f"no heartbeat for {data['heartbeat_age_seconds']:.0f} s: the worker holding this run may have "
