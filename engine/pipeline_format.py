@@ -1250,6 +1250,19 @@ def load_file(path) -> dict:
     return _validate(data, report, base_dir=Path(source).resolve().parent)
 
 
+def _refuse_nul(value, path: str, report: _Report) -> None:
+    """Report every string holding a NUL character: PostgreSQL's JSON cannot store one."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(item, _key_path(path, key), report)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_nul(item, f"{path}[{index}]", report)
+    elif isinstance(value, str) and "\x00" in value:
+        report.add(path, "contains a NUL character (\\x00), which the database cannot store in a definition; "
+                         "write binary test data with another byte")
+
+
 #: Profile keys holding a simulation's script: made-up keys there are test material, not credentials.
 _SIMULATION_KEYS = ("scenario", "scripted_endpoint")
 
@@ -1263,11 +1276,15 @@ def _refuse_credentials(value, path: str, report: _Report) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if key in _SIMULATION_KEYS and path.startswith("profiles."):
+                _refuse_nul(item, _key_path(path, key), report)
                 continue
             _refuse_credentials(item, _key_path(path, key), report)
     elif isinstance(value, list):
         for index, item in enumerate(value):
             _refuse_credentials(item, f"{path}[{index}]", report)
+    elif isinstance(value, str) and "\x00" in value:
+        report.add(path, "contains a NUL character (\\x00), which the database cannot store in a definition; "
+                         "write binary test data with another byte")
     elif isinstance(value, str) and redact_text(value)[1]:
         report.add(path, "holds what looks like a credential (an API key, a token, a private key or a password "
                          "in a URL); credentials never go into a pipeline: the agent gets them from the "

@@ -742,6 +742,18 @@ def _finish_final(run: Run, plan: dict, outcome: dict) -> None:
     machine.succeed(run)
 
 
+def storable(value):
+    """``value`` with every NUL character replaced by U+FFFD (PostgreSQL stores no NUL in text or
+    JSON); strings, lists and dicts are walked, anything else is returned as is."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [storable(item) for item in value]
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    return value
+
+
 def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.ended_at = timezone.now()
     if not outcome.get("launched"):
@@ -750,10 +762,10 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
                 log.write(f"[run-engine] not launched: {outcome['failure_kind']}: {outcome['failure_message']}\n")
         attempt.status = AttemptStatus.FAILED
         attempt.failure_kind = outcome["failure_kind"]
-        attempt.failure_message = outcome["failure_message"]
+        attempt.failure_message = storable(outcome["failure_message"])
         attempt.save()
         return
-    result = outcome["result"]
+    result = storable(outcome["result"])
     attempt.exit_code = result["exit_code"]
     attempt.signal = result["signal"]
     attempt.elapsed_seconds = result["elapsed_seconds"]
@@ -860,12 +872,12 @@ def _finish_review(run: Run, stage: StageRun, attempt: Attempt, outcome: dict) -
         return
     problem = outcome.get("verdict_problem")
     if problem:
-        attempt.verdict_problem = problem
+        attempt.verdict_problem = storable(problem)
         attempt.save(update_fields=["verdict_problem"])
         machine.stop(run, "invalid_review", f"{who} did not answer a valid verdict: {problem}.", stage=stage,
                      evidence={"attempt": attempt.pk})
         return
-    verdict = outcome["verdict"]
+    verdict = storable(outcome["verdict"])
     attempt.verdict = verdict
     attempt.save(update_fields=["verdict"])
     if outcome["manifest"]["digest"] != stage.accepted_manifest:

@@ -23,9 +23,13 @@ WRONG_39 = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return
 PASS = {"verdict": {"verdict": "pass", "findings": []}}
 
 
+#: The gate of most tests here: the same check as tests/test_core.py without pytest's start-up time.
+QUICK_GATE = "python -c 'from app import core; assert core.answer() == 42, core.answer()'"
+
+
 def stage(**extra) -> list[dict]:
     return [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**", "tests/**"],
-             "gates": [{"name": "unit", "command": "python -m pytest -q"}], **extra}]
+             "gates": [{"name": "unit", "command": QUICK_GATE}], **extra}]
 
 
 def run_with(make_pipeline, repo, sent, ops: dict, stages=None, **extra):
@@ -237,7 +241,7 @@ def test_fail_then_fix_continues_from_verification(make_pipeline, repo, sent):
     stage_row = run.stages.get()
     assert stage_row.repairs_used == 1 and stage_row.last_defect["kind"] == "gate"
     prompt = var(Attempt.objects.get(run=run, operation="repair").prompt_path).read_text()
-    assert "Gate 'unit' failed" in prompt and "assert 41 == 42" in prompt  # the failure evidence
+    assert "Gate 'unit' failed" in prompt and "AssertionError: 41" in prompt  # the failure evidence
     assert "return 41" in prompt  # the current patch
     assert "return 42" in git(repo, "show", f"{run.branch}:app/core.py")
 
@@ -315,7 +319,7 @@ def test_c26_a_run_whose_agent_only_adds_files_keeps_and_commits_them(make_pipel
                                         "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n"})
     only_new = {"write": {"src/new_mod.py": "def f():\n    return 1\n",
                           "tests/test_new.py": "from src.new_mod import f\n\n\ndef test_f():\n    assert f() == 1\n",
-                          "build/out.bin": "\x00\x01binary build output", ".pytest_cache/x": "cache"}}
+                          "build/out.bin": "\x01\x02binary build output", ".pytest_cache/x": "cache"}}
     stages = [{"key": "answer", "requirement": "Add src/new_mod.py with a test.", "scope": ["src/**", "tests/**"],
                "gates": [{"name": "tests", "command": "python -m pytest -q tests"}]}]
     pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [only_new]}}},
@@ -516,9 +520,9 @@ def test_a_recheck_after_exhausted_repairs_keeps_the_counters(make_pipeline, rep
 def test_the_next_stage_receives_the_accepted_output_and_the_documentation(make_pipeline, repo, sent):
     stages = [
         {"key": "answer", "requirement": "Make answer() return 42.", "scope": ["app/**"],
-         "gates": [{"name": "unit", "command": "python -m pytest -q"}]},
+         "gates": [{"name": "unit", "command": QUICK_GATE}]},
         {"key": "double", "requirement": "Add double().", "scope": ["app/**"], "depends_on": ["answer"],
-         "gates": [{"name": "unit", "command": "python -m pytest -q"}]},
+         "gates": [{"name": "unit", "command": QUICK_GATE}]},
     ]
     doc = {"write": {"docs/answer.md": "# answer\n\nanswer() returns 42 (documented by the scripted documenter).\n"}}
     double = {"write": {"app/extra.py": "def double():\n    return 84\n"}}
@@ -545,3 +549,18 @@ def test_a_stage_with_nothing_changed_checkpoints_to_the_same_commit(make_pipeli
     assert run.stages.get().checkpoint_commit == run.commit
     assert git(repo, "rev-parse", run.branch).strip() == run.commit  # no empty commit was made
     assert run.events.filter(kind="checkpoint", message__contains="unchanged; reusing").exists()
+
+
+def test_a_nul_character_in_a_pipeline_is_refused_with_its_field():
+    from engine.pipeline_format import PipelineFormatError
+    from .conftest import pipeline_definition
+
+    with pytest.raises(PipelineFormatError) as info:
+        pipeline_definition(scenario={"stages": {"answer": {"implement": [{"write": {"a.bin": "\x00"}}]}}})
+    assert any("NUL" in problem and "a.bin" in field for _, field, problem in info.value.errors), info.value.errors
+
+
+def test_what_an_agent_says_is_made_storable_before_it_is_saved():
+    from engine.steps import storable
+
+    assert storable({"a\x00": ["x\x00y", 3, None]}) == {"a\ufffd": ["x\ufffdy", 3, None]}
