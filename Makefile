@@ -27,7 +27,7 @@ demo: install agents
 
 ## make test: the whole suite (slow end-to-end tests included).
 test: install agents
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

@@ -1250,6 +1250,16 @@ def load_file(path) -> dict:
     return _validate(data, report, base_dir=Path(source).resolve().parent)
 
 
+def _secret_env(path: str, value: str) -> bool:
+    """True for a profile ``env`` entry whose name says it is a secret (PASSWORD, TOKEN, ...)."""
+    from .redaction import secret_env_values
+
+    parts = path.split(".")
+    if len(parts) < 4 or parts[0] != "profiles" or parts[2] != "env":
+        return False
+    return bool(secret_env_values({parts[3]: value}))
+
+
 def _refuse_nul(value, path: str, report: _Report) -> None:
     """Report every string holding a NUL character: PostgreSQL's JSON cannot store one."""
     if isinstance(value, dict):
@@ -1285,7 +1295,7 @@ def _refuse_credentials(value, path: str, report: _Report) -> None:
     elif isinstance(value, str) and "\x00" in value:
         report.add(path, "contains a NUL character (\\x00), which the database cannot store in a definition; "
                          "write binary test data with another byte")
-    elif isinstance(value, str) and redact_text(value)[1]:
+    elif isinstance(value, str) and (redact_text(value)[1] or _secret_env(path, value)):
         report.add(path, "holds what looks like a credential (an API key, a token, a private key or a password "
                          "in a URL); credentials never go into a pipeline: the agent gets them from the "
                          "worker's environment")

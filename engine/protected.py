@@ -36,6 +36,11 @@ TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "*_test.go", "*.test.js", "*.tes
 #: Files read by a runner named in a gate command, protected when they exist at the run's commit.
 RUNNER_FILES = {"make": ("Makefile", "makefile", "GNUmakefile"),
                 "pytest": ("pytest.ini", "tox.ini", "conftest.py")}
+#: Names of files that configure a runner wherever they are: with such a gate, every one of them is
+#: protected and adding one anywhere is tampering (a tests/pytest.ini with --collect-only, a
+#: conftest.py that skips everything, pytest options in pyproject.toml or setup.cfg).
+GUARDED_NAMES = {"make": ("Makefile", "makefile", "GNUmakefile"),
+                 "pytest": ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")}
 #: Bytes of one file's diff kept in a tamper report.
 MAX_DIFF_BYTES = 256 * 1024
 
@@ -44,6 +49,31 @@ def is_test_file(path: str) -> bool:
     """True when ``path``'s name marks a new test module (TEST_FILE_PATTERNS)."""
     name = posixpath.basename(path)
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_FILE_PATTERNS)
+
+
+def _tools(command: str) -> set[str]:
+    """The runners of RUNNER_FILES a gate command starts (``make``, ``pytest``)."""
+    try:
+        words = shlex.split(command, comments=True)
+    except ValueError:
+        words = command.split()
+    tools = set()
+    for i, word in enumerate(words):
+        name = posixpath.basename(word)
+        if name in ("make", "gmake"):
+            tools.add("make")
+        elif name in ("pytest", "py.test") or (word == "pytest" and i > 0 and words[i - 1] == "-m"):
+            tools.add("pytest")
+    return tools
+
+
+def guarded_names(commands: list[str]) -> set[str]:
+    """File names protected at any depth because a gate command runs the tool they configure."""
+    names: set[str] = set()
+    for command in commands:
+        for tool in _tools(command):
+            names.update(GUARDED_NAMES[tool])
+    return names
 
 
 def gate_named_files(commands: list[str], files: set[str]) -> dict[str, str]:
@@ -89,6 +119,10 @@ def snapshot(repo: str, commit: str, globs: list[str], gate_commands: list[str],
             chosen[path] = "matches protected_paths"
     for path, why in gate_named_files(gate_commands, set(entries)).items():
         chosen.setdefault(path, why)
+    guarded = guarded_names(gate_commands)
+    for path in entries:
+        if posixpath.basename(path) in guarded:
+            chosen.setdefault(path, "configures a tool a gate runs")
     records = []
     files_dir = Path(dest_dir, "files")
     for path in sorted(chosen):
@@ -108,7 +142,7 @@ def snapshot(repo: str, commit: str, globs: list[str], gate_commands: list[str],
 
 
 def compare(protected: list[dict], globs: list[str], entries: list[dict],
-            base_entries: set[str] | None = None) -> list[dict]:
+            base_entries: set[str] | None = None, guarded: set[str] | frozenset = frozenset()) -> list[dict]:
     """Tampering of the protected files, judged on a content manifest's ``entries``.
 
     ``protected``: the records of ``snapshot``; ``entries``: ``[{path, mode, blob}]`` of the
@@ -120,8 +154,8 @@ def compare(protected: list[dict], globs: list[str], entries: list[dict],
     """
     current = {e["path"]: e for e in entries}
     known = {p["path"] for p in protected} | set(base_entries or ())
-    added = [path for path in current if path not in known and globs and scope.matches(path, globs)
-             and not is_test_file(path)]
+    added = [path for path in current if path not in known and (
+        (globs and scope.matches(path, globs) and not is_test_file(path)) or posixpath.basename(path) in guarded)]
     all_new = {path for path in current if path not in known}
     changes = []
     for record in protected:

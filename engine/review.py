@@ -73,43 +73,49 @@ def validate(answer: object) -> dict:
     return answer  # type: ignore[return-value]
 
 
-_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)```", re.S)
+_FENCE = re.compile(r"```(?:json)?[ \t]*\n(.*?)```", re.S)
 
 
-def _objects(text: str):
-    """JSON objects found in ``text``: fenced ```json blocks first, then any ``{...}``, last first."""
-    for block in reversed(_FENCE.findall(text)):
+def _answer(text: str):
+    """The reviewer's answer: the last fenced block when there is one, else the JSON object the
+    message ends with. Only that one counts: an earlier object (an example, a quotation) never
+    stands in for a broken answer. Raises InvalidVerdict when it is missing or not JSON."""
+    blocks = _FENCE.findall(text)
+    if blocks:
         try:
-            yield json.loads(block)
-        except ValueError:
-            continue
+            return json.loads(blocks[-1])
+        except ValueError as exc:
+            raise InvalidVerdict(f"the last ```json block of the final message is not valid JSON ({exc})") from None
+    stripped = text.rstrip()
+    if not stripped.endswith("}"):
+        raise InvalidVerdict("the reviewer's final message holds no JSON object with a 'verdict' key at its end")
     decoder = json.JSONDecoder()
-    found = []
-    for start in [m.start() for m in re.finditer(r"\{", text)]:
+    for match in reversed([m.start() for m in re.finditer(r"\{", stripped)]):
         try:
-            value, _end = decoder.raw_decode(text, start)
+            value, end = decoder.raw_decode(stripped, match)
         except ValueError:
             continue
-        found.append(value)
-    yield from reversed(found)
+        if end == len(stripped):
+            return value
+    raise InvalidVerdict("the JSON object at the end of the reviewer's final message is not valid JSON")
 
 
 def parse(final_message: str, reported: object = None) -> dict:
     """The validated verdict of a reviewer attempt.
 
     ``reported``: a verdict the adapter returned as data (the scripted adapter), used as is;
-    otherwise the reviewer's final message is searched for a JSON object with a ``verdict``
-    key (a fenced ``json`` block, or a bare object; the last one counts). Raises InvalidVerdict
-    when there is none or it does not satisfy the schema.
+    otherwise the reviewer's final message must end with its answer: the last fenced ``json``
+    block, or a bare JSON object at its very end. Raises InvalidVerdict when there is none, it
+    is not JSON, or it does not satisfy the schema.
     """
     if reported is not None:
         return validate(reported)
     if not (final_message or "").strip():
         raise InvalidVerdict("the reviewer gave no answer (empty final message)")
-    for candidate in _objects(final_message):
-        if isinstance(candidate, dict) and "verdict" in candidate:
-            return validate(candidate)
-    raise InvalidVerdict("the reviewer's final message holds no JSON object with a 'verdict' key")
+    answer = _answer(final_message)
+    if not isinstance(answer, dict) or "verdict" not in answer:
+        raise InvalidVerdict("the reviewer's answer is not a JSON object with a 'verdict' key")
+    return validate(answer)
 
 
 def prompt(*, pipeline: dict, stage: dict, worktree: str, patch: str, checks: list[dict], reviewer: str) -> str:

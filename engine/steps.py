@@ -155,7 +155,8 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
         plan["checkpoint"] = last.checkpoint_commit if last else run.commit
         machine.event(run, "final_verify",
                       f"Every stage is checkpointed; verifying the whole result: every baseline check and every "
-                      f"stage's gates run again on the final checkpoint {plan['checkpoint'][:12]}.")
+                      f"stage's gates run again on a clean checkout of the final checkpoint {plan['checkpoint'][:12]} "
+                      f"(exactly what was committed).")
         return plan
     stage = StageRun.objects.select_related("run").get(pk=step.stage_id)
     if stage.status == StageStatus.PENDING or not stage.base_commit:
@@ -251,33 +252,46 @@ def execute(plan: dict, should_stop) -> dict:
 
 
 def _execute_final(plan: dict, should_stop) -> dict:
-    """Run every baseline check and every stage's gates on the final checkpoint (Check kind final).
-
-    The worktree must hold exactly the final checkpoint's files (nothing after it); a failed check
-    does not end the pass: every check runs, so the report names all that fail.
+    """Run every baseline check and every stage's gates (Check kind final) on a clean checkout
+    of the final checkpoint: exactly what was committed, nothing an agent left beside it (files
+    git ignores or the exclusions drop are tested nowhere else). The checkout is a detached
+    worktree under the run's scratch folder, removed afterwards. Every check runs, so the
+    report names all that fail.
     """
     run = Run.objects.get(pk=plan["run_id"])
-    _prepare_workspace(run, plan["lease"])
-    run.refresh_from_db()
-    current = workspace.manifest(run.worktree, plan["checkpoint"], _excludes(run))
-    if current["changes"]:
-        return {"dirty": [c["path"] for c in current["changes"]], "checks": []}
-    manifest_row = save_manifest(run, None, current)
-    env = run_env(run, "final")
-    pipeline = run.definition["pipeline"]
-    checks = []
-    stages = list(run.stages.order_by("order"))
-    plan_gates = [(stages[0] if stages else None, g, Check.Kind.FINAL) for g in pipeline.get("baseline_checks") or []]
-    plan_gates += [(stage, g, Check.Kind.FINAL) for stage in stages for g in stage.spec.get("gates") or []]
-    for stage, gate, kind in plan_gates:
-        check = _run_gate(run, stage, gate, kind, current["digest"], env, should_stop, 1)
-        Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
-        checks.append(check.pk)
-        if should_stop():
-            return {"cancelled": True, "checks": checks}
-    after = workspace.manifest(run.worktree, plan["checkpoint"], _excludes(run))
-    return {"checks": checks, "digest": current["digest"],
-            "changed_by_checks": [c["path"] for c in after["changes"]]}
+    checkpoint = plan["checkpoint"]
+    folder = Path(scratch_dirs(run.pk)["tmp"]).parent / f"final-{checkpoint[:12]}"
+    if folder.exists():
+        workspace.git(["worktree", "remove", "--force", str(folder)], run.repo_path, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+    workspace.git(["worktree", "prune"], run.repo_path, check=False)
+    workspace.git(["-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach", "-q", str(folder), checkpoint],
+                  run.repo_path)
+    try:
+        if (folder / ".gitmodules").exists():
+            workspace.git(["-c", "protocol.file.allow=always", "submodule", "update", "--init", "--recursive", "-q"],
+                          str(folder))
+        tree = workspace.git(["rev-parse", f"{checkpoint}^{{tree}}"], str(folder)).stdout.decode().strip()
+        current = {"digest": tree, "base": checkpoint, "tree": tree, "entries": [], "changes": [], "excluded": []}
+        manifest_row = Manifest.objects.filter(run=run, digest=tree).order_by("-id").first()
+        env = {**run_env(run, "final"), "CP_WORKTREE": str(folder)}
+        pipeline = run.definition["pipeline"]
+        checks = []
+        stages = list(run.stages.order_by("order"))
+        plan_gates = [(stages[0] if stages else None, g) for g in pipeline.get("baseline_checks") or []]
+        plan_gates += [(stage, g) for stage in stages for g in stage.spec.get("gates") or []]
+        for stage, gate in plan_gates:
+            check = _run_gate(run, stage, gate, Check.Kind.FINAL, current["digest"], env, should_stop, 1,
+                              cwd=str(folder))
+            if manifest_row is not None:
+                Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
+            checks.append(check.pk)
+            if should_stop():
+                return {"cancelled": True, "checks": checks}
+        return {"checks": checks, "digest": tree}
+    finally:
+        workspace.git(["worktree", "remove", "--force", str(folder)], run.repo_path, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _prepare_workspace(run: Run, lease: str) -> dict:
@@ -438,8 +452,11 @@ def _tamper(run: Run, current: dict, folder: str, secrets: list[str]) -> dict | 
     added = {c["path"] for c in current["changes"] if c["status"] == "added"}
     base_paths = {e["path"] for e in current["entries"]} - added
     base_paths |= {c["path"] for c in current["changes"] if c["status"] == "deleted"}
-    changes = protected.compare(run.protected_files, list(run.definition["pipeline"]["protected_paths"]),
-                                current["entries"], base_paths)
+    pipeline = run.definition["pipeline"]
+    commands = [g["command"] for g in pipeline.get("baseline_checks") or []]
+    commands += [g["command"] for stage in pipeline["stages"] for g in stage.get("gates") or []]
+    changes = protected.compare(run.protected_files, list(pipeline["protected_paths"]), current["entries"],
+                                base_paths, guarded=protected.guarded_names(commands))
     if not changes:
         return None
     report_rel = control_path(run, folder, "protected-files.diff")
@@ -544,17 +561,18 @@ def _repair_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
 
 
 def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, env: dict, should_stop,
-              round_no: int) -> Check:
-    """Run one frozen gate command in the worktree with ``bash -eo pipefail -c`` and record a Check."""
+              round_no: int, cwd: str | None = None) -> Check:
+    """Run one frozen gate command with ``bash -eo pipefail -c`` in the worktree (or ``cwd``) and record a Check."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
+    cwd = cwd or run.worktree
     check = Check.objects.create(
-        run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=run.worktree,
+        run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
         started_at=timezone.now(), manifest_digest=digest_before,
     )
     log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
     result = process.run_supervised(
-        argv, cwd=run.worktree, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+        argv, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
         redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-{run.uid.hex[:8]}-check-{check.pk}",
         should_stop=should_stop, grace_seconds=5.0,
     )
@@ -613,10 +631,10 @@ def _execute_verify(plan: dict, should_stop) -> dict:
             if not check.passed:
                 # a failure stops the stage whatever the files are now: nothing to re-run for
                 return {"digest": before["digest"], "checks": checks, "rounds": round_no}
-        after = workspace.manifest(run.worktree, stage.base_commit, excludes)
-        if after["digest"] == before["digest"]:
+        if workspace.manifest_digest(run.worktree, stage.base_commit, excludes) == before["digest"]:
             return {"digest": before["digest"], "checks": checks, "rounds": round_no,
                     "changed": [change["path"] for change in before["changes"]]}
+        after = workspace.manifest(run.worktree, stage.base_commit, excludes)
         Check.objects.filter(pk__in=checks).update(stale=True)
         changed = _changed_paths(before, after)
         stray = scope.outside(changed, list(stage.spec["scope"]))
@@ -647,9 +665,10 @@ def _execute_checkpoint(plan: dict) -> dict:
     existing = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
     if existing:
         return {"commit": existing, "created": False, "recovered": True}
-    current = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
-    if current["digest"] != stage.accepted_manifest:
-        return {"changed": True, "digest": current["digest"]}
+    digest = workspace.manifest_digest(run.worktree, stage.base_commit, _excludes(run))
+    if digest != stage.accepted_manifest:
+        return {"changed": True, "digest": digest}
+    current = {"digest": digest, "tree": digest}  # the digest is the tree id of the deliverable files
     earlier = _earlier_checkpoint(run, stage, current["tree"])
     if earlier:  # an earlier checkpoint step committed these files and died before its journal said so
         return {"commit": earlier, "created": False, "recovered": True}
@@ -712,12 +731,6 @@ def _finish_final(run: Run, plan: dict, outcome: dict) -> None:
     if outcome.get("crashed"):
         machine.stop(run, "crashed", f"The engine failed during the final verification: {outcome['failure_message']}")
         return
-    if outcome.get("dirty"):
-        machine.stop(run, "final_verification_failed",
-                     f"The worktree no longer holds the final checkpoint {checkpoint[:12]}: "
-                     f"{', '.join(outcome['dirty'][:10])} changed after it; nothing can be verified.",
-                     evidence={"checkpoint": checkpoint, "changed": outcome["dirty"]})
-        return
     if outcome.get("cancelled"):
         machine.stop(run, "interrupted", "The final verification was stopped before it finished.")
         return
@@ -735,10 +748,6 @@ def _finish_final(run: Run, plan: dict, outcome: dict) -> None:
                      evidence={"checkpoint": checkpoint, "checks": [c.pk for c in failed],
                                "failed": [c.name for c in failed]})
         return
-    if outcome.get("changed_by_checks"):
-        machine.event(run, "artifact_changed",
-                      f"The final checks wrote into the worktree ({', '.join(outcome['changed_by_checks'][:10])}); "
-                      f"the final checkpoint {checkpoint[:12]} itself is unchanged.")
     machine.succeed(run)
 
 
@@ -1077,6 +1086,12 @@ def _finish_checkpoint(run: Run, stage: StageRun, plan: dict, outcome: dict) -> 
     entry.state = JournalEntry.State.DONE
     entry.commit = outcome["commit"]
     entry.save()
+    # entries of earlier, crashed checkpoint steps of this stage: settled now, never searched again
+    for old in stage.journal.filter(state=JournalEntry.State.INTENT).exclude(pk=entry.pk):
+        found = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(old.uid))
+        old.state = JournalEntry.State.DONE if found else JournalEntry.State.ABANDONED
+        old.commit = found or ""
+        old.save()
     how = "committed as" if outcome.get("created") else ("found already committed as" if outcome.get("recovered")
                                                           else "unchanged; reusing")
     machine.event(run, "checkpoint",

@@ -297,3 +297,11 @@ def test_the_real_claude_works_in_the_sandbox_and_its_shell_sees_nothing_private
     assert result.exit_code == 0 and result.failure_kind is None, raw[-3000:]
     assert SECRET not in raw and "No such file or directory" in raw and "rc=0" in raw
     assert (layout["worktree"] / "app.py").read_text() == "x = 42\n"
+
+
+@needs_bwrap
+def test_the_user_namespace_sandbox_works_wherever_bubblewrap_does():
+    """Codex needs it; a probe that fails here (for example because the project, and so the bundled
+    bubblewrap, lies under /tmp) must fail the suite, not skip the codex tests."""
+    ok, why = sandbox.user_namespace_available()
+    assert ok, why

@@ -564,3 +564,46 @@ def test_what_an_agent_says_is_made_storable_before_it_is_saved():
     from engine.steps import storable
 
     assert storable({"a\x00": ["x\x00y", 3, None]}) == {"a\ufffd": ["x\ufffdy", 3, None]}
+
+
+@pytest.mark.parametrize("path, text", [
+    ("tests/pytest.ini", "[pytest]\naddopts = --collect-only\n"),
+    ("app/conftest.py", "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
+                        "    for item in items:\n        item.add_marker(pytest.mark.skip('x'))\n"),
+    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '--collect-only'\n"),
+    ("setup.cfg", "[tool:pytest]\naddopts = --collect-only\n"),
+])
+def test_configuring_the_test_runner_anywhere_is_tampering(make_pipeline, repo, sent, path, text):
+    """With a pytest gate, files that configure pytest are guarded at any depth, protected_paths or not."""
+    stages = stage(gates=[{"name": "unit", "command": "python -m pytest -q"}], scope=["**"])
+    run = run_with(make_pipeline, repo, sent, {"implement": [{"write": {path: text}}]}, stages=stages)
+    assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
+    assert run.stop_evidence["changes"] == [{"path": path, "change": "added"}]
+    assert not Check.objects.filter(run=run).exists()
+
+
+def test_a_result_that_passes_only_with_files_left_out_of_the_checkpoint_does_not_succeed(make_pipeline, repo,
+                                                                                         sent):
+    """The gates pass in the agent's worktree thanks to a file git ignores; the final verification
+    runs on a clean checkout of what was committed, where it is missing."""
+    step = {"write": {".gitignore": "app/hidden_impl.py\n",
+                      "app/hidden_impl.py": "def answer():\n    return 42\n",
+                      "app/core.py": "from app.hidden_impl import answer  # noqa: F401\n"}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [step]}, stages=stage(scope=["app/**", ".gitignore"]))
+    assert (run.status, run.stop_reason) == ("waiting_review", "final_verification_failed"), run.stop_message
+    gate = Check.objects.filter(run=run, kind="gate").last()
+    final = Check.objects.get(run=run, kind="final")
+    assert gate.passed and not final.passed and final.cwd != run.worktree
+    assert "hidden_impl" in var(final.log_path).read_text()
+
+
+@pytest.mark.parametrize("message", [
+    'Format: {"verdict": "pass", "findings": []}.\n```json\n{"verdict": "repair", "findings": [{"severity": '
+    '"critical", "text": "wrong for negatives"},]}\n```',
+    '{"verdict": "pass", "findings": []} but actually I am not sure',
+])
+def test_only_the_answer_at_the_end_counts_never_an_earlier_quoted_pass(message):
+    from engine import review
+
+    with pytest.raises(review.InvalidVerdict):
+        review.parse(message)

@@ -99,11 +99,15 @@ def user_namespace_available() -> tuple[bool, str]:
     ok, path = available()
     if not ok:
         return False, path
-    inner = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-user", "--unshare-pid", "--unshare-net",
-             "--", "true"]
+    inner = [os.path.realpath(path), "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-user", "--unshare-pid",
+             "--unshare-net", "--", "true"]
     try:
         probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
                                 "--proc", "/proc", "--cap-drop", "ALL", *_user_args(), "--tmpfs", "/tmp",
+                                # the bubblewrap itself may live under /tmp (a project checked out there):
+                                # bound back, as wrap() binds back the folders an attempt needs
+                                "--ro-bind", os.path.dirname(os.path.realpath(path)),
+                                os.path.dirname(os.path.realpath(path)),
                                 "--", *inner],
                                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
