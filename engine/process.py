@@ -353,6 +353,9 @@ class _Capture:
         self._log_fd: int | None = log_fd
         self._raw_fd = raw_fd
         self._redactor = redactor
+        # the display text is redacted again once terminal escapes are gone: a key printed with a
+        # colour code inside it (`grep --color`) is only whole there
+        self.display_redactor = redactor.fresh()
         self._display = DisplayDecoder()
         self._max_bytes = max(0, max_bytes)
         self._stop_flag = threading.Event()
@@ -475,8 +478,11 @@ class _Capture:
             text += self._display.flush()
         if text:
             self._last_char = text[-1]
-        if clean or text:
-            self._put((clean if self._raw_fd is not None else b"", text.encode("utf-8")))
+        shown = self.display_redactor.feed(text.encode("utf-8")) if text else b""
+        if final:
+            shown += self.display_redactor.flush()
+        if clean or shown:
+            self._put((clean if self._raw_fd is not None else b"", shown))
 
     def _emit_text(self, text: str) -> None:
         self._last_char = text[-1]
@@ -584,6 +590,27 @@ def _marked(
             continue
         found.append(proc)
     return found
+
+
+def _scrub_raw(raw_path: str, redactor: Redactor) -> None:
+    """Rewrite a raw log without terminal escape sequences, redacted again: a credential split by
+    colour codes was found in the display text, so the raw bytes hold it too. The raw log is then
+    no longer byte-identical to the output (a note at its end says so): no credential is kept."""
+    tmp = raw_path + ".scrub"
+    with open(raw_path, "rb") as src, open(tmp, "wb") as dst:
+        carry = b""
+        for chunk in iter(lambda: src.read(1 << 20), b""):
+            data = carry + chunk
+            cut = data.rfind(b"\n") + 1 or len(data)  # escapes never span lines here
+            carry, data = data[cut:], data[:cut]
+            dst.write(redactor.feed(_ANSI_BYTES.sub(b"", data)))
+        dst.write(redactor.feed(_ANSI_BYTES.sub(b"", carry)) + redactor.flush())
+        dst.write(b"\n" + _NOTE.encode() + b"terminal escape sequences were removed from this raw log, because a "
+                  b"credential split by them had to be redacted\n")
+    os.replace(tmp, raw_path)
+
+
+_ANSI_BYTES = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]*[0-~]")
 
 
 def find_marked(marker: str) -> list[psutil.Process]:
@@ -965,7 +992,9 @@ def run_supervised(
         capture.release()
     result.output_bytes = capture.captured
     result.truncated = capture.truncated
-    result.redactions = redactor.count - redactions_before
+    result.redactions = redactor.count - redactions_before + capture.display_redactor.count
+    if finished and capture.display_redactor.count and raw_path:
+        _scrub_raw(raw_path, redactor.fresh())
     if capture.error and result.error is None:
         result.error = capture.error
     if not finished and result.error is None:

@@ -200,6 +200,8 @@ class Redactor:
     """
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
+        secrets = list(secrets)
+        self._secrets = secrets
         variants: set[bytes] = set()
         for secret in secrets:
             if isinstance(secret, str) and len(secret) >= MIN_SECRET_LENGTH:
@@ -215,6 +217,10 @@ class Redactor:
         self._tail = b""  # left context + held-back bytes, carried to the next feed()
         self._start = 0  # offset in _tail where the held-back (not yet emitted) part begins
         self.count = 0
+
+    def fresh(self) -> "Redactor":
+        """A new Redactor for another stream, with the same secrets and a count of 0."""
+        return Redactor(self._secrets)
 
     def feed(self, data: bytes) -> bytes:
         """Take the next chunk of output; return redacted bytes safe to persist now.

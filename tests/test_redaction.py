@@ -370,3 +370,26 @@ def test_it_counts_redactions_per_run_with_a_shared_redactor(tmp_path, marker):
         assert result.redactions == 1
         assert (tmp_path / f"{i}.log").read_bytes() == REDACTED + b"\n"
     assert redactor.count == 2
+
+
+def test_a_key_printed_with_a_colour_code_inside_it_is_redacted_in_both_logs(tmp_path):
+    """`grep --color` puts escape sequences inside a matched key: the display text joins it again,
+    so it is redacted there, and the raw log is rewritten without escapes and redacted too."""
+    import secrets
+    import string
+    import sys
+
+    from engine.process import run_supervised
+
+    body = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
+    key = f"sk-ant-api03-{body}"
+    printed = f"KEY=\x1b[01;31m\x1b[Ksk-ant\x1b[m\x1b[K-api03-{body}\n"
+    log, raw = tmp_path / "out.log", tmp_path / "out.raw"
+    result = run_supervised([sys.executable, "-c", f"import sys; sys.stdout.write({printed!r}); print('after')"],
+                            cwd=str(tmp_path), env=dict(os.environ), deadline_seconds=30, log_path=str(log),
+                            raw_path=str(raw))
+    assert result.exit_code == 0
+    display, raw_bytes = log.read_text(), raw.read_bytes()
+    assert key not in display and body not in display and "[REDACTED]" in display and "after" in display
+    assert body.encode() not in raw_bytes and b"escape sequences were removed" in raw_bytes
+    assert result.redactions >= 1
