@@ -565,6 +565,7 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     """Run one frozen gate command with ``bash -eo pipefail -c`` in the worktree (or ``cwd``) and record a Check."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
     cwd = cwd or run.worktree
+    env, launch = _gate_sandbox(run, argv, cwd, env)
     check = Check.objects.create(
         run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
         started_at=timezone.now(), manifest_digest=digest_before,
@@ -572,10 +573,13 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
     result = process.run_supervised(
-        argv, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+        launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
         redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-{run.uid.hex[:8]}-check-{check.pk}",
         should_stop=should_stop, grace_seconds=5.0,
     )
+    if launch is not argv and result.signal is None and result.exit_code is not None and result.exit_code > 128:
+        # bubblewrap reports a command killed by signal N as exit 128 + N
+        result.signal, result.exit_code = result.exit_code - 128, None
     failure = ""
     if result.missing_executable:
         failure = "missing_executable"
@@ -598,6 +602,28 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     check.failure_kind = failure
     check.save()
     return check
+
+
+def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict) -> tuple[dict, list[str]]:
+    """The environment and argument array of a gate: inside the agents' bubblewrap sandbox.
+
+    A gate runs code an agent wrote, so it gets what an agent gets (engine/agents/sandbox.py):
+    the Control Panel's var directory (database, control records, other runs), the worker's HOME
+    and the project's .env are hidden; only ``cwd`` (the worktree or the final checkout), the
+    run's TMPDIR and data folder and a HOME of the run's own are writable; its own PID namespace,
+    so nothing it starts outlives it. Without bubblewrap the gate runs as it is.
+    """
+    from .agents import sandbox
+
+    if not sandbox.available()[0]:
+        return env, argv
+    home = Path(scratch_dirs(run.pk)["tmp"]).parent / "gate-home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**env, "HOME": str(home)}
+    writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
+    visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
+    return env, sandbox.wrap(argv, writable=writable, read_only=[os.path.join(cwd, ".git")],
+                             hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible)
 
 
 def _execute_verify(plan: dict, should_stop) -> dict:

@@ -4,6 +4,7 @@ Runs are driven step by step in this process (``drive``), with real git worktree
 commands and the scripted test adapter's real child processes for controlled behaviour.
 """
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -158,7 +159,7 @@ def test_a_pass_never_overrides_a_failed_gate(make_pipeline, repo, sent):
 
 
 @pytest.mark.parametrize("answer, problem", [
-    ({"final_message": 'Looks fine.\n```json\n{"verdict": "pass", "findings": [\n```'}, "no JSON object"),
+    ({"final_message": 'Looks fine.\n```json\n{"verdict": "pass", "findings": [\n```'}, "not valid JSON"),
     ({"final_message": "I approve of this change."}, "no JSON object"),
     ({"verdict": {"verdict": "maybe", "findings": []}}, "'maybe' is not one of"),
     ({"verdict": {"verdict": "repair", "findings": []}}, "findings"),
@@ -607,3 +608,28 @@ def test_only_the_answer_at_the_end_counts_never_an_earlier_quoted_pass(message)
 
     with pytest.raises(review.InvalidVerdict):
         review.parse(message)
+
+
+def test_a_gate_runs_the_agents_code_in_the_sandbox(make_pipeline, repo, sent):
+    """Code an agent wrote runs when a gate runs it: it must not see the database, the control
+    records or the worker's HOME, nor write anything outside the worktree."""
+    var_dir = Path(settings.VAR_DIR).resolve()
+    home = Path(os.path.expanduser("~")).resolve()
+    snoop = (
+        "import os, sys, pathlib\n"
+        f"var, home = pathlib.Path({str(var_dir)!r}), pathlib.Path({str(home)!r})\n"
+        "seen = [str(p) for p in var.iterdir()] if var.exists() else []\n"
+        "seen = [p for p in seen if not os.environ['CP_WORKTREE'].startswith(p)\n"
+        "        and not os.environ['TMPDIR'].startswith(p)]\n"
+        "leaks = [p for p in seen if p.endswith(('runs', 'sqlite3', 'broker'))]\n"
+        "try:\n    (var / 'written-by-a-gate').write_text('x'); leaks.append('wrote into var')\n"
+        "except OSError:\n    pass\n"
+        "if (home / '.bashrc').exists() or (home / '.profile').exists():\n    leaks.append('worker home')\n"
+        "print('leaks:', leaks); sys.exit(1 if leaks else 0)\n")
+    step = {"write": {**ANSWER_STEP["write"], "app/snoop.py": snoop}}
+    stages = stage(gates=[{"name": "snoop", "command": "python app/snoop.py"}])
+    run = run_with(make_pipeline, repo, sent, {"implement": [step]}, stages=stages)
+    check = Check.objects.filter(run=run, kind="gate").first()
+    assert check.passed, var(check.log_path).read_text()
+    assert run.status == "succeeded", run.stop_message
+    assert not (var_dir / "written-by-a-gate").exists()
