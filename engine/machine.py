@@ -249,12 +249,7 @@ def approved(run: Run, stage: StageRun, decision: Decision, reviewer: str) -> No
     decision.action = "approve"
     decision.decided_at = timezone.now()
     decision.save()
-    _set_run_status(run, RunStatus.QUEUED)
-    run.stop_reason = ""
-    run.stop_message = ""
-    run.stop_evidence = {}
-    run.queued_at = timezone.now()
-    run.save()
+    _requeue(run)
     _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
     event(run, "approved", f"{reviewer} approved stage '{stage.key}' on files {decision.artifact[:12]}; it is "
                            f"checkpointed next.", stage=stage, decision=decision)
@@ -266,12 +261,7 @@ def rechecked(run: Run, stage: StageRun, note: str, requested_by: str) -> int:
     approval is asked for. Repair counters and budgets are kept. Returns the decisions superseded."""
     superseded = run.decisions.filter(stage=stage, state=Decision.State.PENDING).update(
         state=Decision.State.SUPERSEDED, decided_at=timezone.now(), decided_by=requested_by, action="recheck")
-    _set_run_status(run, RunStatus.QUEUED)
-    run.stop_reason = ""
-    run.stop_message = ""
-    run.stop_evidence = {}
-    run.queued_at = timezone.now()
-    run.save()
+    _requeue(run)
     stage.accepted_manifest = ""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
     event(run, "recheck", f"Recheck requested by {requested_by or 'an operator'}: stage '{stage.key}' is verified "
@@ -405,15 +395,20 @@ def succeed(run: Run) -> None:
                             "again on the final checkpoint; the run succeeded.")
 
 
-def resume(run: Run, stage: StageRun | None, phase: str | None = None) -> None:
-    """waiting_review -> queued after a person's recovery decision; the stage is worked on again,
-    from ``phase`` when given (retry: implement; verify: verify). Repair counters are kept."""
+def _requeue(run: Run) -> None:
+    """A waiting run goes back to the queue after a person's decision; its stop is cleared."""
     _set_run_status(run, RunStatus.QUEUED)
     run.stop_reason = ""
     run.stop_message = ""
     run.stop_evidence = {}
     run.queued_at = timezone.now()
     run.save()
+
+
+def resume(run: Run, stage: StageRun | None, phase: str | None = None) -> None:
+    """waiting_review -> queued after a person's recovery decision; the stage is worked on again,
+    from ``phase`` when given (retry: implement; verify: verify). Repair counters are kept."""
+    _requeue(run)
     if stage is not None and stage.status == StageStatus.WAITING_REVIEW:
         _set_stage(stage, StageStatus.RUNNING, phase)
     elif stage is not None and phase is not None:

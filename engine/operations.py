@@ -331,12 +331,17 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
         decision.save()
         machine.resume(run, stage, (StagePhase.IMPLEMENT if action == "retry" else StagePhase.VERIFY)
                        if stage is not None else None)
-        StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
-                                                    last_enqueued_at=timezone.now())
         machine.event(run, "recovered", f"Recovery by {reviewer or 'an operator'}: {action}. Note: {note}",
                       stage=stage, decision=decision)
-        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+        _wake_on_commit(run)
     return decision
+
+
+def _wake_on_commit(run: Run) -> None:
+    """Count one more wake-up on the run's start request and send it once the transaction commits."""
+    StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
+                                                last_enqueued_at=timezone.now())
+    transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
 
 
 # ----------------------------------------------------------------------------- Approve A Human Gate
@@ -383,9 +388,7 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
                                  f"{', '.join(failed)} on files {current[:12]}; an approval cannot pass a check "
                                  f"that is missing or failed.", "decision")
         machine.approved(run, stage, decision, reviewer)
-        StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
-                                                    last_enqueued_at=timezone.now())
-        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+        _wake_on_commit(run)
     return decision
 
 
@@ -415,9 +418,7 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
             raise OperationError("nothing_to_verify", f"Run {run.pk} has no stage whose implementation produced a "
                                  f"result; there is nothing to recheck.", "run")
         machine.rechecked(run, stage, note, requested_by)
-        StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
-                                                    last_enqueued_at=timezone.now())
-        transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+        _wake_on_commit(run)
     return stage
 
 

@@ -51,12 +51,17 @@ def is_test_file(path: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_FILE_PATTERNS)
 
 
+def _words(command: str) -> list[str]:
+    """A gate command's words as the shell splits them (on whitespace when the quotes do not balance)."""
+    try:
+        return shlex.split(command, comments=True)
+    except ValueError:
+        return command.split()
+
+
 def _tools(command: str) -> set[str]:
     """The runners of RUNNER_FILES a gate command starts (``make``, ``pytest``)."""
-    try:
-        words = shlex.split(command, comments=True)
-    except ValueError:
-        words = command.split()
+    words = _words(command)
     tools = set()
     for i, word in enumerate(words):
         name = posixpath.basename(word)
@@ -84,21 +89,11 @@ def gate_named_files(commands: list[str], files: set[str]) -> dict[str, str]:
     """
     named: dict[str, str] = {}
     for command in commands:
-        try:
-            words = shlex.split(command, comments=True)
-        except ValueError:
-            words = command.split()
-        tools = set()
-        for i, word in enumerate(words):
+        for word in _words(command):
             candidate = posixpath.normpath(word)
             if candidate in files:
                 named.setdefault(candidate, f"named by the gate command `{command}`")
-            name = posixpath.basename(word)
-            if name in ("make", "gmake"):
-                tools.add("make")
-            elif name in ("pytest", "py.test") or (word == "pytest" and i > 0 and words[i - 1] == "-m"):
-                tools.add("pytest")
-        for tool in sorted(tools):
+        for tool in sorted(_tools(command)):
             for path in RUNNER_FILES[tool]:
                 if path in files:
                     named.setdefault(path, f"read by `{tool}` in the gate command `{command}`")

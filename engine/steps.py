@@ -212,6 +212,10 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
     profile_name = profile_name or definition["roles"][role]
     profile = definition["profiles"][profile_name]
     deadline = float(definition["pipeline"]["deadlines"][operation])
+    budget = (definition["pipeline"].get("budgets") or {}).get("max_active_seconds")
+    configured = deadline
+    if budget is not None:  # an attempt never runs past the run's active-time budget
+        deadline = max(1.0, min(deadline, float(budget) - run.active_seconds))
     number = (stage.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
     nth = stage.attempts.filter(operation=operation).count() + 1
     simulated = profile["adapter"] == "scripted" or bool(profile.get("scripted_endpoint"))
@@ -231,7 +235,8 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
                   f"Attempt {number} ({operation}) of stage '{stage.key}' recorded before launch with profile "
                   f"'{profile_name}'{sim}, deadline {deadline:.0f} s.", stage=stage, attempt=attempt)
     return {"attempt_id": attempt.pk, "operation": operation, "role": role, "profile": profile,
-            "profile_name": profile_name, "operation_attempt": nth, "folder": folder}
+            "profile_name": profile_name, "operation_attempt": nth, "folder": folder,
+            "budget_cut": deadline < configured}
 
 
 # ----------------------------------------------------------------------------- execute
@@ -850,6 +855,14 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
         attempt.result_manifest = manifest
         attempt.save(update_fields=["result_manifest"])
     evidence = {"attempt": attempt.pk}
+    if attempt.status == AttemptStatus.TIMEOUT and plan.get("budget_cut"):
+        budgets = run.definition["pipeline"].get("budgets") or {}
+        machine.stop(run, "budget_exhausted",
+                     f"Attempt {attempt.number} ({attempt.operation}) was stopped after {attempt.deadline_seconds:.0f} s, "
+                     f"where the run's active-time budget ran out (budgets.max_active_seconds: "
+                     f"{budgets.get('max_active_seconds')}). An exhausted budget needs a new run.",
+                     stage=stage, evidence={**evidence, "budgets": budgets})
+        return
     if outcome.get("tamper"):
         _stop_tampered(run, stage, outcome["tamper"], f"Attempt {attempt.number} ({attempt.operation})", evidence)
         return

@@ -633,3 +633,11 @@ def test_a_gate_runs_the_agents_code_in_the_sandbox(make_pipeline, repo, sent):
     assert check.passed, var(check.log_path).read_text()
     assert run.status == "succeeded", run.stop_message
     assert not (var_dir / "written-by-a-gate").exists()
+
+
+def test_an_attempt_never_runs_past_the_active_time_budget(make_pipeline, repo, sent):
+    slow = {**ANSWER_STEP, "sleep": 30}
+    run = run_with(make_pipeline, repo, sent, {"implement": [slow]}, budgets={"max_active_seconds": 3})
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    assert attempt.deadline_seconds <= 3 and attempt.status == "timeout"
+    assert attempt.elapsed_seconds < 15
