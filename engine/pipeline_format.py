@@ -1260,42 +1260,28 @@ def _secret_env(path: str, value: str) -> bool:
     return bool(secret_env_values({parts[3]: value}))
 
 
-def _refuse_nul(value, path: str, report: _Report) -> None:
-    """Report every string holding a NUL character: PostgreSQL's JSON cannot store one."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _refuse_nul(item, _key_path(path, key), report)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _refuse_nul(item, f"{path}[{index}]", report)
-    elif isinstance(value, str) and "\x00" in value:
-        report.add(path, "contains a NUL character (\\x00), which the database cannot store in a definition; "
-                         "write binary test data with another byte")
-
-
 #: Profile keys holding a simulation's script: made-up keys there are test material, not credentials.
 _SIMULATION_KEYS = ("scenario", "scripted_endpoint")
 
 
-def _refuse_credentials(value, path: str, report: _Report) -> None:
-    """Report every string of the definition that looks like a credential (engine.redaction's
-    patterns): a pipeline is saved and frozen into every run, so a pasted key would be stored
-    three times (field case C14). Scenarios and scripted endpoints are exempt."""
+def _refuse_credentials(value, path: str, report: _Report, credentials: bool = True) -> None:
+    """Report every string of the definition that the database cannot store (a NUL character) or
+    that looks like a credential (engine.redaction's patterns, a secret-named profile ``env``): a
+    pipeline is saved and frozen into every run, so a pasted key would be stored three times (field
+    case C14). Scenarios and scripted endpoints are checked for NUL only."""
     from .redaction import redact_text
 
     if isinstance(value, dict):
         for key, item in value.items():
-            if key in _SIMULATION_KEYS and path.startswith("profiles."):
-                _refuse_nul(item, _key_path(path, key), report)
-                continue
-            _refuse_credentials(item, _key_path(path, key), report)
+            simulation = key in _SIMULATION_KEYS and path.startswith("profiles.")
+            _refuse_credentials(item, _key_path(path, key), report, credentials and not simulation)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            _refuse_credentials(item, f"{path}[{index}]", report)
+            _refuse_credentials(item, f"{path}[{index}]", report, credentials)
     elif isinstance(value, str) and "\x00" in value:
         report.add(path, "contains a NUL character (\\x00), which the database cannot store in a definition; "
                          "write binary test data with another byte")
-    elif isinstance(value, str) and (redact_text(value)[1] or _secret_env(path, value)):
+    elif isinstance(value, str) and credentials and (redact_text(value)[1] or _secret_env(path, value)):
         report.add(path, "holds what looks like a credential (an API key, a token, a private key or a password "
                          "in a URL); credentials never go into a pipeline: the agent gets them from the "
                          "worker's environment")

@@ -15,21 +15,14 @@ import pytest
 from django.conf import settings
 from django.urls import reverse
 
-from engine import operations, runner
+from engine import operations
 from engine.models import Attempt, Run
 
 from .conftest import ANSWER_STEP
+from .test_steps import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-
-def drive(run_id: int, sent: list, limit: int = 20) -> Run:
-    for _ in range(limit):
-        if not sent:
-            break
-        run_id, token = sent.pop(0)
-        runner.advance(run_id, token)
-    return Run.objects.get(pk=run_id)
 
 
 @pytest.fixture

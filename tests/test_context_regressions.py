@@ -17,25 +17,18 @@ import pytest
 import yaml
 from django.conf import settings
 
-from engine import operations, runner
+from engine import operations
 from engine.models import Attempt, Pipeline, Run
 from engine.pipeline_format import PipelineFormatError
 
 from .conftest import ANSWER_STEP
+from .test_steps import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
           "gates": [{"name": "unit", "command": "true"}]}]
 
-
-def drive(run_id: int, sent: list, limit: int = 30) -> Run:
-    for _ in range(limit):
-        if not sent:
-            break
-        run_id, token = sent.pop(0)
-        runner.advance(run_id, token)
-    return Run.objects.get(pk=run_id)
 
 
 def test_a_profile_whose_executable_is_missing_is_refused_at_creation(make_pipeline, repo, tmp_path):

@@ -16,7 +16,7 @@ from .conftest import ANSWER_STEP
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def drive(run_id: int, sent: list, limit: int = 10) -> Run:
+def drive(run_id: int, sent: list, limit: int = 30) -> Run:
     """Take steps the way a worker would, following the hand-off tokens, until the run stops."""
     for _ in range(limit):
         if not sent:

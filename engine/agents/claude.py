@@ -260,6 +260,40 @@ class CliAdapter(Adapter):
     """What the adapters of real CLIs share: the executable (``executable_name``) and its version."""
 
     executable_name = ""
+    #: How the help text is asked for, as named in messages (e.g. ``claude --help``), and its arguments.
+    help_command = ""
+    help_args: tuple[str, ...] = ("--help",)
+    #: Words of the help text that must be there for every role.
+    common_help: tuple[str, ...] = ()
+    #: What the sandbox problem keeps from being enforced, for the message.
+    sandbox_boundary = ""
+
+    def required_help(self, role: str) -> dict[str, str]:
+        """``{word of the help text: the boundary it enforces}`` that ``role`` needs."""
+        return {}
+
+    def sandbox_available(self) -> tuple[bool, str]:
+        """``(True, path)`` when this CLI's operating-system sandbox can be made here."""
+        return sandbox.available()
+
+    def check(self, profile: dict, role: str) -> list[str]:
+        """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
+        missing, ``--version`` does not answer, a word the role's boundary needs is not in the
+        help text (the boundary is named), or the operating-system sandbox cannot be made."""
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        if exe is None:
+            return [f"the {self.executable_name} executable was not found (profile executable: "
+                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
+        version, helptext = probe(exe, help_args=self.help_args)
+        if not version:
+            return [f"{exe} --version does not answer"]
+        problems = [f"{word} is not in `{self.help_command}`, so it cannot enforce: {boundary}"
+                    for word, boundary in self.required_help(role).items() if word not in helptext]
+        problems += [f"{word} is not in `{self.help_command}`" for word in self.common_help if word not in helptext]
+        ok, why = self.sandbox_available()
+        if not ok:
+            problems.append(f"no operating-system sandbox, so nothing {self.sandbox_boundary}: {why}")
+        return problems
 
     def version(self, profile: dict) -> str:
         exe = find_executable(self.executable_name, profile.get("executable"))
@@ -282,26 +316,12 @@ class ClaudeCodeAdapter(CliAdapter):
     simulated = False
     executable_name = "claude"
 
-    def check(self, profile: dict, role: str) -> list[str]:
-        """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
-        missing, ``--version`` does not answer, or a flag the role's boundary needs is not in
-        ``--help`` (the boundary is named)."""
-        exe = find_executable(self.executable_name, profile.get("executable"))
-        if exe is None:
-            return [f"the {self.executable_name} executable was not found (profile executable: "
-                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
-        version, helptext = probe(exe)
-        if not version:
-            return [f"{exe} --version does not answer"]
-        problems = [f"{flag} is not in `{self.executable_name} --help`, so it cannot enforce: {boundary}"
-                    for flag, boundary in REQUIRED_FLAGS.get(role, {}).items() if flag not in helptext]
-        problems += [f"{flag} is not in `{self.executable_name} --help`" for flag in COMMON_FLAGS
-                     if flag not in helptext]
-        ok, why = sandbox.available()
-        if not ok:
-            problems.append(f"no operating-system sandbox, so nothing stops its shell tool from writing outside "
-                            f"the worktree: {why}")
-        return problems
+    help_command = "claude --help"
+    common_help = COMMON_FLAGS
+    sandbox_boundary = "stops its shell tool from writing outside the worktree"
+
+    def required_help(self, role: str) -> dict[str, str]:
+        return REQUIRED_FLAGS.get(role, {})
 
     def environment(self, request: AgentRequest, home: str) -> dict:
         env = dict(request.env)

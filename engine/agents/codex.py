@@ -84,7 +84,6 @@ from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, classify_process, empty_usage
 from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
-from .claude import probe as claude_probe
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -121,11 +120,6 @@ REQUIRED_HELP = {
 #: Options every attempt passes (``codex exec --help`` of 0.171.0).
 COMMON_HELP = ("--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules", "--output-last-message",
                "--cd")
-def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
-    """``(codex --version's first line, codex exec --help text)`` (claude.probe, cached)."""
-    return claude_probe(executable, timeout, help_args=("exec", "--help"))
-
-
 def sandbox_args(role: str) -> list[str]:
     """``--sandbox`` and its ``-c`` overrides for a role (module docstring)."""
     if role in WRITE_ROLES:
@@ -450,27 +444,16 @@ class CodexAdapter(CliAdapter):
     simulated = False
     executable_name = "codex"
 
-    def check(self, profile: dict, role: str) -> list[str]:
-        """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
-        missing, ``--version`` does not answer, or an option or sandbox mode the role's boundary
-        needs is not in ``codex exec --help`` (the boundary is named)."""
-        exe = find_executable(self.executable_name, profile.get("executable"))
-        if exe is None:
-            return [f"the {self.executable_name} executable was not found (profile executable: "
-                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
-        version, helptext = probe(exe)
-        if not version:
-            return [f"{exe} --version does not answer"]
-        needed = REQUIRED_HELP.get(role, REQUIRED_HELP["reviewer"])
-        problems = [f"{word} is not in `{self.executable_name} exec --help`, so it cannot enforce: {boundary}"
-                    for word, boundary in needed.items() if word not in helptext]
-        problems += [f"{flag} is not in `{self.executable_name} exec --help`" for flag in COMMON_HELP
-                     if flag not in helptext]
-        ok, why = sandbox.user_namespace_available()
-        if not ok:
-            problems.append(f"no operating-system sandbox, so nothing keeps its commands from reading the var "
-                            f"directory and the worker's HOME: {why}")
-        return problems
+    help_command = "codex exec --help"
+    help_args = ("exec", "--help")
+    common_help = COMMON_HELP
+    sandbox_boundary = "keeps its commands from reading the var directory and the worker's HOME"
+
+    def required_help(self, role: str) -> dict[str, str]:
+        return REQUIRED_HELP.get(role, REQUIRED_HELP["reviewer"])
+
+    def sandbox_available(self) -> tuple[bool, str]:
+        return sandbox.user_namespace_available()
 
     def environment(self, request: AgentRequest, home: str) -> dict:
         """The attempt's environment: the run's, with HOME = CODEX_HOME = ``home`` and the API key
