@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from engine import operations
+from engine import operations, reconcile
 from engine.models import JournalEntry, Run
 
 from .conftest import git, wait_for
@@ -39,7 +39,11 @@ def test_a_crash_inside_the_checkpoint_never_makes_a_second_commit(route, make_p
         ahead = git(repo, "rev-list", "--count", f"{run.commit}..{run.branch}").strip()
         assert ahead == ("0" if point == "checkpoint.before_commit" else "1")
         second = Solo(tmp_path, queue, CP_HEARTBEAT_STALE=1).start()  # reconciles when it starts
-        wait_until(lambda: Run.objects.get(pk=run.pk).status == "waiting_review", what="the interruption")
+        def interrupted() -> bool:  # a reconciliation pass as beat would run it, should the start-up pass be early
+            reconcile.reconcile()
+            return Run.objects.get(pk=run.pk).status == "waiting_review"
+
+        wait_until(interrupted, what="the interruption")
         run = Run.objects.get(pk=run.pk)
         assert run.stop_reason == "interrupted", run.stop_message
         if point == "checkpoint.after_commit":  # the truth is in git: the commit with its journal id exists
