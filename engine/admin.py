@@ -17,6 +17,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from .models import (
@@ -134,6 +135,10 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def coloured_status(self, obj):
+        age = (timezone.now() - obj.heartbeat_at).total_seconds() if obj.heartbeat_at else None
+        if obj.status == "running" and age is not None and age > settings.CP_HEARTBEAT_STALE:
+            # never "running" alone when nobody is known to be running it (field case C20)
+            return format_html('<b style="color:#b45309">running: no heartbeat for {} s</b>', f"{age:.0f}")
         return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(obj.status, "#000"),
                            obj.get_status_display())
 

@@ -136,6 +136,19 @@ def claim(run_id: int, token: str | None, owner: str) -> str | None:
     return mine if won else None
 
 
+def fence(run: Run, owner: str) -> str:
+    """Take the lease of the locked, running ``run`` away from whoever holds it (a person is
+    failing the run): a new fencing token and ``owner``, a fresh heartbeat. The old owner's next
+    heartbeat fails (its step stops its process), its hand-off claims nothing, and its result is
+    stored as late. Returns the new token."""
+    _check(RUN_TRANSITIONS, run.status, RunStatus.FAILED, f"fence run {run.pk}")
+    run.lease_token = new_token()
+    run.lease_owner = owner
+    run.heartbeat_at = timezone.now()
+    run.save(update_fields=["lease_token", "lease_owner", "heartbeat_at"])
+    return run.lease_token
+
+
 def heartbeat(run_id: int, token: str, seconds: float) -> bool:
     """Add ``seconds`` of active time and refresh the heartbeat; False when the lease is lost."""
     from django.db.models import F
@@ -415,14 +428,30 @@ def resume(run: Run, stage: StageRun | None, phase: str | None = None) -> None:
         _set_stage(stage, stage.status, phase)
 
 
-def fail(run: Run, reason: str, message: str) -> None:
-    """Any non-terminal run -> failed (an operator's decision or an unrecoverable fault)."""
+def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> list[int]:
+    """Any non-terminal run -> failed (an operator's decision or an unrecoverable fault).
+
+    Attempts still open are closed as ``cancelled`` (the caller stopped their processes first),
+    unfinished stages fail and pending decisions are superseded. Returns the numbers of the
+    attempts closed."""
+    from .models import ATTEMPT_OPEN, AttemptStatus
+
+    closed = []
+    for attempt in run.attempts.filter(status__in=ATTEMPT_OPEN):
+        attempt.status = AttemptStatus.CANCELLED
+        attempt.failure_kind = reason
+        attempt.failure_message = f"The run was failed while this attempt was open: {message}"
+        attempt.ended_at = timezone.now()
+        attempt.save()
+        closed.append(attempt.number)
     _set_run_status(run, RunStatus.FAILED)
     run.stop_reason = reason
     run.stop_message = message
+    run.stop_evidence = {**(evidence or {}), **({"cancelled_attempts": closed} if closed else {})}
     run.save()
     for stage in run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.FAILED]):
         if stage.status != StageStatus.PENDING or stage.attempts.exists():
             _set_stage(stage, StageStatus.FAILED)
     run.decisions.filter(state=Decision.State.PENDING).update(state=Decision.State.SUPERSEDED)
-    event(run, "failed", f"Failed ({reason}): {message}")
+    event(run, "failed", f"Failed ({reason}): {message}", data=run.stop_evidence)
+    return closed

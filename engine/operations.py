@@ -21,6 +21,7 @@ from . import machine, protected, workspace
 from .agents import adapters
 from .models import (
     RUN_STOPPED,
+    RUN_TERMINAL,
     Decision,
     Pipeline,
     Profile,
@@ -295,14 +296,18 @@ def _enqueue(run_id: int, token: str | None) -> None:
     enqueue(run_id, token)
 
 
-# ----------------------------------------------------------------------------- Recover (minimal; see issue tracker)
+# ----------------------------------------------------------------------------- Recover An Interruption
 
 
 def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Decision:
-    """Resume a run waiting for review: ``retry`` (a new attempt) or ``verify`` (gates on the existing result).
+    """Resume a run waiting for review: ``retry`` (a new attempt of the stage, numbered after the
+    last one) or ``verify`` (the gates, then the review, on the existing result).
 
-    Requires the pending review decision's id and a note. Raises OperationError on a stale or
-    unknown decision, a missing note, an unknown action or a run that is not waiting for review.
+    Requires the pending review decision's id and a note; repair counters and budgets are kept.
+    Raises OperationError: ``note_required`` [note], ``unknown_action`` [action],
+    ``not_waiting_review`` [run], ``unknown_decision`` / ``stale_decision`` [decision],
+    ``budget_exhausted`` [action] (an exhausted execution budget requires a new run),
+    ``nothing_to_verify`` [action].
     """
     run = get_run(run)
     if not (note or "").strip():
@@ -322,6 +327,11 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
             raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending.",
                                  "decision")
         stage = decision.stage
+        problem = machine.budget_problem(run, machine.Step("implement" if action == "retry" else "verify",
+                                                           stage.pk if stage else None))
+        if problem is not None:
+            raise OperationError("budget_exhausted", f"{problem} An exhausted execution budget requires a new run: "
+                                 f"create one (python manage.py create_run) or fail this one.", "action")
         if action == "verify" and stage is not None and not stage.attempts.exclude(result_manifest=None).exists():
             raise OperationError("nothing_to_verify", f"Stage '{stage.key}' has no result to verify; use retry.",
                                  "action")
@@ -342,6 +352,64 @@ def _wake_on_commit(run: Run) -> None:
     StartRequest.objects.filter(run=run).update(enqueued_times=F("enqueued_times") + 1,
                                                 last_enqueued_at=timezone.now())
     transaction.on_commit(lambda: _enqueue(run.pk, None), robust=True)
+
+
+# ----------------------------------------------------------------------------- End An Unsuccessful Run
+
+
+def fail_run(run, reason: str, requested_by: str = "") -> Run:
+    """Fail a run on a person's decision: stop and reap every process it owns first, then record
+    the failure (``failed``, stop reason ``failed_by_operator``). All evidence is kept (attempts,
+    logs, checks, manifests, the worktree and its branch); a result that arrives afterwards is
+    stored as late and changes nothing.
+
+    A running run is first fenced (its lease token replaced, so the step owner's heartbeat fails
+    and stops its process, its hand-off claims nothing, and a process it starts after that is
+    stopped at launch); then every process of the run on this host is reaped (recorded pids and
+    the run's process markers); then, in a short transaction, the run fails (``machine.fail``:
+    open attempts closed as ``cancelled``, unfinished stages failed, pending decisions superseded). A pending, queued or waiting run has no process and fails at
+    once. Returns the run. Raises OperationError: ``reason_required`` [reason], ``unknown_run``
+    [run], ``already_finished`` [run] (a succeeded or failed run takes no action).
+    """
+    from . import reconcile
+    from .runner import worker_identity
+
+    run = get_run(run)
+    reason = (reason or "").strip()
+    if not reason:
+        raise OperationError("reason_required", "A reason is required to fail a run (what a person should know).",
+                             "reason")
+    who = requested_by or "an operator"
+    with transaction.atomic():
+        locked = _lock_unfinished(run.pk)
+        if locked.status != RunStatus.RUNNING:
+            machine.fail(locked, "failed_by_operator", f"Failed by {who}: {reason.rstrip('.')}.")
+            return locked
+        token = machine.fence(locked, f"fail:{worker_identity()}")
+        machine.event(locked, "fail_requested", f"{who} asked to fail the run; its processes are stopped first. "
+                                                f"Reason: {reason}")
+    reaping = reconcile.reap_run(locked)
+    with transaction.atomic():
+        locked = _lock_unfinished(run.pk)
+        note = f" Processes reaped first: {reaping['reaped']}." if reaping["reaped"] else " No process was left."
+        if reaping["unconfirmed"]:
+            note += (f" Attempts {reaping['unconfirmed']} ran on another host: their worker stops them at its next "
+                     f"heartbeat, which fails now.")
+        if locked.lease_token != token:  # a reconciliation pass stopped it meanwhile: it fails all the same
+            note += " A reconciliation pass interrupted the run while its processes were being stopped."
+        machine.fail(locked, "failed_by_operator", f"Failed by {who}: {reason.rstrip('.')}.{note}",
+                     evidence=reaping)
+    return locked
+
+
+def _lock_unfinished(run_id: int) -> Run:
+    """The run, locked for the caller's transaction; OperationError ``already_finished`` when it ended."""
+    locked = Run.objects.select_for_update().get(pk=run_id)
+    if locked.status in RUN_TERMINAL:
+        why = f" ({locked.stop_reason})" if locked.stop_reason else ""
+        raise OperationError("already_finished", f"Run {run_id} already {locked.status}{why}; a finished run takes "
+                             "no action.", "run")
+    return locked
 
 
 # ----------------------------------------------------------------------------- Approve A Human Gate
@@ -430,7 +498,8 @@ def run_status(run) -> dict:
 
     Keys: id, status, simulated, pipeline, repo, revision, commit, branch, worktree, stop_reason,
     stop_message, stop_evidence, waiting_for ('start' | 'worker' | 'review' | 'approval' | None),
-    active_seconds, not_included, protected_files, budgets, pending_decision, stages[{key, status,
+    active_seconds, heartbeat_age_seconds, heartbeat_stale (running, but no heartbeat for longer than
+    CP_HEARTBEAT_STALE: its worker may be gone, and reconciliation will interrupt it), not_included, protected_files, budgets, pending_decision, stages[{key, status,
     phase, base_commit, checkpoint, repairs_used, repair_allowance, last_defect, attempts[...,
     refusals, verdict], checks[...]}].
     """
@@ -444,6 +513,8 @@ def run_status(run) -> dict:
     waiting = {RunStatus.PENDING: "start", RunStatus.QUEUED: "worker", RunStatus.WAITING_REVIEW: "review",
                RunStatus.WAITING_APPROVAL: "approval"}.get(run.status)
     pending = run.decisions.filter(state=Decision.State.PENDING).order_by("-id").first()
+    heartbeat_age = ((timezone.now() - run.heartbeat_at).total_seconds()
+                     if run.heartbeat_at and run.status == RunStatus.RUNNING else None)
     stages = []
     for stage in run.stages.order_by("order"):
         attempts = [
@@ -485,8 +556,8 @@ def run_status(run) -> dict:
         "branch": run.branch, "worktree": run.worktree, "stop_reason": run.stop_reason or None,
         "stop_message": run.stop_message or None, "stop_evidence": run.stop_evidence or None,
         "waiting_for": waiting, "active_seconds": round(run.active_seconds, 3),
-        "heartbeat_age_seconds": ((timezone.now() - run.heartbeat_at).total_seconds()
-                                  if run.heartbeat_at and run.status == RunStatus.RUNNING else None),
+        "heartbeat_age_seconds": heartbeat_age,
+        "heartbeat_stale": heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE,
         "definition_sha256": run.definition_sha256, "control_records": str(var / run.control_dir),
         "not_included": run.not_included, "roles": run.definition["roles"],
         "protected_files": [{"path": p["path"], "sha256": p["sha256"], "why": p["why"]} for p in run.protected_files],
@@ -504,5 +575,5 @@ def run_stopped(run: Run) -> bool:
 
 
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
-           "recheck",
+           "recheck", "fail_run",
            "run_status", "run_stopped", "get_run", "get_pipeline"]

@@ -49,6 +49,7 @@ __all__ = [
     "DisplayDecoder",
     "run_supervised",
     "kill_tree",
+    "kill_marked_prefix",
     "find_marked",
     "tail_text",
 ]
@@ -626,6 +627,41 @@ def find_marked(marker: str) -> list[psutil.Process]:
     if not marker:
         raise ValueError("marker must be a non-empty string")
     return _marked(marker, _protected()[0])
+
+
+def markers_with_prefix(prefix: str) -> set[str]:
+    """The distinct ``CP_PROCESS_MARKER`` values of live processes that start with ``prefix``.
+
+    Skips zombies, unreadable environments, this process and its ancestors.
+
+    :raises ValueError: if ``prefix`` is empty (it would match every marked process).
+    """
+    if not prefix:
+        raise ValueError("prefix must be a non-empty string")
+    protected = _protected()[0]
+    found = set()
+    for proc in psutil.process_iter():
+        if proc.pid in protected:
+            continue
+        try:
+            value = proc.environ().get(MARKER_ENV) or ""
+            if value.startswith(prefix) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(value)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_marked_prefix(prefix: str, grace_seconds: float = 5.0) -> int:
+    """Stop every process tree whose ``CP_PROCESS_MARKER`` starts with ``prefix`` (e.g. all the
+    processes of one run: its agents and its gates), as :func:`kill_tree` does with a marker.
+
+    :param prefix: a non-empty marker prefix (the Run Engine's is ``cp-run-<id>-<uid8>-``).
+    :param grace_seconds: seconds between the polite signals and SIGKILL.
+    :returns: how many distinct processes were signalled (0 if none carried such a marker).
+    :raises ValueError: if ``prefix`` is empty.
+    """
+    return sum(kill_tree(None, None, marker, grace_seconds) for marker in sorted(markers_with_prefix(prefix)))
 
 
 def _alive(proc: psutil.Process) -> bool:

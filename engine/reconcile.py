@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -66,22 +67,93 @@ def _enqueue_on_commit(run_id: int, token: str | None) -> None:
     transaction.on_commit(lambda: enqueue(run_id, token), robust=True)
 
 
-def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
-    """Take over a run whose step owner stopped beating, reap its processes, stop it for review.
+def reap_run(run: Run) -> dict:
+    """Stop every process of ``run`` still alive on this host: the recorded tree of each open
+    attempt (pid checked against its start time, so a reused pid is left alone) and every
+    process whose ``CP_PROCESS_MARKER`` carries the run's prefix (agents and gates, including
+    children that left the session). Looks twice, half a second apart, for a process that was
+    starting during the first look.
 
-    Returns False when another reconciler (or the owner itself) got there first.
+    Returns ``{"reaped": int (processes signalled), "unconfirmed": [attempt numbers that ran on
+    another host, whose processes cannot be seen from here]}``.
     """
-    mine = machine.new_token()
-    me = f"reconciler:{socket.gethostname()}"
-    if not Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token,
-                              heartbeat_at=heartbeat_at).update(lease_token=mine, lease_owner=me):
-        return False
+    from .steps import process_marker_prefix
+
     reaped, unconfirmed = 0, []
-    for attempt in Attempt.objects.filter(run_id=run_id, status__in=ATTEMPT_OPEN):
+    for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN):
         if attempt.host and attempt.host != socket.gethostname():
             unconfirmed.append(attempt.number)
             continue
         reaped += process.kill_tree(attempt.pid, attempt.pid_create_time, attempt.marker or None, grace_seconds=3.0)
+    prefix = process_marker_prefix(run)
+    reaped += process.kill_marked_prefix(prefix, grace_seconds=3.0)
+    time.sleep(0.5)
+    reaped += process.kill_marked_prefix(prefix, grace_seconds=3.0)
+    return {"reaped": reaped, "unconfirmed": unconfirmed}
+
+
+def inspect_effects(run: Run) -> dict:
+    """What the interrupted work left behind, looked at before anything is repeated.
+
+    For each open attempt: the worktree's manifest now against the attempt's starting manifest
+    (``start_manifest``) and the files that differ; for the run: checkpoint journal entries still
+    in ``intent``. The manifest is stored as a control record. Returns ``{"attempts": [{"attempt",
+    "number", "start_manifest", "manifest", "changed": [{"path", "status"}] | None, "problem"}],
+    "journal_intents": [uid], "sentence": str}``; never raises for a missing or broken worktree
+    (``problem`` says why it could not be inspected).
+    """
+    from .steps import manifest_excludes, save_manifest
+
+    found, sentences = [], []
+    for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).select_related("stage"):
+        item = {"attempt": attempt.pk, "number": attempt.number, "start_manifest": attempt.start_manifest or None,
+                "manifest": None, "changed": None, "problem": ""}
+        try:
+            data = workspace.manifest(run.worktree, attempt.stage.base_commit, manifest_excludes(run))
+            save_manifest(run, attempt.stage, data)
+            item["manifest"] = data["digest"]
+            if attempt.start_manifest:
+                item["changed"] = workspace.tree_changes(run.worktree, attempt.start_manifest, data["digest"])
+        except workspace.WorkspaceError as exc:
+            item["problem"] = exc.message
+        found.append(item)
+        if item["problem"]:
+            sentences.append(f"The worktree could not be inspected after attempt {attempt.number}: {item['problem']}")
+        elif item["changed"] is None:
+            sentences.append(f"Attempt {attempt.number} was interrupted before it launched; the worktree holds files "
+                             f"{item['manifest'][:12]}.")
+        elif item["changed"]:
+            paths = ", ".join(c["path"] for c in item["changed"][:8]) + (" ..." if len(item["changed"]) > 8 else "")
+            sentences.append(f"Attempt {attempt.number} changed {len(item['changed'])} file(s) in the worktree before "
+                             f"it was interrupted ({paths}); they are not verified.")
+        else:
+            sentences.append(f"Attempt {attempt.number} left the worktree as it found it "
+                             f"({item['manifest'][:12]}).")
+    intents = [str(uid) for uid in JournalEntry.objects.filter(run=run, state=JournalEntry.State.INTENT)
+               .values_list("uid", flat=True)]
+    if intents:
+        sentences.append(f"{len(intents)} checkpoint journal entr{'y' if len(intents) == 1 else 'ies'} still say "
+                         f"'intent': reconciliation looks for its commit by its trailer.")
+    return {"attempts": found, "journal_intents": intents, "sentence": " ".join(sentences)}
+
+
+def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
+    """Take over a run whose step owner stopped beating: confirm its processes are gone (reap
+    what is left), inspect what it left in the worktree and the journal, mark the open attempts
+    ``interrupted`` and stop the run for review. Completed stages are kept.
+
+    Returns False when another reconciler (or the owner itself) got there first: the takeover is
+    a compare-and-swap on the run's lease token and heartbeat (field case C17).
+    """
+    mine = machine.new_token()
+    me = f"reconciler:{socket.gethostname()}"
+    if not Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token,
+                              heartbeat_at=heartbeat_at).update(lease_token=mine, lease_owner=me,
+                                                                heartbeat_at=timezone.now()):
+        return False
+    run = Run.objects.get(pk=run_id)
+    reaping = reap_run(run)
+    effects = inspect_effects(run)
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.lease_token != mine:
@@ -96,10 +168,17 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
             stage = attempt.stage
         if stage is None:
             stage = run.stages.exclude(status__in=["passed", "pending"]).order_by("order").first()
+        reaped, unconfirmed = reaping["reaped"], reaping["unconfirmed"]
         note = f" Processes reaped: {reaped}." if reaped else " No process of it was left."
         if unconfirmed:
             note += f" Attempts {unconfirmed} ran on another host; their processes could not be confirmed stopped."
+        if effects["sentence"]:
+            note += " " + effects["sentence"]
+        evidence = {"reaped": reaped, "unconfirmed": unconfirmed, "effects": effects["attempts"],
+                    "journal_intents": effects["journal_intents"]}
+        if effects["attempts"]:
+            evidence["attempt"] = effects["attempts"][-1]["attempt"]
         machine.stop(run, "interrupted",
                      f"The worker that held this run stopped sending heartbeats; the step was interrupted and "
-                     f"completed stages were kept.{note}", stage=stage, evidence={"reaped": reaped})
+                     f"completed stages were kept.{note}", stage=stage, evidence=evidence)
     return True

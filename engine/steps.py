@@ -107,12 +107,35 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _excludes(run: Run) -> list[str]:
+def manifest_excludes(run: Run) -> list[str]:
+    """The run's manifest exclusions: the engine's DEFAULT_EXCLUDES plus the pipeline's ``exclude``."""
     return list(workspace.DEFAULT_EXCLUDES) + list(run.definition["pipeline"].get("exclude") or [])
 
 
 def _stage_row(plan: dict) -> StageRun:
     return StageRun.objects.select_related("run").get(pk=plan["stage_id"])
+
+
+def process_marker_prefix(run: Run) -> str:
+    """``cp-run-<id>-<first 8 hex of uid>-``: every process the run starts (agents, gates) carries a
+    ``CP_PROCESS_MARKER`` beginning so, which is how a reconciler or ``fail_run`` finds them all."""
+    return f"cp-run-{run.pk}-{run.uid.hex[:8]}-"
+
+
+class LeaseLost(Exception):
+    """The step's lease was taken away (the run was failed, or a reconciler took it over) while
+    its process was starting: the process tree is stopped and the step's result is late."""
+
+
+def _lease_guard(run_id: int, lease: str):
+    """An ``on_start`` callback for ``process.run_supervised`` that raises LeaseLost when ``lease``
+    is no longer the run's token. It closes the gap between the last look at the lease and the
+    launch: a ``fail_run`` that took the lease before the process started finds it by its marker
+    or its recorded pid, and one that took it after is seen here."""
+    def guard(pid: int, create_time: float) -> None:
+        if not Run.objects.filter(pk=run_id, lease_token=lease, status=RunStatus.RUNNING).exists():
+            raise LeaseLost(f"the lease of run {run_id} was taken away as process {pid} started")
+    return guard
 
 
 def _fenced(run_id: int, lease: str):
@@ -223,7 +246,7 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
         run=run, stage=stage, operation=operation, number=number, role=role, profile_name=profile_name,
         adapter=profile["adapter"], simulated=simulated, deadline_seconds=deadline,
         start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
-        marker=f"cp-run-{run.pk}-attempt-{number}-{lease[:8]}",
+        marker=f"{process_marker_prefix(run)}attempt-{number}-{lease[:8]}",
     )
     folder = f"stages/{stage.order + 1:02d}-{stage.key}/attempts/{number:03d}-{operation}"
     attempt.log_path = control_path(run, folder, "output.log")
@@ -287,7 +310,7 @@ def _execute_final(plan: dict, should_stop) -> dict:
         plan_gates += [(stage, g) for stage in stages for g in stage.spec.get("gates") or []]
         for stage, gate in plan_gates:
             check = _run_gate(run, stage, gate, Check.Kind.FINAL, current["digest"], env, should_stop, 1,
-                              cwd=str(folder))
+                              cwd=str(folder), lease=plan["lease"])
             if manifest_row is not None:
                 Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
             checks.append(check.pk)
@@ -385,7 +408,7 @@ def _execute_agent(plan: dict, should_stop) -> dict:
     try:
         _prepare_workspace(run, plan["lease"])
         run.refresh_from_db()
-        start = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
+        start = workspace.manifest(run.worktree, stage.base_commit, manifest_excludes(run))
         prompt = _build_prompt(run, stage, plan, start)
     except workspace.WorkspaceError as exc:
         return {"failure_kind": exc.code, "failure_message": exc.message, "launched": False}
@@ -407,8 +430,11 @@ def _execute_agent(plan: dict, should_stop) -> dict:
             deadline_at=now + timedelta(seconds=attempt.deadline_seconds),
         )
 
+    guard = _lease_guard(run.pk, plan["lease"])
+
     def on_start(pid: int, create_time: float) -> None:
         Attempt.objects.filter(pk=attempt.pk).update(pid=pid, pid_create_time=create_time)
+        guard(pid, create_time)
 
     adapter = get_adapter(plan["profile"]["adapter"])
     control_dir = str(var_path(control_path(run, plan["folder"], "adapter")).parent)
@@ -435,7 +461,7 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         outcome.update({"tampered": True, "manifest": None, "patch_path": "", "patch": {"sha256": ""},
                         "changed": [".git"]})
         return outcome
-    after = workspace.manifest(run.worktree, stage.base_commit, _excludes(run))
+    after = workspace.manifest(run.worktree, stage.base_commit, manifest_excludes(run))
     outcome["changed"] = _changed_paths(start, after)
     patch_rel = control_path(run, plan["folder"], "patch.diff")
     patch = workspace.write_patch(run.worktree, stage.base_commit, after["tree"], str(var_path(patch_rel)))
@@ -566,8 +592,11 @@ def _repair_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
 
 
 def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, env: dict, should_stop,
-              round_no: int, cwd: str | None = None) -> Check:
-    """Run one frozen gate command with ``bash -eo pipefail -c`` in the worktree (or ``cwd``) and record a Check."""
+              round_no: int, cwd: str | None = None, lease: str | None = None) -> Check:
+    """Run one frozen gate command with ``bash -eo pipefail -c`` in the worktree (or ``cwd``) and record a Check.
+
+    ``lease``: the step's fencing token; a gate whose lease is gone by the time it starts is
+    stopped at once (LeaseLost)."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
     cwd = cwd or run.worktree
     env, launch = _gate_sandbox(run, argv, cwd, env)
@@ -577,11 +606,15 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     )
     log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
-    result = process.run_supervised(
-        launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
-        redactor=Redactor(secret_env_values(env)), marker=f"cp-run-{run.pk}-{run.uid.hex[:8]}-check-{check.pk}",
-        should_stop=should_stop, grace_seconds=5.0,
-    )
+    try:
+        result = process.run_supervised(
+            launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+            redactor=Redactor(secret_env_values(env)), marker=f"{process_marker_prefix(run)}check-{check.pk}",
+            should_stop=should_stop, grace_seconds=5.0, on_start=_lease_guard(run.pk, lease) if lease else None,
+        )
+    except LeaseLost:
+        Check.objects.filter(pk=check.pk).update(failure_kind="cancelled", ended_at=timezone.now(), log_path=log_rel)
+        raise
     if launch is not argv and result.signal is None and result.exit_code is not None and result.exit_code > 128:
         # bubblewrap reports a command killed by signal N as exit 128 + N
         result.signal, result.exit_code = result.exit_code - 128, None
@@ -644,7 +677,7 @@ def _execute_verify(plan: dict, should_stop) -> dict:
     gates = [(g, Check.Kind.BASELINE) for g in pipeline.get("baseline_checks") or []]
     gates += [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
     env = run_env(run, stage.key)
-    excludes = _excludes(run)
+    excludes = manifest_excludes(run)
     for round_no in range(1, 4):
         before = workspace.manifest(run.worktree, stage.base_commit, excludes)
         manifest_row = save_manifest(run, stage, before)
@@ -654,7 +687,8 @@ def _execute_verify(plan: dict, should_stop) -> dict:
             return {"tamper": tamper, "checks": [], "digest": before["digest"]}
         checks = []
         for gate, kind in gates:
-            check = _run_gate(run, stage, gate, kind, before["digest"], env, should_stop, round_no)
+            check = _run_gate(run, stage, gate, kind, before["digest"], env, should_stop, round_no,
+                              lease=plan["lease"])
             Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
             checks.append(check.pk)
             if should_stop():
@@ -696,7 +730,7 @@ def _execute_checkpoint(plan: dict) -> dict:
     existing = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
     if existing:
         return {"commit": existing, "created": False, "recovered": True}
-    digest = workspace.manifest_digest(run.worktree, stage.base_commit, _excludes(run))
+    digest = workspace.manifest_digest(run.worktree, stage.base_commit, manifest_excludes(run))
     if digest != stage.accepted_manifest:
         return {"changed": True, "digest": digest}
     current = {"digest": digest, "tree": digest}  # the digest is the tree id of the deliverable files
@@ -1147,9 +1181,13 @@ def record_late(run: Run, plan: dict, outcome: dict) -> None:
             _apply_attempt_result(attempt, outcome)
         attempt.late = True
         attempt.save(update_fields=["late"])
+    result = outcome.get("result") or {}
+    summary = {"step": plan["kind"], "attempt": plan.get("attempt_id"), "exit_code": result.get("exit_code"),
+               "signal": result.get("signal"), "failure_kind": result.get("failure_kind") or outcome.get("failure_kind"),
+               "checks": outcome.get("checks") or []}
     machine.event(run, "late_result",
-                  f"A result of the {plan['kind']} step arrived after the run moved on; it was stored as late "
-                  f"and changed nothing.", data={"step": plan["kind"]})
+                  f"A result of the {plan['kind']} step arrived after the run moved on (it is {run.status}); it was "
+                  f"stored as late and changed nothing.", data=storable(summary))
 
 
 FINISHERS = {"implement": _finish_agent, "repair": _finish_agent, "review": _finish_agent, "document": _finish_agent,
@@ -1161,4 +1199,5 @@ def remove_scratch(run_id: int) -> None:
     shutil.rmtree(Path(settings.VAR_DIR) / "scratch" / f"run-{run_id}", ignore_errors=True)
 
 
-__all__ = ["begin", "execute", "finish", "crashed", "record_late", "run_env", "var_path", "save_manifest"]
+__all__ = ["begin", "execute", "finish", "crashed", "record_late", "run_env", "var_path", "save_manifest",
+           "process_marker_prefix", "LeaseLost"]

@@ -1238,6 +1238,23 @@ def manifest_digest(worktree: str, base_commit: str, excludes: list[str] | None 
     return _build_manifest(worktree, base_commit, excludes, details=False)["digest"]
 
 
+def tree_changes(cwd: str, old_tree: str, new_tree: str) -> list[dict]:
+    """What differs between two tree ids of the repository at ``cwd`` (e.g. two manifests' digests).
+
+    Returns ``[{"path": str, "status": "added"|"deleted"|"modified"|"type_changed"}]`` sorted
+    by path (``git diff-tree -r --no-renames --name-status -z``; a rename is a delete plus an add).
+
+    Raises:
+        WorkspaceError: ``git_failed`` (e.g. a tree id the repository does not have).
+    """
+    out = git(["diff-tree", "-r", "--no-renames", "--name-status", "-z", old_tree, new_tree], cwd).stdout
+    parts = _split_z(out)
+    words = {"A": "added", "D": "deleted", "M": "modified", "T": "type_changed"}
+    changes = [{"path": _fs(path), "status": words.get(code.decode()[:1], code.decode())}
+               for code, path in zip(parts[0::2], parts[1::2])]
+    return sorted(changes, key=lambda c: c["path"])
+
+
 def write_patch(worktree: str, base_commit: str, tree: str, out_path: str) -> dict:
     """Write the binary-safe patch from ``base_commit`` to ``tree`` into ``out_path``.
 

@@ -64,3 +64,46 @@ def test_a_step_whose_worker_died_is_interrupted_once_and_its_processes_reaped(m
     attempt = Attempt.objects.get(run=run)
     assert attempt.status == "interrupted" and attempt.ended_at is not None
     assert run.decisions.filter(state="pending", reason="interrupted").count() == 1
+
+
+def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pipeline, repo, sent):
+    """Before anything is repeated, the worktree is compared with the attempt's starting manifest."""
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    runner.advance(*sent.pop(0))  # implement: the agent wrote app/core.py
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.start_manifest
+    # as if the worker had died while the agent was still at work
+    Attempt.objects.filter(pk=attempt.pk).update(status="running", ended_at=None)
+    Run.objects.filter(pk=run.pk).update(lease_owner="vm:1", lease_token="dead-worker",
+                                         heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert reconcile.reconcile()["interrupted"] == 1
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.stop_reason) == ("waiting_review", "interrupted")
+    effects, = run.stop_evidence["effects"]
+    assert effects["attempt"] == attempt.pk and effects["start_manifest"] == attempt.start_manifest
+    assert effects["changed"] == [{"path": "app/core.py", "status": "modified"}]
+    assert run.stop_evidence["attempt"] == attempt.pk
+    assert "changed 1 file(s) in the worktree before it was interrupted (app/core.py)" in run.stop_message
+    assert run.manifests.filter(digest=effects["manifest"]).exists()  # the inspected files are a record
+    # a retry is numbered after the interrupted attempt
+    operations.recover(run, run.decisions.get(state="pending").pk, "the worker died", "retry", reviewer="t")
+    runner.advance(*sent.pop())
+    assert list(Attempt.objects.filter(run=run).values_list("number", "operation")) == [(1, "implement"),
+                                                                                       (2, "implement")]
+
+
+def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pipeline, repo, sent):
+    from .test_steps import drive
+
+    run = operations.create_run(make_pipeline(budgets={"max_attempts": 1}), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "budget_exhausted")
+    decision = run.decisions.get(state="pending")
+    with pytest.raises(operations.OperationError) as caught:
+        operations.recover(run, decision.pk, "one more go", "retry", reviewer="t")
+    assert (caught.value.code, caught.value.field) == ("budget_exhausted", "action")
+    assert "requires a new run" in caught.value.message
+    decision.refresh_from_db()
+    assert decision.state == "pending" and Run.objects.get(pk=run.pk).status == "waiting_review"  # nothing changed

@@ -2,7 +2,6 @@
 
 import time
 
-from django.conf import settings
 
 from engine import operations
 from engine.models import RunEvent
@@ -25,8 +24,7 @@ def waiting_hint(data: dict) -> str:
     if data["waiting_for"] == "review" and pending:
         return (f"waits for a person ({pending['reason']}): python manage.py recover {data['id']} --decision "
                 f"{pending['id']} --note TEXT --action retry|verify")
-    if data["status"] == "running" and data.get("heartbeat_age_seconds") is not None \
-            and data["heartbeat_age_seconds"] > settings.CP_HEARTBEAT_STALE:
+    if data.get("heartbeat_stale"):
         return (f"no heartbeat for {data['heartbeat_age_seconds']:.0f} s: the worker holding this run may have "
                 "died; reconciliation (`make beat`) will interrupt it and stop it for review")
     return ""
@@ -81,7 +79,8 @@ class Command(EngineCommand):
 
     def summary(self, data):
         sim = " [SIMULATED]" if data["simulated"] else ""
-        lines = [f"run {data['id']} of {data['pipeline']}{sim}: {data['status']}",
+        status = data["status"] + (" (NO HEARTBEAT: its worker may be gone)" if data.get("heartbeat_stale") else "")
+        lines = [f"run {data['id']} of {data['pipeline']}{sim}: {status}",
                  f"  commit {data['commit']} ({data['revision']}), branch {data['branch']}",
                  f"  worktree {data['worktree']}"]
         hint = waiting_hint(data)
