@@ -28,6 +28,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
     "engine.apps.EngineConfig",
 ]
 
@@ -80,6 +82,20 @@ DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# The JSON API under /api/ (controlpanel/api.py): a token (``Authorization: Token KEY``,
+# ``python manage.py api_token USER``) or the admin's session (CSRF checked on writes);
+# JSON in and out, and every refusal as {"error", "field", "message"}.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "controlpanel.api_errors.exception_handler",
+}
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -92,6 +108,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "controlpanel" / "static"]  # the run page's CSS/JS and vendored htmx
 
 # ---------------------------------------------------------------- Celery (the Run Engine)
 _default_broker = "filesystem://"
@@ -116,6 +133,13 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env.int("CP_VISIBILITY_TIMEOUT", default=6 * 3600),
     }
+    # Seconds between a worker's scans for unacknowledged messages older than the visibility
+    # timeout, which kombu then puts back on the queue. 0 keeps kombu's own period (kombu 5.7:
+    # every 10 s with a throttle of 10, so about 100 s); tests of field case C15 set 1 so that
+    # the redelivery comes seconds after CP_VISIBILITY_TIMEOUT, as it would in a long run.
+    if env.int("CP_BROKER_RESTORE_INTERVAL", default=0) > 0:
+        CELERY_BROKER_TRANSPORT_OPTIONS.update(
+            unacked_restore_interval=env.int("CP_BROKER_RESTORE_INTERVAL"), unacked_restore_throttle=1)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True

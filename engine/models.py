@@ -164,6 +164,14 @@ class Run(models.Model):
     class Meta:
         ordering = ["-id"]
         indexes = [models.Index(fields=["status"])]
+        # the operations a person may be allowed, one by one (the API and the admin check them)
+        permissions = [
+            ("start_run", "Can start a run"),
+            ("approve_run", "Can approve a human gate"),
+            ("recheck_run", "Can ask for a recheck"),
+            ("recover_run", "Can recover a run"),
+            ("fail_run", "Can fail a run"),
+        ]
 
     def __str__(self):
         sim = " [simulated]" if self.simulated else ""
