@@ -14,6 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.http import FileResponse, Http404
 from django.urls import path, reverse
@@ -123,8 +124,18 @@ class AttemptInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class RunChangeList(ChangeList):
+    """The run list, whose links lead to each run's detail page (controlpanel.views)."""
+
+    def url_for_result(self, result):
+        return reverse("admin:engine_run_detail", args=[result.pk], current_app=self.model_admin.admin_site.name)
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
+    """Runs: the list leads to each run's detail page (timeline, evidence, actions: controlpanel.views);
+    the change page stays the read-only record of every field, with a link to the detail page."""
+
     list_display = ("id", "pipeline_name", "coloured_status", "simulated_badge", "current_stage", "active_time",
                     "stop_reason", "commit_short", "created_at")
     list_filter = ("status", "pipeline", "simulated")
@@ -132,6 +143,14 @@ class RunAdmin(ReadOnlyAdmin):
     list_select_related = ("pipeline",)
     readonly_fields = [f.name for f in Run._meta.fields]
     inlines = [StageInline, AttemptInline, EventInline]
+
+    def get_urls(self):
+        from controlpanel.views import RunPages  # the views import this module
+
+        return RunPages(self).urls() + super().get_urls()
+
+    def get_changelist(self, request, **kwargs):
+        return RunChangeList
 
     @admin.display(description="status", ordering="status")
     def coloured_status(self, obj):
