@@ -1,0 +1,535 @@
+"""Crashes, redeliveries, duplicate beats and a broker restart, with real processes: a stage never
+runs twice and no evidence is lost.
+
+Every test here has its own private ``redis-server`` (tests/redis_server.py) on a free loopback
+port: the shared Redis on 6379 is never stopped. The workers are real ``celery -A controlpanel
+worker`` processes (``Solo``, one pool process each), the beats real ``celery -A controlpanel
+beat`` processes, all pointed at the private server by ``CELERY_BROKER_URL``; the test process
+publishes its own messages (Start, Recover) there too (``publish``). The stub agent is the
+scripted test adapter: it prints, writes, sleeps and runs shell commands as an agent would.
+
+Field cases: C15 (redelivery after the visibility timeout), C17 (two beats), C20 (a worker or
+its pool child killed mid attempt); plus the issue's acceptance item for a broker restart.
+
+Settings given to every engine process (the bounds below are derived from them):
+CP_HEARTBEAT_INTERVAL 0.5 s, CP_HEARTBEAT_STALE ``STALE``, CP_RECONCILE_PERIOD ``PERIOD``,
+CP_QUEUED_STALE ``QUEUED_STALE``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection
+
+from engine import operations, reconcile, runner
+from engine.models import ATTEMPT_OPEN, Attempt, Run
+from engine.process import find_marked
+
+from .conftest import ANSWER_STEP, Workers, wait_for
+from .redis_server import INSTALL_HINT, RedisServer, redis_binary
+from .test_run_records import QUICK, Solo, gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+BASE_DIR = Path(settings.BASE_DIR)
+#: Seconds without a heartbeat before a step counts as interrupted (every worker's CP_HEARTBEAT_STALE).
+STALE = 3.0
+#: Seconds between the beats' reconciliation passes (CP_RECONCILE_PERIOD).
+PERIOD = 2.0
+#: Seconds a queued run or a handed-off step may wait unclaimed before it is sent again (CP_QUEUED_STALE).
+QUEUED_STALE = 3.0
+#: What one pass may take on a busy two-core machine once it is due: the beat's message reaching
+#: an idle worker, the pass's queries, reaping an agent tree that dies at its first SIGTERM.
+SLACK = 3.0
+
+
+# ----------------------------------------------------------------------------- the private broker
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """A private redis-server for this test only, stopped at the end."""
+    if redis_binary() is None:
+        pytest.skip(INSTALL_HINT)
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def publish(monkeypatch):
+    """Send what this process sends (Start, Recover, a reconciliation's resend) to ``queue`` on
+    the broker ``url`` instead of the session's broker: ``publish(url, queue)``."""
+    from kombu import Connection
+
+    from engine.tasks import advance_run
+
+    def to(url: str, queue: str) -> None:
+        def enqueue(run_id: int, token: str | None) -> None:
+            with Connection(url) as conn:
+                advance_run.apply_async(args=[run_id, token], queue=queue, connection=conn)
+        monkeypatch.setattr(runner, "enqueue", enqueue)
+    return to
+
+
+def engine_env(url: str, **extra) -> dict:
+    """The environment every engine process of these tests gets on top of its base one."""
+    return {"CELERY_BROKER_URL": url, "CP_HEARTBEAT_INTERVAL": "0.5", "CP_HEARTBEAT_STALE": str(STALE),
+            "CP_RECONCILE_PERIOD": str(PERIOD), "CP_QUEUED_STALE": str(QUEUED_STALE),
+            **{k: str(v) for k, v in extra.items()}}
+
+
+def start_all(solos: list[Solo]) -> list[Solo]:
+    """Start the workers side by side (each start waits for its 'ready')."""
+    with ThreadPoolExecutor(len(solos)) as pool:
+        list(pool.map(Solo.start, solos))
+    return solos
+
+
+class Beat:
+    """A real ``celery -A controlpanel beat`` process sending ``engine.reconcile`` to ``queue``."""
+
+    def __init__(self, log_dir: Path, queue: str, url: str, **env):
+        tag = uuid.uuid4().hex[:6]
+        self.log = log_dir / f"beat-{queue}-{tag}.log"
+        self.schedule = log_dir / f"beat-{queue}-{tag}.schedule"
+        self.env = {**Workers(1, log_dir).env(), "CP_QUEUE": queue, **engine_env(url, **env)}
+        self.proc: subprocess.Popen | None = None
+
+    def launch(self) -> "Beat":
+        argv = [sys.executable, "-m", "celery", "-A", "controlpanel", "beat", "-l", "info", "-s", str(self.schedule),
+                "--max-interval", "1"]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, cwd=str(BASE_DIR), env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> "Beat":
+        deadline = time.monotonic() + timeout
+        while "beat: Starting..." not in self.text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"beat did not start:\n{self.text()[-4000:]}")
+            time.sleep(0.1)
+        return self
+
+    def start(self) -> "Beat":
+        return self.launch().wait_ready()
+
+    def sent(self) -> int:
+        """How many reconciliation passes this beat has sent."""
+        return self.text().count("Sending due task reconcile (engine.reconcile)")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def wait_until(predicate, timeout: float, what: str, logs=()):
+    """Poll ``predicate`` every 0.1 s; returns its first truthy value; fails after ``timeout`` s
+    with the tails of ``logs`` (objects with ``text()``)."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            tails = "\n".join(f"--- {getattr(log, 'log', log)}\n{log.text()[-3000:]}" for log in logs)
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
+        time.sleep(0.1)
+
+
+def var(rel: str) -> Path:
+    return Path(settings.VAR_DIR) / rel
+
+
+def stub(text: str, seconds: float, side: Path | None = None) -> dict:
+    """A scenario step: print ``text``, write app/core.py, then (optionally) append one line to
+    ``side``, a file outside the worktree, and keep a small process tree (sh and a sleep) alive
+    for ``seconds``."""
+    launch = f"echo launch $$ >> {shlex.quote(str(side))}; " if side else ""
+    return {**ANSWER_STEP, "print": [text], "run": ["sh", "-c", f"{launch}sleep {seconds} & wait"]}
+
+
+def live_attempt(run_id: int, text: str | None = None) -> Attempt | None:
+    """The run's running attempt once its agent started (and, with ``text``, printed it to its log)."""
+    attempt = Attempt.objects.filter(run_id=run_id, status="running").exclude(pid=None).first()
+    if attempt is None:
+        return None
+    if text is not None and (not var(attempt.log_path).exists() or text not in var(attempt.log_path).read_text()):
+        return None
+    return attempt
+
+
+def dead(proc: psutil.Process) -> bool:
+    """``proc`` has exited (a zombie not yet reaped counts: none of its threads runs)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def watch_silence(run_id: int, watch: "OpenAttempts", timeout: float) -> dict:
+    """Sample ``run_status`` of a running run whose owner is dead until a reconciler takes it over.
+
+    Returns ``samples`` ([(monotonic seconds, run_status dict)], all taken while the dead owner
+    still held the lease), ``last_beat`` (its last heartbeat, a datetime), ``stale_from`` (the
+    monotonic moment the heartbeat went stale) and ``acted_by`` (a monotonic moment by which the
+    reconciliation had acted). Fails after ``timeout`` seconds.
+    """
+    owner = Run.objects.get(pk=run_id).lease_owner
+    samples, end = [], time.monotonic() + timeout
+    while True:
+        watch.check()
+        at = time.monotonic()
+        data = operations.run_status(run_id)
+        row = Run.objects.get(pk=run_id)  # read after the status: if it is still the dead owner's, so was the status
+        if row.status != "running" or row.lease_owner != owner:
+            break
+        samples.append((at, data))
+        last_beat = row.heartbeat_at
+        assert at < end, f"run {run_id} still held by {owner} after {timeout} s"
+        time.sleep(0.05)
+    assert samples, "the reconciliation acted before the first sample"
+    at, data = samples[-1]
+    return {"samples": samples, "last_beat": last_beat, "acted_by": time.monotonic(),
+            "stale_from": at - data["heartbeat_age_seconds"] + STALE}
+
+
+def agent_tree(attempt: Attempt) -> list[psutil.Process]:
+    """The live processes of an attempt's agent: the scripted agent, its sh and the sh's sleep
+    (all carry the attempt's CP_PROCESS_MARKER)."""
+    tree = wait_until(lambda: len(found := find_marked(attempt.marker)) >= 3 and found, 10, "the agent's tree")
+    assert attempt.pid in {proc.pid for proc in tree}
+    return tree
+
+
+def tree_gone(attempt: Attempt) -> bool:
+    """The attempt's agent and every process carrying its CP_PROCESS_MARKER are gone."""
+    return gone(attempt.pid, "scripted_agent.py") and not find_marked(attempt.marker)
+
+
+def reconcile_results(text: str) -> list[dict]:
+    """The counts every engine.reconcile task returned, from a worker log (Celery logs the return value)."""
+    found = re.findall(r"Task engine\.reconcile\[[0-9a-f-]+\] succeeded in [0-9.e-]+s: (\{[^}]*\})", text)
+    return [json.loads(item.replace("'", '"')) for item in found]
+
+
+class OpenAttempts:
+    """Watches a run's attempts: ``check()`` records how many of a stage's attempts are open at once."""
+
+    def __init__(self, run_id: int):
+        self.run_id, self.most = run_id, 0
+
+    def check(self) -> None:
+        for stage_id in set(Attempt.objects.filter(run_id=self.run_id).values_list("stage_id", flat=True)):
+            open_now = Attempt.objects.filter(run_id=self.run_id, stage_id=stage_id, status__in=ATTEMPT_OPEN).count()
+            self.most = max(self.most, open_now)
+
+
+def assert_no_overlap(run: Run) -> None:
+    """No two attempts of a stage were ever open at once: their [start, end] intervals do not overlap."""
+    for stage in run.stages.all():
+        attempts = list(stage.attempts.order_by("number"))
+        for earlier, later in zip(attempts, attempts[1:]):
+            assert earlier.ended_at is not None, f"attempt {earlier.number} never ended"
+            assert earlier.ended_at <= (later.started_at or later.created_at), (
+                f"attempts {earlier.number} and {later.number} of stage {stage.key} overlap")
+
+
+def interruptions(run: Run) -> int:
+    return run.events.filter(kind="stopped", message__startswith="Stopped (interrupted)").count()
+
+
+# ----------------------------------------------------------------------------- C15: redelivery
+
+
+def test_c15_a_start_redelivered_after_the_visibility_timeout_launches_nothing(broker, publish, make_pipeline, repo,
+                                                                               tmp_path):
+    queue = f"c15-{uuid.uuid4().hex[:8]}"
+    publish(broker.url, queue)
+    side = tmp_path / "launches.txt"  # outside the worktree: one line per agent launch
+    # two workers on one queue, one pool process each: the copy put back on the queue after the
+    # visibility timeout reaches the idle one while the first copy still runs
+    env = engine_env(broker.url, CP_VISIBILITY_TIMEOUT=10, CP_BROKER_RESTORE_INTERVAL=1)
+    workers = [Solo(tmp_path, queue, **env) for _ in range(2)]
+    try:
+        start_all(workers)
+        scenario = {"stages": {"answer": {"implement": [stub("C15 working", 30, side)]}}}
+        run = operations.create_run(make_pipeline(stages=QUICK, scenario=scenario), str(repo), "main")
+        operations.request_start(run, requested_by="test", source="test")
+        drop = f"run {run.pk}: message (token -) claims nothing: the step is owned or done; dropped"
+        seen_while_running = None
+        end = time.monotonic() + 120
+        while (current := Run.objects.get(pk=run.pk)).status in ("queued", "running"):
+            if seen_while_running is None and drop in "".join(w.text() for w in workers):
+                seen_while_running = Attempt.objects.get(run=run, operation="implement").status
+            assert time.monotonic() < end, "\n".join(w.text()[-3000:] for w in workers)
+            time.sleep(0.2)
+        logs = [w.text() for w in workers]
+        assert current.status == "succeeded", current.stop_message
+        assert len(side.read_text().splitlines()) == 1, side.read_text()  # the agent was launched once
+        assert Attempt.objects.filter(run=run, operation="implement").count() == 1
+        assert not Attempt.objects.filter(run=run, late=True).exists()
+        # the redelivered Start arrived while the only launch still ran, and was dropped
+        assert seen_while_running == "running", logs
+        # it was the same message again (same task id), taken by the other, idle worker
+        received = [re.findall(r"Task engine\.advance_run\[([0-9a-f-]+)\] received", text) for text in logs]
+        assert set(received[0]) & set(received[1]), "no message was delivered to both workers"
+        assert current.events.filter(kind="succeeded").count() == 1
+        assert Attempt.objects.get(run=run, operation="implement").status == "succeeded"
+    finally:
+        for worker in workers:
+            worker.kill()
+
+
+# ----------------------------------------------------------------------------- C17: two reconcilers
+
+
+@pytest.mark.parametrize("reconcilers", ["two beats", "two threads"])
+def test_c17_a_run_whose_owner_died_is_interrupted_exactly_once(reconcilers, broker, publish, make_pipeline, repo,
+                                                                tmp_path, settings):
+    settings.CP_HEARTBEAT_STALE = STALE  # this process's passes (the threads) use the workers' threshold
+    queue = f"c17-{uuid.uuid4().hex[:8]}"
+    passes = f"c17-reconcile-{uuid.uuid4().hex[:8]}"  # where the beats send their passes
+    publish(broker.url, queue)
+    victim = Solo(tmp_path, queue, **engine_env(broker.url))
+    executors = [Solo(tmp_path, passes, **engine_env(broker.url)) for _ in range(2 if reconcilers == "two beats" else 0)]
+    beats: list[Beat] = []
+    try:
+        start_all([victim, *executors])
+        text = f"C17-{uuid.uuid4().hex[:8]}"
+        scenario = {"stages": {"answer": {"implement": [stub(text, 60)]}}}
+        run = operations.create_run(make_pipeline(stages=QUICK, scenario=scenario), str(repo), "main")
+        operations.request_start(run, requested_by="test", source="test")
+        attempt = wait_until(lambda: live_attempt(run.pk, text), 60, "the agent's first output", [victim])
+        tree = agent_tree(attempt)
+        victim.kill()  # its agent tree is orphaned, alive; the run stays running with a dead owner
+        assert not any(dead(proc) for proc in tree)
+        assert Run.objects.get(pk=run.pk).status == "running"
+        if reconcilers == "two beats":
+            beats = [Beat(tmp_path, passes, broker.url) for _ in range(2)]
+            for beat in beats:  # launched together, so their passes are due at the same moments
+                beat.launch()
+            for beat in beats:
+                beat.wait_ready()
+            wait_for(run.pk, statuses=("waiting_review",), timeout=STALE + 3 * PERIOD + 30)
+            # a few more passes from both beats after the interruption: each a no-op
+            sent = [beat.sent() for beat in beats]
+            wait_until(lambda: all(beat.sent() >= n + 2 for beat, n in zip(beats, sent)), 6 * PERIOD + 10,
+                       "two more passes from each beat", beats)
+            time.sleep(1)  # the last passes are executed
+            results = [r for worker in executors for r in reconcile_results(worker.text())]
+            assert sum(r["interrupted"] for r in results) == 1, results
+            assert len(results) >= 6  # two beats x at least three passes reached the two workers
+        else:
+            wait_until(lambda: (Run.objects.get(pk=run.pk).heartbeat_at is not None and
+                                operations.run_status(run.pk)["heartbeat_age_seconds"] > STALE + 0.2),
+                       STALE + 10, "the heartbeat to go stale")
+            barrier, results = threading.Barrier(2), {}
+
+            def reconciler(name: str, delay: float) -> None:
+                try:
+                    barrier.wait(timeout=10)
+                    time.sleep(delay)
+                    results[name] = reconcile.reconcile()
+                except BaseException as exc:  # reported below
+                    results[name] = exc
+                finally:
+                    connection.close()
+
+            delay = random.uniform(0, 0.05)  # 0-50 ms apart
+            threads = [threading.Thread(target=reconciler, args=("first", 0.0)),
+                       threading.Thread(target=reconciler, args=("second", delay))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert all(isinstance(r, dict) for r in results.values()) and len(results) == 2, results
+            assert sorted(r["interrupted"] for r in results.values()) == [0, 1], (delay, results)
+        run = Run.objects.get(pk=run.pk)
+        assert (run.status, run.stop_reason) == ("waiting_review", "interrupted"), run.stop_message
+        assert interruptions(run) == 1  # one move to interrupted
+        assert run.decisions.filter(state="pending").count() == 1
+        assert run.decisions.get(state="pending").reason == "interrupted"
+        assert Attempt.objects.filter(run=run).count() == 1  # no attempt was added
+        attempt.refresh_from_db()
+        assert attempt.status == "interrupted" and attempt.ended_at is not None
+        assert tree_gone(attempt) and all(dead(proc) for proc in tree)
+    finally:
+        for beat in beats:
+            beat.stop()
+        for worker in (victim, *executors):
+            worker.kill()
+
+
+# ----------------------------------------------------------------------------- C20: a killed worker
+
+
+@pytest.mark.parametrize("victim", ["pool child", "whole worker"])
+def test_c20_a_killed_worker_is_interrupted_within_one_period_and_a_retry_succeeds(
+        victim, broker, publish, make_pipeline, repo, tmp_path, settings):
+    settings.CP_HEARTBEAT_STALE = STALE  # the Control Panel (run_status) judges staleness as the workers do
+    queue = f"c20-{uuid.uuid4().hex[:8]}"
+    publish(broker.url, queue)
+    workers = start_all([Solo(tmp_path, queue, **engine_env(broker.url)) for _ in range(2)])
+    beat = None
+    try:
+        beat = Beat(tmp_path, queue, broker.url).start()
+        partial = f"PARTIAL-{uuid.uuid4().hex[:10]}"
+        scenario = {"stages": {"answer": {"implement": [stub(partial, 60), ANSWER_STEP]}}}
+        run = operations.create_run(make_pipeline(stages=QUICK, scenario=scenario), str(repo), "main")
+        control = var(run.control_dir)
+        frozen_file, frozen = (control / "definition.json").read_bytes(), json.loads(json.dumps(run.definition))
+        operations.request_start(run, requested_by="test", source="test")
+        watch = OpenAttempts(run.pk)
+        attempt = wait_until(lambda: watch.check() or live_attempt(run.pk, partial), 60, "the agent's partial output",
+                             workers)
+        tree = agent_tree(attempt)
+        owner = int(Run.objects.get(pk=run.pk).lease_owner.rsplit(":", 1)[1])  # host:pid of the pool process
+        child = psutil.Process(owner)
+        holder = next(w for w in workers if child.ppid() == w.proc.pid)
+        if victim == "pool child":
+            os.kill(owner, signal.SIGKILL)  # the worker's main process lives on and forks a new child
+        else:
+            holder.kill()
+        wait_until(lambda: dead(child), 10, "the pool process to die")  # no heartbeat can land after this
+        assert not any(dead(proc) for proc in tree)  # the agent's tree is orphaned, alive
+        # nobody beats now: run_status shows the heartbeat's age growing and heartbeat_stale
+        # turning true, until the reconciliation takes the run over
+        silent = watch_silence(run.pk, watch, STALE + PERIOD + SLACK + 10)
+        samples = silent["samples"]
+        ages = [data["heartbeat_age_seconds"] for _, data in samples]
+        assert len(ages) >= 3 and ages == sorted(ages) and ages[-1] > ages[0] + 1, ages
+        if "heartbeat_stale" in samples[0][1]:
+            # exactly when the age passes CP_HEARTBEAT_STALE, and seen before the reconciliation
+            # acted unless it acted within one sampling gap of that moment
+            assert all(data["heartbeat_stale"] == (data["heartbeat_age_seconds"] > STALE) for _, data in samples)
+            assert samples[0][1]["heartbeat_stale"] is False, samples[0]
+            seen = any(data["heartbeat_stale"] for _, data in samples)
+            assert seen or silent["acted_by"] - silent["stale_from"] < 0.5, silent
+        run = wait_for(run.pk, statuses=("waiting_review", "failed", "succeeded"), timeout=30)
+        assert (run.status, run.stop_reason) == ("waiting_review", "interrupted"), run.stop_message
+        # within one reconciliation period of the heartbeat going stale (plus one pass's own time)
+        stopped = run.events.get(kind="stopped")
+        lag = (stopped.at - silent["last_beat"]).total_seconds() - STALE
+        assert lag <= PERIOD + SLACK, f"interrupted {lag:.1f} s after the heartbeat went stale"
+        if victim == "pool child":
+            assert holder.proc.poll() is None  # only the pool child died
+            assert "exited with 'signal 9 (SIGKILL)'" in holder.text()
+        # the agent's tree is gone, the attempt says how it ended, the evidence is kept
+        attempt.refresh_from_db()
+        assert tree_gone(attempt) and all(dead(proc) for proc in tree)
+        assert attempt.status == "interrupted" and attempt.ended_at is not None
+        assert partial in var(attempt.log_path).read_text()
+        assert (control / "definition.json").read_bytes() == frozen_file
+        on_disk = json.loads((control / "definition.json").read_text())
+        assert operations.canonical_sha256(on_disk) == run.definition_sha256
+        assert (control / "definition.sha256").read_text().strip() == run.definition_sha256
+        assert run.definition == frozen == on_disk
+        if victim == "whole worker":  # a worker is restarted in its place
+            workers[workers.index(holder)] = Solo(tmp_path, queue, **engine_env(broker.url)).start()
+        decision = run.decisions.get(state="pending")
+        out = io.StringIO()
+        call_command("recover", str(run.pk), "--decision", str(decision.pk), "--note", f"{victim} killed mid attempt",
+                     "--action", "retry", "--reviewer", "test", stdout=out)
+        assert "queued" in out.getvalue()
+        end = time.monotonic() + 120
+        while (run := Run.objects.get(pk=run.pk)).status in ("queued", "running"):
+            watch.check()
+            assert time.monotonic() < end, "\n".join(w.text()[-3000:] for w in workers)
+            time.sleep(0.1)
+        assert run.status == "succeeded", run.stop_message
+        implements = list(Attempt.objects.filter(run=run, operation="implement").order_by("number"))
+        assert [a.status for a in implements] == ["interrupted", "succeeded"]
+        assert implements[1].number == attempt.number + 1 and implements[0].pk == attempt.pk
+        assert watch.most == 1  # never two attempts of the stage open at once
+        assert_no_overlap(run)
+        assert interruptions(run) == 1
+        assert partial in var(attempt.log_path).read_text()  # the retry did not overwrite the evidence
+    finally:
+        if beat is not None:
+            beat.stop()
+        for worker in workers:
+            worker.kill()
+
+
+# ----------------------------------------------------------------------------- a broker restart
+
+
+def test_a_broker_restart_mid_run_ends_the_run_with_its_evidence(broker, publish, make_pipeline, repo, tmp_path):
+    queue = f"restart-{uuid.uuid4().hex[:8]}"
+    publish(broker.url, queue)
+    worker = Solo(tmp_path, queue, **engine_env(broker.url)).start()
+    beat = None
+    try:
+        beat = Beat(tmp_path, queue, broker.url).start()
+        partial = f"BEFORE-RESTART-{uuid.uuid4().hex[:8]}"
+        scenario = {"stages": {"answer": {"implement": [stub(partial, 3)]}}}
+        run = operations.create_run(make_pipeline(stages=QUICK, scenario=scenario), str(repo), "main")
+        operations.request_start(run, requested_by="test", source="test")
+        wait_until(lambda: live_attempt(run.pk, partial), 60, "the agent's output", [worker])
+        broker.stop()  # SIGTERM; it comes back empty (--save "")
+        down_at = time.monotonic()
+        # the attempt ends and hands the run to its next step while the broker is down: that
+        # message cannot be sent
+        wait_until(lambda: Run.objects.get(pk=run.pk).lease_owner == "", 30, "the hand-off", [worker])
+        wait_until(lambda: f"run {run.pk}: could not reach the broker" in worker.text(), 30,
+                   "the failed send to be logged", [worker])
+        time.sleep(max(0.0, 5 - (time.monotonic() - down_at)))
+        broker.start()
+        try:
+            run = wait_for(run.pk, timeout=120)
+        except AssertionError:
+            raise AssertionError(f"{worker.text()[-6000:]}\n--- beat\n{beat.text()[-3000:]}") from None
+        assert run.status in ("succeeded", "waiting_review", "failed")
+        if run.status != "succeeded":
+            assert run.stop_reason and run.stop_message
+        for attempt in Attempt.objects.filter(run=run):
+            assert var(attempt.log_path).is_file(), attempt.log_path
+        implement = Attempt.objects.get(run=run, operation="implement")
+        assert implement.status == "succeeded"
+        assert partial in var(implement.log_path).read_text()
+        log = worker.text()
+        lost = log.find("Connection to broker lost")
+        assert lost >= 0, log[-4000:]
+        assert f"Cannot connect to redis://:**@127.0.0.1:{broker.port}/0" in log[lost:], log[lost:][-4000:]
+        assert f"Connected to redis://:**@127.0.0.1:{broker.port}/0" in log[lost:], log[lost:][-4000:]  # reconnected
+        beat_log = beat.text()
+        refused = beat_log.find("beat: Connection error")
+        assert refused >= 0 and "Sending due task reconcile" in beat_log[refused:], beat_log[-3000:]
+        # the lost hand-off was sent again by a reconciliation pass
+        assert any(r["handoffs"] for r in reconcile_results(log)), log[-4000:]
+        assert run.status == "succeeded", run.stop_message
+    finally:
+        if beat is not None:
+            beat.stop()
+        worker.kill()
