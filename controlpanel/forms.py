@@ -1,0 +1,59 @@
+"""The inputs of the run detail page's action buttons (controlpanel.views), as Django forms.
+
+The forms check only the shape of what arrives (a decision id is a whole number, an action is
+retry or verify). Whether a value is acceptable (a note given, the decision pending, the
+artifact the files waiting for approval) is the operation's to say: text fields are optional
+here, so that ``engine.operations`` refuses a blank one with its own code, field and sentence,
+exactly as the command line and the API do. The browser still asks for them (``required``).
+"""
+from django import forms
+
+_TEXT = {"class": "vTextField"}
+
+
+def _required(attrs: dict | None = None) -> dict:
+    return {**_TEXT, "required": True, **(attrs or {})}
+
+
+class StartForm(forms.Form):
+    """Start: no input; the person pressing it is recorded as the requester."""
+
+
+class ApproveForm(forms.Form):
+    """Approve A Human Gate: the pending decision and the digest of the files the person looked at."""
+
+    decision = forms.IntegerField(min_value=1, label="decision id", widget=forms.NumberInput(attrs=_required()))
+    artifact = forms.CharField(required=False, max_length=64, label="artifact (files' digest)",
+                               widget=forms.TextInput(attrs=_required({"size": 44, "spellcheck": "false"})))
+
+
+class RecheckForm(forms.Form):
+    """Recheck A Corrected Result: what was corrected."""
+
+    note = forms.CharField(required=False, label="what was corrected",
+                           widget=forms.Textarea(attrs=_required({"rows": 2, "cols": 60})))
+
+
+class RecoverForm(forms.Form):
+    """Recover An Interruption: the pending review decision, a note, and retry or verify."""
+
+    ACTIONS = [("retry", "retry: a new attempt of the stage"), ("verify", "verify: check the existing result")]
+
+    decision = forms.IntegerField(min_value=1, label="decision id", widget=forms.NumberInput(attrs=_required()))
+    note = forms.CharField(required=False, label="note (why)",
+                           widget=forms.Textarea(attrs=_required({"rows": 2, "cols": 60})))
+    action = forms.ChoiceField(choices=ACTIONS, initial="retry", widget=forms.RadioSelect)
+
+
+class FailForm(forms.Form):
+    """End An Unsuccessful Run: the reason a person should know."""
+
+    reason = forms.CharField(required=False, label="reason",
+                             widget=forms.Textarea(attrs=_required({"rows": 2, "cols": 60})))
+
+
+def first_error(form: forms.Form) -> tuple[str, str]:
+    """``(field, message)`` of the first error of an invalid bound form (field '' for a form-wide one)."""
+    for field, errors in form.errors.items():
+        return ("" if field == "__all__" else field), str(errors[0])
+    return "", "The form is not valid."
