@@ -6,7 +6,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install agents demo test test-fast migrate web worker beat clean
+.PHONY: install agents browser demo test test-fast migrate web worker beat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,13 +20,17 @@ install: $(STAMP)
 agents:
 	bash scripts/install-agent-clis.sh
 
+## make browser: Debian's Chromium for the browser tests (apt-get; Playwright drives /usr/bin/chromium).
+browser:
+	bash scripts/install-chromium.sh
+
 ## make demo: a real two-stage pipeline on a real repository through a separate Celery worker.
 demo: install agents
 	$(BIN)/python manage.py migrate -v 0
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included).
-test: install agents
+test: install agents browser
 	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: install

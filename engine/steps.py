@@ -605,6 +605,8 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
         started_at=timezone.now(), manifest_digest=digest_before,
     )
     log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
+    check.log_path = log_rel  # recorded before it runs: a running gate's log can be followed
+    check.save(update_fields=["log_path"])
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
     try:
         result = process.run_supervised(
@@ -613,7 +615,7 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
             should_stop=should_stop, grace_seconds=5.0, on_start=_lease_guard(run.pk, lease) if lease else None,
         )
     except LeaseLost:
-        Check.objects.filter(pk=check.pk).update(failure_kind="cancelled", ended_at=timezone.now(), log_path=log_rel)
+        Check.objects.filter(pk=check.pk).update(failure_kind="cancelled", ended_at=timezone.now())
         raise
     if launch is not argv and result.signal is None and result.exit_code is not None and result.exit_code > 128:
         # bubblewrap reports a command killed by signal N as exit 128 + N

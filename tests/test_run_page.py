@@ -495,14 +495,9 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
     assert text.count('class="cp-step cp-bad" href') == 5
     _grow(run, 45, 4 * 1024 * 1024)  # 50 attempts, 180 MB of (sparse) logs
     with CaptureQueriesContext(connection) as many:
-        started = time.perf_counter()
         text = page(staff, run)
-        elapsed = time.perf_counter() - started
     assert text.count('class="cp-step cp-bad" href') == 50 and text.count('class="cp-step cp-ok" href') == 100
     assert len(many.captured_queries) == len(few.captured_queries), [q["sql"] for q in many.captured_queries]
     assert "50" in text and "5,000 in · 350 out · 150 cached · cost $0.5000" in text
     assert len(text) < 2_000_000  # the logs are links, not content
-    # the target is 300 ms of server time (bench); a shared 2-core test machine gets some slack
-    print(f"detail page of a run with 50 attempts, 100 checks, 250 events: {elapsed * 1000:.0f} ms, "
-          f"{len(many.captured_queries)} queries")
-    assert elapsed < 1.5
+    # its time is measured in bench/run_page.py (the 300 ms target), never in a unit test
