@@ -1,0 +1,223 @@
+"""Benchmark: the run detail page of a long run, against the same page of a short one.
+
+Issue text: "The run page of a run with 50 attempts and 200 MB of logs renders in under 300 ms
+of server time (logs by reference and tail only), measured in ``bench/``."
+
+Run from the repository root::
+
+    .venv/bin/python bench/run_page.py
+    .venv/bin/python bench/run_page.py --attempts 20 --mb 50 --runs 5     # a quick try
+
+Everything lives in a temporary directory under ``$TMPDIR`` (removed at the end; ``--keep``
+keeps it): its own var directory and SQLite database (``controlpanel.settings`` with
+``CP_VAR_DIR`` pointing there, migrated afresh), a small git repository, and one saved pipeline
+with the scripted test adapter. Two runs of that pipeline are given recorded evidence as a
+finished run leaves it:
+
+* the **baseline** run: 1 attempt with a 1 KB output log, 2 checks, 5 events;
+* the **long** run: ``--attempts`` (50) attempts whose output logs hold ``--mb`` (200) MB of real
+  bytes between them (log lines, not sparse files), each attempt with a patch, two checks with
+  their logs and five events (250 in all).
+
+Measured: the server time of ``GET /admin/engine/run/<id>/detail/`` for a logged-in superuser,
+through Django's full request handler in this process (``django.test.Client``: middleware,
+authentication, the view, the template; no network), once untimed and then ``--runs`` (15)
+times in turn for each run; medians are compared. Also printed: the queries each page makes
+(they must not grow with the attempts) and the response size (the logs must be links, not
+content).
+
+*Target:* median(long run) < 300 ms, PASS or FAIL (exit status 0 or 1). The ratio
+median(long) / median(baseline) is printed as the cost of 50 attempts and 200 MB over one; the
+run also fails when the long page makes more queries than the baseline page or its body holds
+more than 2 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_MS = 300.0
+
+
+def _git(repo: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "Bench", "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+           "GIT_COMMITTER_NAME": "Bench", "GIT_COMMITTER_EMAIL": "bench@example.invalid"}
+    subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True)
+
+
+def _make_repo(path: Path) -> Path:
+    (path / "app").mkdir(parents=True)
+    (path / "app" / "__init__.py").write_text("")
+    (path / "app" / "core.py").write_text('"""Core."""\n')
+    (path / "tests").mkdir()
+    (path / "tests" / "test_core.py").write_text("def test_ok():\n    assert True\n")
+    _git(path, "init", "-q", "-b", "main")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+def _write_log(path: Path, size: int) -> None:
+    """``size`` bytes of agent-like output lines (real bytes on disk)."""
+    line = b"2026-12-01 08:00:00 working on app/core.py: reading, thinking, writing ... 0123456789\n"
+    block = line * ((1 << 20) // len(line) + 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        left = size
+        while left > 0:
+            chunk = block[:left]
+            fh.write(chunk)
+            left -= len(chunk)
+
+
+def _fill(run, attempts: int, log_bytes: int) -> None:
+    """Give ``run`` recorded attempts, checks and events, as a finished long run leaves them."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    from engine.models import Attempt, Check, RunEvent
+
+    stage = run.stages.get()
+    var = Path(settings.VAR_DIR)
+    now = timezone.now()
+    for n in range(1, attempts + 1):
+        operation = "implement" if n == 1 else "repair"
+        folder = f"{run.control_dir}/stages/01-{stage.key}/attempts/{n:03d}-{operation}"
+        _write_log(var / folder / "output.log", log_bytes)
+        (var / folder / "prompt.md").write_text("# Requirement\nMake it work.\n")
+        (var / folder / "patch.diff").write_text("--- a/app/core.py\n+++ b/app/core.py\n@@ -1 +1,2 @@\n"
+                                                 ' """Core."""\n+VALUE = 1\n')
+        attempt = Attempt.objects.create(
+            run=run, stage=stage, operation=operation, number=n, role="implementer", profile_name="scripted",
+            adapter="scripted", simulated=True, deadline_seconds=600, status="failed", failure_kind="gate_failed",
+            exit_code=0, elapsed_seconds=30.0 + n, started_at=now, ended_at=now, log_path=f"{folder}/output.log",
+            prompt_path=f"{folder}/prompt.md", patch_path=f"{folder}/patch.diff", output_bytes=log_bytes,
+            usage={"input_tokens": 1200, "output_tokens": 300, "cached_tokens": 900, "cost_usd": 0.02})
+        for name in ("unit", "lint"):
+            log = f"{run.control_dir}/checks/{n:03d}-{name}.log"
+            _write_log(var / log, 4096)
+            check = Check.objects.create(run=run, stage=stage, name=name, command=f"make {name}", cwd=run.worktree,
+                                         exit_code=1, passed=False, failure_kind="nonzero_exit", log_path=log,
+                                         started_at=now, ended_at=now, elapsed_seconds=2.5,
+                                         manifest_digest="ab" * 20)
+            RunEvent.objects.create(run=run, kind="check_failed", message=f"Gate '{name}' failed (exit 1).",
+                                    stage=stage, gate_check=check)
+        for text in ("recorded before launch", "ended: exit 0", "repair consumed"):
+            RunEvent.objects.create(run=run, kind="attempt", message=f"Attempt {n} {text}.", stage=stage,
+                                    attempt=attempt)
+
+
+def _time_page(client, url: str, runs: int) -> tuple[list[float], int, int]:
+    """Median inputs for one page: ``(times in ms, queries of one request, body bytes)``."""
+    from django.core import signals
+    from django.db import close_old_connections, connection
+
+    # one connection for the whole benchmark, as a warm server process has
+    signals.request_finished.disconnect(close_old_connections)
+    response = client.get(url)  # untimed: warm caches, templates compiled
+    if response.status_code != 200:
+        raise SystemExit(f"FAIL: {url} answered {response.status_code}")
+    counted = []
+
+    def count(execute, sql, params, many, context):
+        counted.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        client.get(url)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        response = client.get(url)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200
+    return times, len(counted), len(response.content)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attempts", type=int, default=50)
+    parser.add_argument("--mb", type=float, default=200.0, help="MB (10^6 bytes) of output logs in the long run")
+    parser.add_argument("--runs", type=int, default=15, help="timed repetitions per page")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-run-page-"))
+    os.environ.update({"CP_VAR_DIR": str(tmp / "var"), "DJANGO_SETTINGS_MODULE": "controlpanel.settings",
+                       "DJANGO_ALLOWED_HOSTS": "testserver,127.0.0.1"})
+    os.environ.pop("DATABASE_URL", None)
+    sys.path.insert(0, str(ROOT))
+    try:
+        import django
+
+        django.setup()
+        from django.contrib.auth import get_user_model
+        from django.core.management import call_command
+        from django.test import Client
+        from django.urls import reverse
+
+        from engine import operations
+        from engine.pipeline_format import validate
+
+        call_command("migrate", verbosity=0)
+        repo = _make_repo(tmp / "repo")
+        doc = {"name": "bench", "stages": [{"key": "answer", "requirement": "Make it work.", "scope": ["app/**"],
+                                            "gates": [{"name": "unit", "command": "true"}]}],
+               "roles": {"implementer": "scripted", "reviewer": "scripted", "documenter": "scripted"},
+               "profiles": {"scripted": {"adapter": "scripted", "scenario": {"default": [{}]}}}}
+        pipeline, _ = operations.save_pipeline(validate(doc, "<bench>"))
+        baseline = operations.create_run(pipeline, str(repo), "main")
+        long_run = operations.create_run(pipeline, str(repo), "main")
+        _fill(baseline, 1, 1024)
+        per_log = int(args.mb * 1e6 / args.attempts)
+        started = time.perf_counter()
+        _fill(long_run, args.attempts, per_log)
+        written = sum(f.stat().st_size for f in (tmp / "var" / long_run.control_dir).rglob("output.log"))
+        print(f"long run {long_run.pk}: {args.attempts} attempts, {written / 1e6:.0f} MB of output "
+              f"logs on disk, written in {time.perf_counter() - started:.1f} s")
+
+        user = get_user_model().objects.create_superuser("bench", "bench@example.invalid", "bench-only")
+        client = Client()
+        client.force_login(user)
+        base_times, base_queries, base_size = _time_page(client, reverse("admin:engine_run_detail",
+                                                                         args=[baseline.pk]), args.runs)
+        long_times, long_queries, long_size = _time_page(client, reverse("admin:engine_run_detail",
+                                                                         args=[long_run.pk]), args.runs)
+        base_ms, long_ms = statistics.median(base_times), statistics.median(long_times)
+        print(f"baseline page (1 attempt, 1 KB of logs): median {base_ms:.1f} ms over {args.runs} "
+              f"(min {min(base_times):.1f}, max {max(base_times):.1f}), {base_queries} queries, {base_size} bytes")
+        print(f"long page ({args.attempts} attempts, {args.mb:.0f} MB of logs): median {long_ms:.1f} ms "
+              f"(min {min(long_times):.1f}, max {max(long_times):.1f}), {long_queries} queries, {long_size} bytes")
+        print(f"ratio long / baseline: {long_ms / base_ms:.2f}")
+        problems = []
+        if long_ms >= TARGET_MS:
+            problems.append(f"median {long_ms:.1f} ms >= {TARGET_MS:.0f} ms")
+        if long_queries > base_queries:
+            problems.append(f"the long page makes {long_queries} queries, the baseline {base_queries}")
+        if long_size > 2_000_000:
+            problems.append(f"the long page is {long_size} bytes: logs must be links and tails, not content")
+        if problems:
+            print("FAIL: " + "; ".join(problems))
+            return 1
+        print(f"PASS: the page of a run with {args.attempts} attempts and {args.mb:.0f} MB of logs renders in "
+              f"{long_ms:.1f} ms of server time (target < {TARGET_MS:.0f} ms), with no more queries than the "
+              f"baseline")
+        return 0
+    finally:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
