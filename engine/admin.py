@@ -1,7 +1,9 @@
 """Admin registration of the Run Engine's records: the Control Panel's pages.
 
 Definitions (pipelines, profiles) are edited through load_pipelines; evidence (attempts,
-checks, manifests, the journal, events) is read-only: nobody edits evidence by hand.
+checks, manifests, the journal, events) is read-only: nobody edits evidence by hand. A
+pipeline's page has a "Create a run" button (``engine.add_run``): a small form that calls
+``engine.operations.create_run`` and leads to the new run's page.
 
 An attempt's page links its stored files (prompt, output log, raw output, patch) and the
 logs of the stage's earlier attempts. They are served by ``AttemptAdmin.file_view``, to staff
@@ -12,15 +14,19 @@ import hashlib
 import os
 from pathlib import Path
 
+from django import forms
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.http import FileResponse, Http404
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from . import operations
 from .models import (
     Attempt,
     Check,
@@ -78,9 +84,45 @@ class ProfileInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class CreateRunForm(forms.Form):
+    """Create A Run from a saved pipeline: a repository path, a revision, and optionally a profile per role.
+
+    Only the shape is checked here (a profile one of the pipeline's); whether the repository,
+    the revision and the profiles are usable is ``engine.operations.create_run``'s to say, with
+    its own code and field, as the command line and the API do (so the text fields are optional
+    here; the browser still asks for them).
+    """
+
+    repo = forms.CharField(required=False, label="repository path", help_text=(
+        "A folder inside a git work tree, on the Run Engine's machine. Its checkout is only read."),
+        widget=forms.TextInput(attrs={"class": "vLargeTextField", "required": True, "spellcheck": "false"}))
+    rev = forms.CharField(required=False, label="revision", initial="main",
+                          help_text="A commit id, branch or tag; the run is frozen at its commit.",
+                          widget=forms.TextInput(attrs={"class": "vTextField", "required": True}))
+
+    def __init__(self, *args, pipeline: Pipeline, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = sorted(pipeline.definition.get("profiles", {}))
+        for role in operations.ROLES:
+            current = pipeline.definition.get("roles", {}).get(role, "")
+            shown = current if isinstance(current, str) else ", ".join(current)
+            self.fields[f"profile_{role}"] = forms.ChoiceField(
+                required=False, label=f"{role} profile", choices=[("", f"the pipeline's: {shown}")]
+                + [(name, name) for name in names])
+
+    def profile_override(self) -> dict:
+        """``{role: profile}`` for the roles whose profile was chosen (cleaned data; {} for none)."""
+        return {role: self.cleaned_data[f"profile_{role}"] for role in operations.ROLES
+                if self.cleaned_data.get(f"profile_{role}")}
+
+
 @admin.register(Pipeline)
 class PipelineAdmin(ReadOnlyAdmin):
-    """Pipelines change only through validated YAML (python manage.py load_pipelines FILE)."""
+    """Pipelines change only through validated YAML (python manage.py load_pipelines FILE).
+
+    A pipeline's page has a "Create a run" button (``engine.add_run``) leading to
+    ``create_run_view`` (``<pipeline>/create-run/``, name ``engine_pipeline_create_run``).
+    """
 
     list_display = ("name", "version", "stage_count", "source_path", "updated_at")
     search_fields = ("name", "description", "source_path")
@@ -91,6 +133,50 @@ class PipelineAdmin(ReadOnlyAdmin):
     @admin.display(description="stages")
     def stage_count(self, obj):
         return len(obj.definition.get("stages", []))
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.create_run_view)
+        return [path("<int:object_id>/create-run/", view, name="engine_pipeline_create_run")] + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra = {"can_create_run": request.user.has_perm("engine.add_run"), **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    def create_run_view(self, request, object_id):
+        """GET: the form; POST: ``operations.create_run``, then the new run's detail page.
+
+        Needs view permission on the pipeline and ``engine.add_run`` (403 otherwise). A refusal
+        (the form's or the operation's) is an error message naming the field, over the form
+        again with what was typed; success is a success message on the run's page.
+        """
+        pipeline = Pipeline.objects.filter(pk=object_id).first()
+        if pipeline is None:
+            raise Http404("No such pipeline.")
+        if not self.has_view_permission(request, pipeline) or not request.user.has_perm("engine.add_run"):
+            raise PermissionDenied
+        form = CreateRunForm(request.POST if request.method == "POST" else None, pipeline=pipeline)
+        if request.method == "POST":
+            if not form.is_valid():
+                where, problem = next(((f, str(e[0])) for f, e in form.errors.items()), ("", "The form is not valid."))
+                messages.error(request, f"Create run refused: field “{where}”: {problem}")
+            else:
+                try:
+                    run = operations.create_run(pipeline, form.cleaned_data["repo"].strip(),
+                                                form.cleaned_data["rev"].strip(), form.profile_override() or None)
+                except operations.OperationError as exc:
+                    where = f"field “{exc.field}”" if exc.field else "no single field"
+                    messages.error(request, f"Create run refused ({exc.code}; {where}): {exc.message}")
+                else:
+                    sim = f" It is simulated ({run.simulated_reason})." if run.simulated else ""
+                    self.log_addition(request, run, f"Created from pipeline {pipeline.name!r} in the admin.")
+                    messages.success(request, f"Run {run.pk} created from pipeline {pipeline.name} at commit "
+                                              f"{run.commit[:12]} by {request.user.get_username()}.{sim} "
+                                              "Press Start to run it.")
+                    return redirect("admin:engine_run_detail", run.pk)
+        context = {**self.admin_site.each_context(request), "opts": Pipeline._meta, "app_label": "engine",
+                   "original": pipeline, "form": form, "title": f"Create a run of {pipeline.name}",
+                   "subtitle": None, "has_view_permission": True}
+        return TemplateResponse(request, "admin/engine/pipeline/create_run.html", context)
 
 
 @admin.register(Profile)

@@ -501,3 +501,53 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
     assert "50" in text and "5,000 in · 350 out · 150 cached · cost $0.5000" in text
     assert len(text) < 2_000_000  # the logs are links, not content
     # its time is measured in bench/run_page.py (the 300 ms target), never in a unit test
+
+
+# ----------------------------------------------------------------------------- creating a run from a pipeline
+
+
+def test_create_a_run_from_a_pipeline_page(staff, staff_with, make_pipeline, repo):
+    pipeline = make_pipeline()
+    create_url = reverse("admin:engine_pipeline_create_run", args=[pipeline.pk])
+    pipeline_page = staff.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
+    assert f'href="{create_url}" class="cp-create-run">Create a run</a>' in pipeline_page
+    form = staff.get(create_url).content.decode()
+    assert 'name="repo"' in form and 'name="rev"' in form and 'value="main"' in form
+    for role in ("implementer", "reviewer", "documenter"):
+        assert f'name="profile_{role}"' in form and f"the pipeline&#x27;s: scripted" in form
+
+    def create(**fields) -> tuple[int, str]:
+        response = staff.post(create_url, {"repo": str(repo), "rev": "main", **fields}, follow=True)
+        return response.status_code, response.content.decode()
+
+    # refusals: an error message naming the field, the form again with what was typed, and no run
+    for fields, code, field in (({"repo": ""}, "path_not_found", "repo"),
+                                ({"repo": str(repo / "missing")}, "path_not_found", "repo"),
+                                ({"rev": "no-such-branch"}, "unknown_revision", "rev")):
+        status, text = create(**fields)
+        refused = messages_of(text, "error")
+        assert status == 200 and len(refused) == 1, (fields, refused)
+        assert code in refused[0] and f"field “{field}”" in refused[0], refused
+        assert 'id="create-run-form"' in text and html.escape(fields.get("rev", "main")) in text
+    status, text = create(profile_implementer="nobody")
+    refused = messages_of(text, "error")
+    assert len(refused) == 1 and "field “profile_implementer”" in refused[0] and "nobody" in refused[0]
+    assert not Run.objects.exists()
+    # success: a pending run with the profile chosen, and its page with a success message
+    response = staff.post(create_url, {"repo": str(repo), "rev": "main", "profile_reviewer": "scripted"},
+                          follow=True)
+    run = Run.objects.get()
+    assert response.redirect_chain == [(detail_url(run), 302)]
+    assert (run.status, run.pipeline_id, run.revision, run.profile_override) == (
+        "pending", pipeline.pk, "main", {"reviewer": "scripted"})
+    done = messages_of(response.content.decode(), "success")
+    assert done == [f"Run {run.pk} created from pipeline {pipeline.name} at commit {run.commit[:12]} by admin. "
+                    f"It is simulated ({run.simulated_reason}). Press Start to run it."]
+    assert buttons(response.content.decode()) == {"start", "fail"}
+    # without engine.add_run: no button, and the form is refused (view or post)
+    viewer = staff_with("pipeline-viewer", "view_pipeline", "view_run")
+    assert "cp-create-run" not in viewer.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
+    assert viewer.get(create_url).status_code == 403
+    assert viewer.post(create_url, {"repo": str(repo), "rev": "main"}).status_code == 403
+    assert Run.objects.count() == 1
+    assert staff.get(reverse("admin:engine_pipeline_create_run", args=[424242])).status_code == 404

@@ -1,0 +1,377 @@
+"""The Control Panel in a real browser: headless Chromium (Playwright) against the live server.
+
+Everything is real: the admin site served by pytest-django's ``live_server`` on loopback, the
+session's two Celery worker processes (``workers``, tests/conftest.py) taking the runs' steps
+against the same database, the scripted test adapter's processes, the gates. A person's part
+is played through the page only: the login form, the pipeline's "Create a run" form, the
+Start, Approve and Fail buttons, the live tail of an attempt's output and the page reloading
+itself when the run changes.
+
+Screenshots of the run page (full page) are kept under ``test-artifacts/`` (conftest.ARTIFACTS).
+
+Chromium is Debian's (``make browser``, scripts/install-chromium.sh; ``CP_CHROMIUM`` names
+another); without it these tests skip. Playwright's own browser download is never used.
+
+One browser for the module; each test has its own browser context (cookies) and its own users.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Permission
+
+from engine import operations, runner
+from engine.models import Attempt, Check, Run
+
+from .conftest import ARTIFACTS, ANSWER_STEP, wait_for
+
+CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
+NO_CHROMIUM = f"no Chromium at {CHROMIUM}: run `make browser` (scripts/install-chromium.sh) or set CP_CHROMIUM"
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
+              pytest.mark.skipif(not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)), reason=NO_CHROMIUM)]
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PASSWORD = "pw-for-browser-tests-only"
+#: Milliseconds a look at the page may wait for something that a worker does.
+WAIT_MS = 60_000
+
+#: The implementer writes the answer, waits 2 s (the page has reloaded itself onto the running attempt by the
+#: time line-2 comes), then prints six lines one second apart: "running" for ~8 s, its output growing.
+SIX_LINES = {**ANSWER_STEP, "run": ["sh", "-c", "sleep 2; for i in 1 2 3 4 5 6; do echo line-$i; sleep 1; done"]}
+#: An implementer that waits (at most 60 s) until the test writes $CP_DATA_DIR/release.
+WAIT_FOR_RELEASE = {**ANSWER_STEP, "run": [
+    "sh", "-c", 'echo "waiting for release"; i=0; '
+    'while [ ! -f "$CP_DATA_DIR/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done']}
+ESCALATE = {"verdict": {"verdict": "escalate", "findings": [
+    {"file": "app/core.py", "line": 4, "severity": "major", "text": "Is 42 the right answer?"}]}}
+#: The repository's own tests (tests/test_core.py): a real check of the answer, in about a second.
+GATE = {"name": "unit", "command": "python -m pytest -q"}
+
+
+def stage(**extra) -> list[dict]:
+    """One quick stage: the answer, a one-line gate, no repair."""
+    return [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
+             "gates": [GATE], "repair_allowance": 0, **extra}]
+
+
+# ----------------------------------------------------------------------------- the browser
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium for the module (skips, naming ``make browser``, when it is not installed)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _sync_orm_beside_playwright(worker_pool):
+    """Playwright's sync API keeps an asyncio loop in this thread (in a greenlet of its own) for the
+    module's browser, which Django's async-safety check takes for an async context: the tests, and
+    the database flush after each, are synchronous code, so the check is turned off for this module.
+    The session's workers are started first, so that they do not inherit the setting."""
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if before is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+@pytest.fixture
+def open_tab(browser, live_server):
+    """``open_tab()``: a new page in a browser context of its own (its own cookies), on the live server."""
+    contexts = []
+
+    def make():
+        context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
+        context.set_default_timeout(20_000)
+        contexts.append(context)
+        return context.new_page()
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def user(django_user_model, name: str, *codenames: str, superuser: bool = False):
+    """A staff user ``name`` (password PASSWORD) with only the engine permissions ``codenames``."""
+    if superuser:
+        return django_user_model.objects.create_superuser(name, f"{name}@example.invalid", PASSWORD)
+    made = django_user_model.objects.create_user(name, f"{name}@example.invalid", PASSWORD, is_staff=True)
+    made.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine", codename__in=codenames))
+    assert made.user_permissions.count() == len(codenames)
+    return made
+
+
+def submit(tab, selector: str) -> None:
+    """Press the submit button ``selector`` and wait for the page the form leads to (after its redirect)."""
+    with tab.expect_navigation():
+        tab.click(selector)
+
+
+def log_in(tab, name: str) -> None:
+    """Log in through the admin's login form, as a person does."""
+    tab.goto("/admin/")
+    assert "/admin/login/" in tab.url
+    tab.fill("#id_username", name)
+    tab.fill("#id_password", PASSWORD)
+    submit(tab, "#login-form input[type=submit]")
+    tab.wait_for_selector("#user-tools")
+    assert tab.text_content("#user-tools strong") == name and "/admin/login/" not in tab.url
+
+
+def detail_path(run) -> str:
+    return f"/admin/engine/run/{run.pk}/detail/"
+
+
+def buttons(tab) -> set[str]:
+    """The actions whose forms (with a visible submit button labelled as the action) the page shows."""
+    found = set()
+    for form in tab.locator("form.cp-action").all():
+        verb = form.get_attribute("data-cp-action")
+        submit = form.locator("input[type=submit]")
+        assert submit.is_visible() and submit.get_attribute("value") == verb.capitalize(), verb
+        found.add(verb)
+    return found
+
+
+def status_of(tab) -> str:
+    return tab.get_attribute(".cp-status", "data-cp-status")
+
+
+def wait_status(tab, run, status: str, timeout: int = WAIT_MS) -> None:
+    """Wait until the page of the active ``run`` (reloading itself while the run is queued or running)
+    shows it stopped, and assert that it stopped in ``status``."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    stopped = '.cp-status[data-cp-status]:not([data-cp-status="queued"]):not([data-cp-status="running"])'
+    try:
+        tab.wait_for_selector(stopped, timeout=timeout)
+    except PlaywrightTimeout:
+        pass
+    if status_of(tab) != status:
+        run.refresh_from_db()
+        raise AssertionError(f"the page of run {run.pk} shows {status_of(tab)!r}, not {status!r}; the run is "
+                             f"{run.status} ({run.stop_reason}: {run.stop_message})")
+
+
+def messages(tab, level: str) -> list[str]:
+    return [m.strip() for m in tab.locator(f"ul.messagelist li.{level}").all_inner_texts()]
+
+
+def screenshot(tab, name: str) -> Path:
+    """A full-page PNG of the current page under test-artifacts/ (kept after the session)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"browser-{name}.png"
+    tab.evaluate("window.scrollTo(0, 0)")  # the admin's sticky sidebar is drawn where the page is scrolled to
+    tab.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def release(run) -> None:
+    """Let a WAIT_FOR_RELEASE implementer of ``run`` finish."""
+    flag = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}" / "data" / "release"
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.write_text("go\n")
+
+
+def wait_until(predicate, timeout: float = 60.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def start_quietly(run, monkeypatch) -> None:
+    """Request Start with the wake-up message sent to a queue no worker listens to: the run stays queued."""
+    from controlpanel.celery import app
+    from engine.tasks import advance_run
+
+    idle = f"idle-{os.getpid()}-{run.pk}"
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "enqueue", lambda run_id, token: advance_run.apply_async(args=[run_id, token],
+                                                                                       queue=idle))
+        operations.request_start(run, requested_by="test", source="test")
+    with app.connection_for_write() as conn:  # nobody will read it: drop it
+        conn.default_channel.queue_purge(idle)
+
+
+# ----------------------------------------------------------------------------- 1. a person's whole run
+
+
+def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, make_pipeline, repo,
+                                                             django_user_model):
+    user(django_user_model, "admin", superuser=True)
+    pipeline = make_pipeline(name="browser-demo", stages=stage(human_gate=True),
+                             scenario={"stages": {"answer": {"implement": [SIX_LINES]}}})
+    tab = open_tab()
+    log_in(tab, "admin")
+
+    # the saved pipeline's page, then its "Create a run" form
+    tab.get_by_role("link", name="Pipelines", exact=True).first.click()
+    tab.click(f"#result_list a:text-is('{pipeline.name}')")
+    tab.click("a.cp-create-run")
+    tab.fill("#id_repo", str(repo / "missing"))
+    submit(tab, "#create-run-form input[type=submit]")
+    refused = messages(tab, "error")
+    assert len(refused) == 1 and "path_not_found" in refused[0] and "field “repo”" in refused[0], refused
+    assert not Run.objects.exists() and tab.input_value("#id_repo") == str(repo / "missing")
+    screenshot(tab, "0-create-run-refused")
+    tab.fill("#id_repo", str(repo))
+    tab.fill("#id_rev", "main")
+    submit(tab, "#create-run-form input[type=submit]")
+    run = Run.objects.get()
+    assert tab.url.endswith(detail_path(run)) and run.status == "pending"
+    assert messages(tab, "success")[0].startswith(f"Run {run.pk} created from pipeline browser-demo at commit "
+                                                   f"{run.commit[:12]} by admin.")
+    assert status_of(tab) == "pending" and buttons(tab) == {"start", "fail"}
+    assert tab.locator(".cp-badge.cp-simulated").first.is_visible()
+
+    # Start; the page follows the run by itself, and the attempt's output grows in place
+    submit(tab, "form.cp-action-start input[type=submit]")
+    assert messages(tab, "success") == [f"Start requested by admin: run {run.pk} is queued for a worker."]
+    tail = tab.locator('.cp-tail[data-cp-tail="live"] pre')
+    tail.filter(has_text="line-2").wait_for(timeout=WAIT_MS)
+    assert "line-5" not in tail.inner_text()
+    tab.evaluate("window.cpMarker = 'set before line-5'")
+    loads = []
+    tab.on("load", lambda _: loads.append(1))
+    tail.filter(has_text="line-5").wait_for(timeout=15_000)
+    assert tab.evaluate("window.cpMarker") == "set before line-5" and loads == [], "the page was reloaded"
+    assert status_of(tab) == "running" and buttons(tab) == {"fail"}
+    assert re.search(r"line-1\s+line-2\s+line-3\s+line-4\s+line-5", tail.inner_text())
+    screenshot(tab, "1-running-live-output")
+
+    # the human gate: the checks and the review passed, the page reloaded to say so and offers Approve
+    wait_status(tab, run, "waiting_approval")
+    assert buttons(tab) == {"approve", "recheck", "fail"}
+    check = Check.objects.filter(run=run, kind="gate", name=GATE["name"], stale=False).order_by("id").last()
+    row = tab.locator(f"#check-{check.pk}")
+    assert GATE["command"] in row.inner_text() and "pass" in row.inner_text() and "exit 0" in row.inner_text()
+    assert tab.locator(f"#check-{check.pk} .cp-dot.cp-ok").is_visible()
+    decision = run.decisions.get(state="pending", kind="approval")
+    assert tab.input_value("form.cp-action-approve input[name=artifact]") == decision.artifact
+    assert f"approve files {decision.artifact[:12]}" in tab.inner_text(".cp-waiting")
+    done = tab.locator('.cp-tail[data-cp-tail="ended"] pre')
+    assert done.count() == 0  # a finished attempt's output loads on demand
+    screenshot(tab, "2-waiting-approval")
+
+    submit(tab, "form.cp-action-approve input[type=submit]")
+    assert messages(tab, "success") == [f"Decision {decision.pk} approved by admin for files {decision.artifact[:12]}: "
+                                        "the run continues."]
+    wait_status(tab, run, "succeeded")
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.stages.get().checkpoint_commit, run.stop_message
+    assert buttons(tab) == set() and "This run has ended: no action applies." in tab.inner_text("#actions")
+    final = list(Check.objects.filter(run=run, kind="final"))
+    assert final and all(c.passed for c in final)
+    for c in Check.objects.filter(run=run, stale=False):
+        assert "pass" in tab.inner_text(f"#check-{c.pk}")
+    # the implementer's whole output, on demand, once the attempt is over
+    implement = Attempt.objects.get(run=run, operation="implement")
+    tab.click(f"#attempt-{implement.pk} + tr summary:has-text('the end of the output')")
+    shown = tab.locator('.cp-tail[data-cp-tail="ended"] pre').first
+    shown.filter(has_text="line-6").wait_for()
+    screenshot(tab, "3-succeeded")
+
+
+# ----------------------------------------------------------------------------- 2. a viewer
+
+
+def test_a_viewer_sees_no_button(open_tab, workers, make_pipeline, repo, django_user_model):
+    user(django_user_model, "viewer", "view_run")
+    gated = make_pipeline(name="browser-gated", stages=stage(human_gate=True))
+    waiting = operations.create_run(gated, str(repo), "main")
+    operations.request_start(waiting, requested_by="test", source="test")
+    pending = operations.create_run(gated, str(repo), "main")
+    tab = open_tab()
+    log_in(tab, "viewer")
+    tab.goto(detail_path(pending))
+    assert status_of(tab) == "pending" and buttons(tab) == set()
+    assert "No action that applies now is permitted to you." in tab.inner_text("#actions")
+    assert wait_for(waiting.pk).status == "waiting_approval"
+    tab.goto(detail_path(waiting))
+    assert status_of(tab) == "waiting_approval" and buttons(tab) == set()
+    assert "No action that applies now is permitted to you." in tab.inner_text("#actions")
+    # and the server refuses what the page does not offer, even posted from the viewer's own session
+    token = next(c["value"] for c in tab.context.cookies() if c["name"] == "csrftoken")
+    answer = tab.evaluate("""([url, token]) => fetch(url, {method: "POST", headers: {"X-CSRFToken": token},
+                                                           body: new URLSearchParams({reason: "not mine"})})
+                             .then(r => r.status)""", [f"/admin/engine/run/{pending.pk}/action/fail/", token])
+    assert answer == 403
+    assert Run.objects.get(pk=pending.pk).status == "pending"
+
+
+# ----------------------------------------------------------------------------- 3. each state, its buttons
+
+
+def test_each_state_shows_exactly_the_buttons_that_apply(open_tab, workers, make_pipeline, repo, django_user_model,
+                                                         monkeypatch):
+    user(django_user_model, "admin", superuser=True)
+    gated = make_pipeline(name="browser-gated", stages=stage(human_gate=True))
+    held = make_pipeline(name="browser-held", stages=stage(),
+                         scenario={"stages": {"answer": {"implement": [WAIT_FOR_RELEASE]}}})
+    escalated = make_pipeline(name="browser-escalated", stages=stage(),
+                              scenario={"stages": {"answer": {"implement": [ANSWER_STEP], "review": [ESCALATE]}}})
+    running, review, approval = (operations.create_run(p, str(repo), "main") for p in (held, escalated, gated))
+    for run in (running, review, approval):
+        operations.request_start(run, requested_by="test", source="test")
+    pending = operations.create_run(gated, str(repo), "main")
+    queued = operations.create_run(gated, str(repo), "main")
+    start_quietly(queued, monkeypatch)
+    tab = open_tab()
+    log_in(tab, "admin")
+    try:
+        expected = {"pending": (pending, {"start", "fail"}), "queued": (queued, {"fail"})}
+        for status, (run, verbs) in expected.items():
+            tab.goto(detail_path(run))
+            assert (status_of(tab), buttons(tab)) == (status, verbs)
+        wait_until(lambda: Attempt.objects.filter(run=running, status="running").exists(), what="the held attempt")
+        tab.goto(detail_path(running))
+        assert (status_of(tab), buttons(tab)) == ("running", {"fail"})
+        tab.locator('.cp-tail[data-cp-tail="live"] pre').filter(has_text="waiting for release").wait_for()
+        assert wait_for(review.pk).status == "waiting_review"
+        tab.goto(detail_path(review))
+        assert (status_of(tab), buttons(tab)) == ("waiting_review", {"recover", "recheck", "fail"})
+        assert tab.input_value("form.cp-action-recover input[name=decision]") == str(
+            review.decisions.get(state="pending", kind="review").pk)
+        assert "Is 42 the right answer?" in tab.inner_text(".cp-findings")
+        assert wait_for(approval.pk).status == "waiting_approval"
+        tab.goto(detail_path(approval))
+        assert (status_of(tab), buttons(tab)) == ("waiting_approval", {"approve", "recheck", "fail"})
+    finally:
+        release(running)
+    # failed: pressing Fail on the run waiting for review, with a reason
+    tab.goto(detail_path(review))
+    tab.fill("form.cp-action-fail textarea[name=reason]", "the requirement was wrong")
+    submit(tab, "form.cp-action-fail input[type=submit]")
+    assert messages(tab, "success")[0].startswith(f"Run {review.pk} failed.")
+    assert (status_of(tab), buttons(tab)) == ("failed", set())
+    assert "failed_by_operator" in tab.inner_text(".cp-stop-reason")
+    assert "This run has ended: no action applies." in tab.inner_text("#actions")
+    screenshot(tab, "4-failed")
+    # succeeded: the held run, released; its page follows it to the end by itself
+    tab.goto(detail_path(running))
+    wait_status(tab, running, "succeeded")
+    assert buttons(tab) == set() and Run.objects.get(pk=running.pk).status == "succeeded"
+    # a queued run that is failed ends too
+    tab.goto(detail_path(queued))
+    tab.fill("form.cp-action-fail textarea[name=reason]", "never mind")
+    submit(tab, "form.cp-action-fail input[type=submit]")
+    assert (status_of(tab), buttons(tab)) == ("failed", set())
