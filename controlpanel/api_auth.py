@@ -8,6 +8,7 @@ Run model's own ``engine.start_run``, ``approve_run``, ``recheck_run``, ``recove
 from __future__ import annotations
 
 from rest_framework import exceptions
+from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import BasePermission
 
 from engine.models import Run
@@ -48,3 +49,9 @@ class RunPermission(BasePermission):
         if not user.has_perm(perm):
             raise MissingPermission(user, perm)
         return True
+
+
+class BearerTokenAuthentication(TokenAuthentication):
+    """The same API token in the other common header form, ``Authorization: Bearer KEY``."""
+
+    keyword = "Bearer"

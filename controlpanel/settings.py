@@ -88,6 +88,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        "controlpanel.api_auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -153,6 +154,8 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = env.str("CP_QUEUE", default="runs")
+# beat runs reconciliation in its own process (controlpanel/beat.py): it must happen when no worker lives
+CELERY_BEAT_SCHEDULER = "controlpanel.beat:ReconcilingScheduler"
 
 # ---------------------------------------------------------------- the Run Engine's own settings
 #: Run branches are named <prefix>/run-<id>.

@@ -444,6 +444,7 @@ def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> l
         attempt.ended_at = timezone.now()
         attempt.save()
         closed.append(attempt.number)
+    run.checks.filter(ended_at=None).update(ended_at=timezone.now(), failure_kind="cancelled")
     _set_run_status(run, RunStatus.FAILED)
     run.stop_reason = reason
     run.stop_message = message

@@ -15,6 +15,7 @@ beat processes, a beat and a worker start) act once (field case C17).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from datetime import timedelta
@@ -24,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import machine, process, workspace
-from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, JournalEntry, Run, RunStatus, StartRequest
+from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, Check, JournalEntry, Run, RunStatus, StartRequest
 
 log = logging.getLogger("engine.reconcile")
 
@@ -102,7 +103,7 @@ def inspect_effects(run: Run) -> dict:
     "journal_intents": [uid], "sentence": str}``; never raises for a missing or broken worktree
     (``problem`` says why it could not be inspected).
     """
-    from .steps import manifest_excludes, save_manifest
+    from .steps import manifest_excludes, save_manifest, sha256_file, var_path
 
     found, sentences = [], []
     for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).select_related("stage"):
@@ -110,10 +111,18 @@ def inspect_effects(run: Run) -> dict:
                 "manifest": None, "changed": None, "problem": ""}
         try:
             data = workspace.manifest(run.worktree, attempt.stage.base_commit, manifest_excludes(run))
-            save_manifest(run, attempt.stage, data)
+            row = save_manifest(run, attempt.stage, data)
             item["manifest"] = data["digest"]
             if attempt.start_manifest:
                 item["changed"] = workspace.tree_changes(run.worktree, attempt.start_manifest, data["digest"])
+                # what the attempt left is its result, unverified: its manifest and its patch are kept
+                folder = os.path.dirname(attempt.log_path) if attempt.log_path else ""
+                if folder and not attempt.patch_path:
+                    rel = os.path.join(folder, "patch.diff")
+                    workspace.write_patch(run.worktree, attempt.stage.base_commit, data["tree"], str(var_path(rel)))
+                    attempt.patch_path, attempt.patch_sha256 = rel, sha256_file(var_path(rel))
+                attempt.result_manifest = row
+                attempt.save(update_fields=["patch_path", "patch_sha256", "result_manifest"])
         except workspace.WorkspaceError as exc:
             item["problem"] = exc.message
         found.append(item)
@@ -166,6 +175,8 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
             attempt.ended_at = timezone.now()
             attempt.save()
             stage = attempt.stage
+        Check.objects.filter(run_id=run_id, ended_at=None).update(
+            ended_at=timezone.now(), failure_kind="interrupted")  # gates that were running: not failed, cut
         if stage is None:
             stage = run.stages.exclude(status__in=["passed", "pending"]).order_by("order").first()
         reaped, unconfirmed = reaping["reaped"], reaping["unconfirmed"]

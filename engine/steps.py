@@ -32,6 +32,7 @@ from .models import (
     Attempt,
     AttemptStatus,
     Check,
+    Decision,
     JournalEntry,
     Manifest,
     Run,
@@ -351,6 +352,28 @@ def _prepare_workspace(run: Run, lease: str) -> dict:
     return info
 
 
+def _reset_for_retry(run: Run, stage: StageRun, attempt: Attempt, lease: str) -> None:
+    """A person's ``recover --action retry`` asks for a new attempt of the stage: its first
+    attempt after that decision starts from the stage's starting checkpoint, not from what an
+    interrupted or refused attempt left (that is kept in the earlier attempt's patch and
+    manifest). ``verify`` keeps the files; so does every later attempt."""
+    decision = stage.decisions.filter(kind=Decision.Kind.REVIEW, state=Decision.State.RECOVERED,
+                                      action="retry").order_by("-decided_at").first()
+    if decision is None or stage.attempts.filter(created_at__gt=decision.decided_at).exclude(pk=attempt.pk).exists():
+        return
+    undone = workspace.restore_to(run.worktree, stage.base_commit, manifest_excludes(run))
+    if undone:
+        paths = ", ".join(c["path"] for c in undone[:8]) + (" ..." if len(undone) > 8 else "")
+        with transaction.atomic():
+            locked = _fenced(run.pk, lease)
+            if locked is not None:
+                machine.event(locked, "workspace",
+                              f"Retry (decision {decision.pk}): the worktree was put back to the stage's start "
+                              f"{stage.base_commit[:12]} before attempt {attempt.number}; {len(undone)} file(s) left "
+                              f"by earlier attempts were undone ({paths}); their patches keep them.",
+                              stage=stage, attempt=attempt, decision=decision)
+
+
 def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
     """The accepted output of the stages ``stage_def`` depends on: the files of the manifest its
     checkpoint committed, and the final message of the implementer (or repairer) that wrote them."""
@@ -408,6 +431,8 @@ def _execute_agent(plan: dict, should_stop) -> dict:
     try:
         _prepare_workspace(run, plan["lease"])
         run.refresh_from_db()
+        if plan["operation"] == "implement":
+            _reset_for_retry(run, stage, attempt, plan["lease"])
         start = workspace.manifest(run.worktree, stage.base_commit, manifest_excludes(run))
         prompt = _build_prompt(run, stage, plan, start)
     except workspace.WorkspaceError as exc:
@@ -1188,7 +1213,8 @@ def record_late(run: Run, plan: dict, outcome: dict) -> None:
                "signal": result.get("signal"), "failure_kind": result.get("failure_kind") or outcome.get("failure_kind"),
                "checks": outcome.get("checks") or []}
     machine.event(run, "late_result",
-                  f"A result of the {plan['kind']} step arrived after the run moved on (it is {run.status}); it was "
+                  f"A result of the {plan['kind']} step arrived after the run moved on "
+                  f"({'it is being failed' if run.lease_owner.startswith('fail:') else 'it is ' + run.status}); it was "
                   f"stored as late and changed nothing.", data=storable(summary))
 
 

@@ -1255,6 +1255,47 @@ def tree_changes(cwd: str, old_tree: str, new_tree: str) -> list[dict]:
     return sorted(changes, key=lambda c: c["path"])
 
 
+def restore_to(worktree: str, base_commit: str, excludes: list[str] | None = None) -> list[dict]:
+    """Put the deliverable files of ``worktree`` back as they are at ``base_commit``: files added
+    since are removed (and directories they leave empty), deleted or changed ones are restored
+    (``git restore --source=<base> --worktree``). What the manifest keeps out (ignored and
+    excluded paths) is not touched, nor are the worktree's index, HEAD and branch.
+
+    Args:
+        worktree: top-level directory of the run's worktree.
+        base_commit: the commit to go back to (the stage's starting checkpoint).
+        excludes: gitignore-style patterns, as for :func:`manifest`.
+
+    Returns:
+        The changes that were undone, as ``manifest()["changes"]`` lists them.
+
+    Raises:
+        WorkspaceError: ``git_failed``, or the revision errors of :func:`manifest`; the files
+            still differing are then those :func:`manifest` reports.
+    """
+    changes = manifest(worktree, base_commit, excludes)["changes"]
+    top = os.path.realpath(worktree)
+    restore = []
+    for change in changes:
+        path = os.path.join(top, change["path"])
+        if change["status"] == "added":
+            if os.path.islink(path) or os.path.isfile(path):
+                os.remove(path)
+            parent = os.path.dirname(path)
+            while parent != top and os.path.isdir(parent) and not os.listdir(parent):
+                os.rmdir(parent)
+                parent = os.path.dirname(parent)
+        else:
+            if change["status"] == "type_changed" and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            restore.append(change["path"])
+    if restore:
+        spec = b"".join(os.fsencode(p) + b"\0" for p in restore)
+        git(["restore", f"--source={resolve_commit(worktree, base_commit)}", "--worktree",
+             "--pathspec-from-file=-", "--pathspec-file-nul"], top, input=spec)
+    return changes
+
+
 def write_patch(worktree: str, base_commit: str, tree: str, out_path: str) -> dict:
     """Write the binary-safe patch from ``base_commit`` to ``tree`` into ``out_path``.
 

@@ -120,6 +120,8 @@ def test_api_token_prints_one_token_and_it_authenticates(django_user_model, pend
     client = Client()
     response = client.get(f"/api/runs/{pending.pk}/", headers={"Authorization": f"Token {key}"})
     assert response.status_code == 200 and response.json()["id"] == pending.pk
+    response = client.get(f"/api/runs/{pending.pk}/", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200 and response.json()["id"] == pending.pk  # the other common form
     with pytest.raises(CommandError) as info:
         call_command("api_token", "nobody")
     assert str(info.value).startswith("unknown_user [username]:") and "'nobody'" in str(info.value)

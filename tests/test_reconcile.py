@@ -4,12 +4,17 @@ import subprocess
 import time
 from datetime import timedelta
 
+from pathlib import Path
+
 import psutil
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from engine import operations, reconcile, runner
 from engine.models import Attempt, Run, StartRequest
+
+from .conftest import git
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,11 +91,22 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
     assert run.stop_evidence["attempt"] == attempt.pk
     assert "changed 1 file(s) in the worktree before it was interrupted (app/core.py)" in run.stop_message
     assert run.manifests.filter(digest=effects["manifest"]).exists()  # the inspected files are a record
+    attempt.refresh_from_db()
+    assert attempt.result_manifest.digest == effects["manifest"]  # what it left, kept as its (unverified) result
+    patch = (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
+    assert "+++ b/app/core.py" in patch and "return 42" in patch
     # a retry is numbered after the interrupted attempt
     operations.recover(run, run.decisions.get(state="pending").pk, "the worker died", "retry", reviewer="t")
+    (Path(run.worktree) / "app" / "left_over.py").write_text("x = 1\n")  # unverified, from no attempt of ours
     runner.advance(*sent.pop())
     assert list(Attempt.objects.filter(run=run).values_list("number", "operation")) == [(1, "implement"),
                                                                                        (2, "implement")]
+    # the retry started from the stage's start, not from what the interrupted attempt left
+    retry = Attempt.objects.get(run=run, number=2)
+    assert retry.start_manifest == git(repo, "rev-parse", f"{run.commit}^{{tree}}").strip()
+    assert not (Path(run.worktree) / "app" / "left_over.py").exists()
+    assert run.events.filter(kind="workspace", message__contains="put back to the stage's start").exists()
+    assert (Path(settings.VAR_DIR) / retry.patch_path).read_text().count("+++ b/") == 1  # only app/core.py
 
 
 def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pipeline, repo, sent):

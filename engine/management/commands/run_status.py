@@ -21,6 +21,9 @@ def waiting_hint(data: dict) -> str:
         return (f"waits for approval of files {pending['artifact']}: python manage.py approve {data['id']} "
                 f"--decision {pending['id']} --artifact {pending['artifact'][:12]} --reviewer YOUR_NAME "
                 f"(or recheck {data['id']} --note TEXT after a correction)")
+    if data["waiting_for"] == "review" and data.get("stop_reason") == "budget_exhausted":
+        return (f"its budget is exhausted: an exhausted execution budget requires a new run (python manage.py "
+                f"create_run ...); fail this one with python manage.py fail_run {data['id']} --reason TEXT")
     if data["waiting_for"] == "review" and pending:
         return (f"waits for a person ({pending['reason']}): python manage.py recover {data['id']} --decision "
                 f"{pending['id']} --note TEXT --action retry|verify")
@@ -28,6 +31,21 @@ def waiting_hint(data: dict) -> str:
         return (f"no heartbeat for {data['heartbeat_age_seconds']:.0f} s: the worker holding this run may have "
                 "died; reconciliation (`make beat`) will interrupt it and stop it for review")
     return ""
+
+
+def check_outcome(check: dict) -> str:
+    """``pass (exit 0)``, ``FAIL (exit 1)``, ``RUNNING``, or what cut it short (``INTERRUPTED``, ``CANCELLED``,
+    ``TIMEOUT``, ``killed by signal 9``): a check that was stopped did not fail."""
+    if check["passed"]:
+        return "pass (exit 0)"
+    if check["ended_at"] is None:
+        return "RUNNING"
+    kind = check["failure_kind"]
+    if kind in ("interrupted", "cancelled", "timeout"):
+        return kind.upper()
+    if check["exit_code"] is None and check["signal"] is not None:
+        return f"killed by signal {check['signal']}"
+    return f"FAIL (exit {check['exit_code']}" + (f", {kind})" if kind and kind != "nonzero_exit" else ")")
 
 
 class Command(EngineCommand):
@@ -102,8 +120,6 @@ class Command(EngineCommand):
                              + (f", invalid verdict: {a['verdict_problem']}" if a["verdict_problem"] else "")
                              + (f", {len(a['refusals'])} tool call(s) refused" if a["refusals"] else ""))
             for c in stage["checks"]:
-                mark = "pass" if c["passed"] else "FAIL"
-                lines.append(f"    check {c['name']}: {mark} (exit {c['exit_code']}) `{c['command']}`"
-                             + (" [stale]" if c["stale"] else ""))
+                lines.append(f"    check {c['name']}: {check_outcome(c)} `{c['command']}`" + (" [stale]" if c["stale"] else ""))
         self.stdout.write("\n".join(lines))
 
