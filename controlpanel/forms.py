@@ -57,3 +57,46 @@ def first_error(form: forms.Form) -> tuple[str, str]:
     for field, errors in form.errors.items():
         return ("" if field == "__all__" else field), str(errors[0])
     return "", "The form is not valid."
+
+
+class PipelineDefinitionForm(forms.Form):
+    """Edit a saved pipeline's definition as YAML, validated exactly as ``load_pipelines`` validates
+    a file (``engine.pipeline_format.validate``). ``cleaned_data["definition"]`` is the normalized
+    definition. Every problem is reported on the ``definition`` field as ``field: problem`` (the
+    dotted path inside the document, e.g. ``stages[0].gates[0].command``). The name cannot change
+    here: a pipeline of another name is another pipeline (load it from a file)."""
+
+    definition = forms.CharField(widget=forms.Textarea(attrs={"rows": 36, "cols": 110, "spellcheck": "false",
+                                                               "class": "vLargeTextField cp-yaml"}),
+                                 help_text="YAML, as in a pipeline file (docs/pipeline-format.md). Saving makes a new "
+                                           "version; runs already created keep the definition they froze.")
+
+    def __init__(self, *args, name: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.name = name
+
+    def clean_definition(self) -> dict:
+        import yaml
+
+        from engine.pipeline_format import PipelineFormatError, validate
+
+        text = self.cleaned_data["definition"]
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise forms.ValidationError(f"(yaml): not valid YAML: {exc}") from None
+        try:
+            definition = validate(data, "<Control Panel>")
+        except PipelineFormatError as exc:
+            raise forms.ValidationError([f"{field}: {problem}" for _, field, problem in exc.errors]) from None
+        if definition["name"] != self.name:
+            raise forms.ValidationError(f"name: the name is {self.name!r} and cannot change here (a pipeline of "
+                                        f"another name is another pipeline: load it with load_pipelines).")
+        return definition
+
+    @staticmethod
+    def initial_text(definition: dict) -> str:
+        """The YAML shown for ``definition`` (keys in their saved order, Unicode kept)."""
+        import yaml
+
+        return yaml.safe_dump(definition, sort_keys=False, allow_unicode=True, width=110)

@@ -118,7 +118,9 @@ class CreateRunForm(forms.Form):
 
 @admin.register(Pipeline)
 class PipelineAdmin(ReadOnlyAdmin):
-    """Pipelines change only through validated YAML (python manage.py load_pipelines FILE).
+    """Pipelines change only through validated YAML: a file (python manage.py load_pipelines FILE)
+    or the "Edit the definition" page (``engine.change_pipeline``), both checked by
+    ``engine.pipeline_format.validate`` and saved by ``operations.save_pipeline``.
 
     A pipeline's page has a "Create a run" button (``engine.add_run``) leading to
     ``create_run_view`` (``<pipeline>/create-run/``, name ``engine_pipeline_create_run``).
@@ -136,11 +138,46 @@ class PipelineAdmin(ReadOnlyAdmin):
 
     def get_urls(self):
         view = self.admin_site.admin_view(self.create_run_view)
-        return [path("<int:object_id>/create-run/", view, name="engine_pipeline_create_run")] + super().get_urls()
+        edit = self.admin_site.admin_view(self.edit_definition_view)
+        return [path("<int:object_id>/create-run/", view, name="engine_pipeline_create_run"),
+                path("<int:object_id>/edit-definition/", edit, name="engine_pipeline_edit_definition"),
+                ] + super().get_urls()
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"can_create_run": request.user.has_perm("engine.add_run"), **(extra_context or {})}
+        extra = {"can_create_run": request.user.has_perm("engine.add_run"),
+                 "can_edit_definition": request.user.has_perm("engine.change_pipeline"), **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    def edit_definition_view(self, request, object_id):
+        """GET: the definition as YAML in a form; POST: validated as ``load_pipelines`` validates a
+        file (``PipelineDefinitionForm``), then saved with ``operations.save_pipeline`` (a new version
+        when it changed). Needs ``engine.change_pipeline`` (403 otherwise). Every problem is shown
+        with its field inside the document; nothing is saved while one remains."""
+        from controlpanel.forms import PipelineDefinitionForm
+
+        pipeline = Pipeline.objects.filter(pk=object_id).first()
+        if pipeline is None:
+            raise Http404("No such pipeline.")
+        if not request.user.has_perm("engine.change_pipeline"):
+            raise PermissionDenied
+        if request.method == "POST":
+            form = PipelineDefinitionForm(request.POST, name=pipeline.name)
+            if form.is_valid():
+                saved, outcome = operations.save_pipeline(form.cleaned_data["definition"], pipeline.source_path)
+                if outcome == "unchanged":
+                    messages.info(request, f"Pipeline {saved.name}: nothing changed (still version {saved.version}).")
+                else:
+                    self.log_change(request, saved, f"Definition edited in the admin: version {saved.version}.")
+                    messages.success(request, f"Pipeline {saved.name} saved as version {saved.version} by "
+                                              f"{request.user.get_username()}; new runs use it.")
+                return redirect("admin:engine_pipeline_change", saved.pk)
+        else:
+            form = PipelineDefinitionForm(initial={"definition": PipelineDefinitionForm.initial_text(pipeline.definition)},
+                                          name=pipeline.name)
+        context = {**self.admin_site.each_context(request), "opts": Pipeline._meta, "app_label": "engine",
+                   "original": pipeline, "form": form, "title": f"Edit the definition of {pipeline.name}",
+                   "subtitle": None, "has_view_permission": True}
+        return TemplateResponse(request, "admin/engine/pipeline/edit_definition.html", context)
 
     def create_run_view(self, request, object_id):
         """GET: the form; POST: ``operations.create_run``, then the new run's detail page.

@@ -551,3 +551,52 @@ def test_create_a_run_from_a_pipeline_page(staff, staff_with, make_pipeline, rep
     assert viewer.post(create_url, {"repo": str(repo), "rev": "main"}).status_code == 403
     assert Run.objects.count() == 1
     assert staff.get(reverse("admin:engine_pipeline_create_run", args=[424242])).status_code == 404
+
+
+# ----------------------------------------------------------------------------- editing a pipeline
+
+
+def test_a_pipeline_definition_is_edited_with_validation_and_saved_as_a_new_version(staff, staff_with, make_pipeline,
+                                                                                    repo):
+    import yaml
+
+    from engine.models import Pipeline
+
+    pipeline = make_pipeline()
+    run_before = operations.create_run(pipeline, str(repo), "main")
+    url = reverse("admin:engine_pipeline_edit_definition", args=[pipeline.pk])
+    page_text = staff.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
+    assert url in page_text  # the button, for a user with engine.change_pipeline
+    form_text = staff.get(url).content.decode()
+    shown = html.unescape(re.search(r"<textarea[^>]*>(.*?)</textarea>", form_text, re.S).group(1))
+    document = yaml.safe_load(shown)
+    assert document["name"] == pipeline.name and document["stages"][0]["key"] == "answer"
+
+    # a bad definition: every problem named with its field, nothing saved
+    bad = dict(document, stages=[dict(document["stages"][0], gates=[{"name": "unit"}])], budgets={"max_attempts": -1})
+    response = staff.post(url, {"definition": yaml.safe_dump(bad)})
+    assert response.status_code == 200
+    text = html.unescape(response.content.decode())
+    assert "stages[0].gates[0].command" in text and "budgets.max_attempts" in text and "was not saved" in text
+    assert staff.post(url, {"definition": "name: [unclosed"}).status_code == 200
+    renamed = staff.post(url, {"definition": yaml.safe_dump(dict(document, name="another"))})
+    assert "cannot change here" in html.unescape(renamed.content.decode())
+    assert Pipeline.objects.get(pk=pipeline.pk).version == 1
+
+    # a good change: a new version; the run created before keeps the definition it froze
+    better = dict(document, stages=[dict(document["stages"][0], requirement="Make answer() return 42, documented.")])
+    response = staff.post(url, {"definition": yaml.safe_dump(better)}, follow=True)
+    assert "saved as version 2" in response.content.decode()
+    pipeline.refresh_from_db()
+    assert pipeline.version == 2 and pipeline.definition["stages"][0]["requirement"].endswith("documented.")
+    run_before.refresh_from_db()
+    assert run_before.definition["pipeline"]["stages"][0]["requirement"] == "Make app.core.answer() return 42."
+    assert operations.create_run(pipeline, str(repo), "main").definition["pipeline_version"] == 2
+    # the same again changes nothing
+    response = staff.post(url, {"definition": yaml.safe_dump(better)}, follow=True)
+    assert "nothing changed" in response.content.decode() and Pipeline.objects.get(pk=pipeline.pk).version == 2
+
+    viewer = staff_with("viewer", "view_pipeline")
+    assert url not in viewer.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
+    assert viewer.get(url).status_code == 403
+    assert viewer.post(url, {"definition": yaml.safe_dump(better)}).status_code == 403
