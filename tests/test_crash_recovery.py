@@ -104,7 +104,8 @@ def start_all(solos: list[Solo]) -> list[Solo]:
 
 
 class Beat:
-    """A real ``celery -A controlpanel beat`` process sending ``engine.reconcile`` to ``queue``."""
+    """A real ``celery -A controlpanel beat`` process; it runs each reconciliation pass itself
+    (controlpanel/beat.py), and would send any other entry of the schedule to ``queue``."""
 
     def __init__(self, log_dir: Path, queue: str, url: str, **env):
         tag = uuid.uuid4().hex[:6]
@@ -134,8 +135,13 @@ class Beat:
         return self.launch().wait_ready()
 
     def sent(self) -> int:
-        """How many reconciliation passes this beat has sent."""
-        return self.text().count("Sending due task reconcile (engine.reconcile)")
+        """How many reconciliation passes this beat has made (in its own process: controlpanel/beat.py)."""
+        return len(self.results())
+
+    def results(self) -> list[dict]:
+        """The counts of every reconciliation pass this beat made, from its log."""
+        found = re.findall(r"reconciliation pass \(reconcile\) in the beat process: (\{[^}]*\})", self.text())
+        return [json.loads(item) for item in found]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -237,12 +243,6 @@ def tree_gone(attempt: Attempt) -> bool:
     return gone(attempt.pid, "scripted_agent.py") and not find_marked(attempt.marker)
 
 
-def reconcile_results(text: str) -> list[dict]:
-    """The counts every engine.reconcile task returned, from a worker log (Celery logs the return value)."""
-    found = re.findall(r"Task engine\.reconcile\[[0-9a-f-]+\] succeeded in [0-9.e-]+s: (\{[^}]*\})", text)
-    return [json.loads(item.replace("'", '"')) for item in found]
-
-
 class OpenAttempts:
     """Watches a run's attempts: ``check()`` records how many of a stage's attempts are open at once."""
 
@@ -319,13 +319,12 @@ def test_c17_a_run_whose_owner_died_is_interrupted_exactly_once(reconcilers, bro
                                                                 tmp_path, settings):
     settings.CP_HEARTBEAT_STALE = STALE  # this process's passes (the threads) use the workers' threshold
     queue = f"c17-{uuid.uuid4().hex[:8]}"
-    passes = f"c17-reconcile-{uuid.uuid4().hex[:8]}"  # where the beats send their passes
+    passes = f"c17-beat-{uuid.uuid4().hex[:8]}"  # the beats' own queue (they send nothing to the victim's)
     publish(broker.url, queue)
     victim = Solo(tmp_path, queue, **engine_env(broker.url))
-    executors = [Solo(tmp_path, passes, **engine_env(broker.url)) for _ in range(2 if reconcilers == "two beats" else 0)]
     beats: list[Beat] = []
     try:
-        start_all([victim, *executors])
+        victim.start()  # the beats reconcile in their own processes: no other worker is needed
         text = f"C17-{uuid.uuid4().hex[:8]}"
         scenario = {"stages": {"answer": {"implement": [stub(text, 60)]}}}
         run = operations.create_run(make_pipeline(stages=QUICK, scenario=scenario), str(repo), "main")
@@ -347,9 +346,9 @@ def test_c17_a_run_whose_owner_died_is_interrupted_exactly_once(reconcilers, bro
             wait_until(lambda: all(beat.sent() >= n + 2 for beat, n in zip(beats, sent)), 6 * PERIOD + 10,
                        "two more passes from each beat", beats)
             time.sleep(1)  # the last passes are executed
-            results = [r for worker in executors for r in reconcile_results(worker.text())]
+            results = [r for beat in beats for r in beat.results()]
             assert sum(r["interrupted"] for r in results) == 1, results
-            assert len(results) >= 6  # two beats x at least three passes reached the two workers
+            assert all(len(beat.results()) >= 3 for beat in beats)  # both beats made their passes
         else:
             wait_until(lambda: (Run.objects.get(pk=run.pk).heartbeat_at is not None and
                                 operations.run_status(run.pk)["heartbeat_age_seconds"] > STALE + 0.2),
@@ -387,8 +386,7 @@ def test_c17_a_run_whose_owner_died_is_interrupted_exactly_once(reconcilers, bro
     finally:
         for beat in beats:
             beat.stop()
-        for worker in (victim, *executors):
-            worker.kill()
+        victim.kill()
 
 
 # ----------------------------------------------------------------------------- C20: a killed worker
@@ -525,9 +523,9 @@ def test_a_broker_restart_mid_run_ends_the_run_with_its_evidence(broker, publish
         assert f"Connected to redis://:**@127.0.0.1:{broker.port}/0" in log[lost:], log[lost:][-4000:]  # reconnected
         beat_log = beat.text()
         refused = beat_log.find("beat: Connection error")
-        assert refused >= 0 and "Sending due task reconcile" in beat_log[refused:], beat_log[-3000:]
-        # the lost hand-off was sent again by a reconciliation pass
-        assert any(r["handoffs"] for r in reconcile_results(log)), log[-4000:]
+        assert refused >= 0 and "in the beat process" in beat_log[refused:], beat_log[-3000:]
+        # the lost hand-off was sent again by a reconciliation pass of the beat
+        assert any(r["handoffs"] for r in beat.results()), beat_log[-4000:]
         assert run.status == "succeeded", run.stop_message
     finally:
         if beat is not None:
