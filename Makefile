@@ -43,8 +43,11 @@ migrate: install
 web: migrate
 	$(BIN)/python manage.py runserver --insecure 127.0.0.1:8000
 
+# the flags are engine/worker_process.py WORKER_FLAGS (the tests' workers use the same; a test
+# checks): the engine needs no gossip, mingle or worker event heartbeat. Run it under a process
+# supervisor (systemd, docker's restart policy): reconciliation resumes what a dead worker left.
 worker: migrate
-	$(BIN)/celery -A controlpanel worker -l info -Q "$${CP_QUEUE:-runs}"
+	$(BIN)/celery -A controlpanel worker -l info -Q "$${CP_QUEUE:-runs}" --without-gossip --without-mingle --without-heartbeat
 
 beat: migrate
 	$(BIN)/celery -A controlpanel beat -l info --schedule "$${CP_VAR_DIR:-var}/celerybeat-schedule"

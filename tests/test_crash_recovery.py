@@ -3,13 +3,16 @@ runs twice and no evidence is lost.
 
 Every test here has its own private ``redis-server`` (tests/redis_server.py) on a free loopback
 port: the shared Redis on 6379 is never stopped. The workers are real ``celery -A controlpanel
-worker`` processes (``Solo``, one pool process each), the beats real ``celery -A controlpanel
-beat`` processes, all pointed at the private server by ``CELERY_BROKER_URL``; the test process
+worker`` processes (``Solo``, one pool process each; the broker restart's ``MakeWorker``, two, as
+``make worker`` starts one), the beats real ``celery -A controlpanel beat`` processes, all pointed
+at the private server by ``CELERY_BROKER_URL``; the test process
 publishes its own messages (Start, Recover) there too (``publish``). The stub agent is the
 scripted test adapter: it prints, writes, sleeps and runs shell commands as an agent would.
 
 Field cases: C15 (redelivery after the visibility timeout), C17 (two beats), C20 (a worker or
-its pool child killed mid attempt); plus the issue's acceptance item for a broker restart.
+its pool child killed mid attempt); plus the issue's acceptance item for a broker restart, with a
+worker started as ``make worker`` starts one (its flags are asserted equal to the Makefile's and
+docker-compose.yml's), and kombu's side of the crash a broker restart used to cause.
 
 Settings given to every engine process (the bounds below are derived from them):
 CP_HEARTBEAT_INTERVAL 0.5 s, CP_HEARTBEAT_STALE ``STALE``, CP_RECONCILE_PERIOD ``PERIOD``,
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection
@@ -41,6 +45,7 @@ from django.db import connection
 from engine import operations, reconcile, runner
 from engine.models import ATTEMPT_OPEN, Attempt, Run
 from engine.process import find_marked
+from engine.worker_process import WORKER_FLAGS, start_worker, worker_argv
 
 from .conftest import ANSWER_STEP, Workers, wait_for
 from .redis_server import INSTALL_HINT, RedisServer, redis_binary
@@ -94,6 +99,22 @@ def engine_env(url: str, **extra) -> dict:
     return {"CELERY_BROKER_URL": url, "CP_HEARTBEAT_INTERVAL": "0.5", "CP_HEARTBEAT_STALE": str(STALE),
             "CP_RECONCILE_PERIOD": str(PERIOD), "CP_QUEUED_STALE": str(QUEUED_STALE),
             **{k: str(v) for k, v in extra.items()}}
+
+
+#: The pool size of ``MakeWorker``: ``make worker`` leaves it to Celery (one process per core: 2 on
+#: the two-core machines this runs on), docker-compose.yml says 2. With two, a free process keeps
+#: asking the broker for work (a pending BRPOP) while a step holds its unacknowledged message.
+MAKE_WORKER_CONCURRENCY = 2
+
+
+class MakeWorker(Solo):
+    """A worker as ``make worker`` starts one: ``worker_argv`` (``WORKER_FLAGS``, the Makefile's and
+    docker-compose.yml's: test_the_worker_flags_are_the_same_everywhere) with a pool of
+    ``MAKE_WORKER_CONCURRENCY`` processes, on its own ``queue``."""
+
+    def start(self) -> "MakeWorker":
+        self.proc = start_worker(str(self.log), env=self.env, concurrency=MAKE_WORKER_CONCURRENCY, queue=self.queue)
+        return self
 
 
 def start_all(solos: list[Solo]) -> list[Solo]:
@@ -486,7 +507,10 @@ def test_c20_a_killed_worker_is_interrupted_within_one_period_and_a_retry_succee
 def test_a_broker_restart_mid_run_ends_the_run_with_its_evidence(broker, publish, make_pipeline, repo, tmp_path):
     queue = f"restart-{uuid.uuid4().hex[:8]}"
     publish(broker.url, queue)
-    worker = Solo(tmp_path, queue, **engine_env(broker.url)).start()
+    # as `make worker`: before controlpanel/celery.py's fix, this worker (a step running, a free
+    # pool process) stopped at the restart with "Unrecoverable error: AttributeError("'NoneType'
+    # object has no attribute 'hostname'")" once the step ended, and the run never finished
+    worker = MakeWorker(tmp_path, queue, **engine_env(broker.url)).start()
     beat = None
     try:
         beat = Beat(tmp_path, queue, broker.url).start()
@@ -503,6 +527,7 @@ def test_a_broker_restart_mid_run_ends_the_run_with_its_evidence(broker, publish
         wait_until(lambda: f"run {run.pk}: could not reach the broker" in worker.text(), 30,
                    "the failed send to be logged", [worker])
         time.sleep(max(0.0, 5 - (time.monotonic() - down_at)))
+        assert worker.proc.poll() is None, f"the worker exited with {worker.proc.returncode}:\n{worker.text()[-6000:]}"
         broker.start()
         try:
             run = wait_for(run.pk, timeout=120)
@@ -517,8 +542,12 @@ def test_a_broker_restart_mid_run_ends_the_run_with_its_evidence(broker, publish
         assert implement.status == "succeeded"
         assert partial in var(implement.log_path).read_text()
         log = worker.text()
+        assert worker.proc.poll() is None, f"the worker exited with {worker.proc.returncode}:\n{log[-6000:]}"
+        assert "Unrecoverable error" not in log, log[-6000:]
         lost = log.find("Connection to broker lost")
         assert lost >= 0, log[-4000:]
+        # the connection was lost while the step's message was unacknowledged (the state that killed the worker)
+        assert "Restoring 1 unacknowledged message(s)" in log[lost:], log[lost:][-4000:]
         assert f"Cannot connect to redis://:**@127.0.0.1:{broker.port}/0" in log[lost:], log[lost:][-4000:]
         assert f"Connected to redis://:**@127.0.0.1:{broker.port}/0" in log[lost:], log[lost:][-4000:]  # reconnected
         beat_log = beat.text()
@@ -531,3 +560,88 @@ def test_a_broker_restart_mid_run_ends_the_run_with_its_evidence(broker, publish
         if beat is not None:
             beat.stop()
         worker.kill()
+
+
+def test_a_lost_broker_does_not_break_closing_a_channel_with_an_unacked_message(broker):
+    """kombu's side of the broker-restart crash, on a real (private) Redis and without a worker.
+
+    The worker's state when Redis went away: the task channel holds one unacknowledged message (a
+    step running, ``acks_late``) and has a BRPOP pending (a free pool process: prefetch 2), and a
+    later channel has an auto-delete fanout queue (the worker's remote control, pidbox). Celery
+    5.7's ``Consumer.on_connection_error_after_connected`` then calls ``connection.collect()`` and
+    ``ignore_errors(connection, connection.close)``. The second call raised ``AttributeError:
+    'NoneType' object has no attribute 'hostname'`` (no connection error: the worker stopped)
+    until controlpanel/celery.py's ``close_redis_channels_after_a_lost_broker``.
+    """
+    from kombu import Connection, Exchange, Queue
+    from kombu.common import ignore_errors
+
+    name = f"close-{uuid.uuid4().hex[:8]}"
+    tasks = Queue(name, Exchange(name, "direct"), name)
+    with Connection(broker.url) as producer_conn:
+        producer_conn.Producer().publish({"step": 1}, exchange=tasks.exchange, routing_key=name, declare=[tasks])
+    conn = Connection(broker.url)
+    try:
+        received = []
+        channel = conn.default_channel
+        channel.basic_qos(0, 2, False)
+        conn.Consumer([tasks], channel=channel, callbacks=[lambda body, message: received.append(message)]).consume()
+        control = conn.channel()
+        conn.Consumer([Queue(f"{name}.pidbox", Exchange(f"{name}.bcast", "fanout"), auto_delete=True)],
+                      channel=control, no_ack=True, callbacks=[lambda body, message: None]).consume()
+        end = time.monotonic() + 10
+        while not received and time.monotonic() < end:
+            try:
+                conn.drain_events(timeout=0.5)
+            except TimeoutError:
+                pass
+        for _ in range(10):  # until a drain times out: the next BRPOP is then pending
+            try:
+                conn.drain_events(timeout=0.3)
+            except TimeoutError:
+                break
+        assert len(received) == 1 and not received[0].acknowledged
+        assert channel._in_poll, "no BRPOP pending: the test no longer sets up the state it is about"
+        broker.stop()
+        conn.collect(socket_timeout=2)
+        ignore_errors(conn, conn.close)
+        assert channel.closed  # the close completed (its restore of the message failed: no broker)
+    finally:
+        ignore_errors(conn, conn.release)
+
+
+# ----------------------------------------------------------------------------- one set of worker flags
+
+
+def celery_worker_flags(command: str) -> set[str]:
+    """The value-less options of a ``celery ... worker ...`` command line (shell syntax): those
+    after ``worker``, leaving out the ones that take a value (log level, queues, pool size, name)."""
+    words = shlex.split(command)
+    words = words[words.index("worker") + 1:]
+    with_value = {"-l", "--loglevel", "-Q", "--queues", "-c", "--concurrency", "-n", "--hostname", "-s", "--schedule"}
+    flags, skip = set(), False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in with_value:
+            skip = True
+        elif word.startswith("-"):
+            flags.add(word)
+    return flags
+
+
+def test_the_worker_flags_are_the_same_everywhere():
+    """``make worker``, docker-compose.yml's worker and the tests' workers (``worker_argv``) start
+    with the same flags, ``WORKER_FLAGS``: the configuration the suite runs is the one deployed.
+    docker-compose.yml's worker and beat are restarted when they exit."""
+    makefile = (BASE_DIR / "Makefile").read_text().splitlines()
+    target = makefile.index("worker: migrate")
+    recipe = [line.strip() for line in makefile[target + 1:] if line.startswith("\t")][0]
+    assert "celery -A controlpanel worker" in recipe, recipe
+    compose = yaml.safe_load((BASE_DIR / "docker-compose.yml").read_text())["services"]
+    expected = set(WORKER_FLAGS)
+    assert len(expected) == len(WORKER_FLAGS) and expected
+    assert celery_worker_flags(recipe) == expected, recipe
+    assert celery_worker_flags(compose["worker"]["command"]) == expected, compose["worker"]["command"]
+    assert celery_worker_flags(shlex.join(worker_argv(1, queue="q"))) == expected
+    assert compose["worker"]["restart"] == compose["beat"]["restart"] == "unless-stopped"
