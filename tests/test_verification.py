@@ -641,3 +641,27 @@ def test_an_attempt_never_runs_past_the_active_time_budget(make_pipeline, repo, 
     attempt = Attempt.objects.get(run=run, operation="implement")
     assert attempt.deadline_seconds <= 3 and attempt.status == "timeout"
     assert attempt.elapsed_seconds < 15
+
+
+def test_pytest_in_a_repository_without_its_own_configuration_never_takes_the_control_panels(make_pipeline, sent,
+                                                                                              tmp_path):
+    """The default var directory lies inside this project, so a worktree does too: pytest looking
+    upwards from a repository with no configuration must not find the Control Panel's pyproject.toml
+    (with its DJANGO_SETTINGS_MODULE) and fail the repository's tests."""
+    assert Path(settings.VAR_DIR).resolve().is_relative_to(Path(settings.BASE_DIR).resolve())  # the case at hand
+    repo = make_repo(tmp_path / "bare", {
+        "app/__init__.py": "", "app/core.py": '"""Core."""\n',
+        "tests/test_core.py": "from app import core\n\n\ndef test_answer():\n    assert core.answer() == 42\n",
+        "docs/PLAN.md": "# Plan\n"})
+    probe = tmp_path / "probe.py"  # outside the worktree: not the agent's file, read by the gate's python
+    probe.write_text("import pathlib, sys\n"
+                     f"try:\n    text = pathlib.Path({str(Path(settings.BASE_DIR) / 'pyproject.toml')!r}).read_text()\n"
+                     "except OSError:\n    text = ''\n"
+                     "sys.exit('the project configuration is visible' if 'DJANGO_SETTINGS_MODULE' in text else 0)\n")
+    gate = f"python -m pytest -q -p no:cacheprovider tests && python {probe}"
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP]},
+                   stages=stage(gates=[{"name": "unit", "command": gate}]))
+    check = Check.objects.filter(run=run, kind="gate").first()
+    assert check.passed, var(check.log_path).read_text()
+    assert "1 passed" in var(check.log_path).read_text()
+    assert run.status == "succeeded", run.stop_message

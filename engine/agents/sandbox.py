@@ -147,13 +147,22 @@ def worker_homes() -> list[str]:
     return found
 
 
+#: The Control Panel's own test-runner configuration. Hidden (seen as empty files) from agents and
+#: gates: with the default var directory the worktrees lie inside this project, and pytest, looking
+#: upwards from a repository that has no configuration of its own, would take ours (with its
+#: DJANGO_SETTINGS_MODULE) and fail the repository's tests.
+PROJECT_RUNNER_CONFIG = ("pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini", "conftest.py")
+
+
 def private_paths(var_dir: str | None) -> list[str]:
     """What an agent must not read: the Control Panel's var directory, the worker's HOME
-    folders with the credentials they hold, and the project's ``.env``."""
+    folders with the credentials they hold, and the project's ``.env``; plus, not secret but not
+    the repository's, the project's own test-runner configuration (``PROJECT_RUNNER_CONFIG``)."""
     paths = [var_dir] if var_dir else []
     paths += worker_homes()
     paths += [os.path.join(home, secret) for home in worker_homes() for secret in HOME_SECRETS]
     paths.append(str(BASE_DIR / ".env"))
+    paths += [str(BASE_DIR / name) for name in PROJECT_RUNNER_CONFIG]
     return paths
 
 
