@@ -324,8 +324,8 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
             raise OperationError("unknown_decision", f"Run {run.pk} has no review decision {decision_id!r}.",
                                  "decision")
         if decision.state != Decision.State.PENDING:
-            raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending.",
-                                 "decision")
+            raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending (run "
+                                 f"{run.pk} is {run.status}; its pending decision is the one to use).", "decision")
         stage = decision.stage
         problem = machine.budget_problem(run, machine.Step("implement" if action == "retry" else "verify",
                                                            stage.pk if stage else None))
@@ -440,7 +440,8 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
         if decision.state != Decision.State.PENDING:
             raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}"
                                  f"{' by ' + decision.decided_by if decision.decided_by else ''}, not pending: it "
-                                 f"cannot be approved again.", "decision")
+                                 f"cannot be approved again (run {run.pk} is {run.status}"
+                                 f"{': ' + run.stop_reason if run.stop_reason else ''}).", "decision")
         if run.status != RunStatus.WAITING_APPROVAL:
             raise OperationError("not_waiting_approval", f"Run {run.pk} is {run.status}; only a run waiting for "
                                  f"approval can be approved.", "run")
