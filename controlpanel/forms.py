@@ -59,21 +59,56 @@ def first_error(form: forms.Form) -> tuple[str, str]:
     return "", "The form is not valid."
 
 
+def typed_fields(form_class: type[forms.Form], data) -> dict[str, str]:
+    """What a person typed into the fields of ``form_class`` (``data``: the POST), as strings; empty ones left out."""
+    typed = {}
+    for name in form_class.base_fields:
+        value = data.get(name)
+        if isinstance(value, str) and value.strip():
+            typed[name] = value[:10000]
+    return typed
+
+
+def mark_kept(form: forms.Form, field: str) -> None:
+    """Mark an unbound action form filled with what was typed into it before a refusal: every field is
+    ``data-cp-kept`` (run.js counts it as typed text), and the field at fault (else the first) has the focus."""
+    names = list(form.fields)
+    focus = field if field in form.fields else (names[0] if names else "")
+    for name, each in form.fields.items():
+        attrs = dict(each.widget.attrs, **{"data-cp-kept": "1"})
+        if name == focus:
+            attrs["autofocus"] = True
+        each.widget.attrs = attrs
+
+
 class PipelineDefinitionForm(forms.Form):
     """Edit a saved pipeline's definition as YAML, validated exactly as ``load_pipelines`` validates
     a file (``engine.pipeline_format.validate``). ``cleaned_data["definition"]`` is the normalized
     definition. Every problem is reported on the ``definition`` field as ``field: problem`` (the
     dotted path inside the document, e.g. ``stages[0].gates[0].command``). The name cannot change
-    here: a pipeline of another name is another pipeline (load it from a file)."""
+    here: a pipeline of another name is another pipeline (load it from a file). ``version`` (hidden)
+    is the version the editor was opened on: a save over a newer version is refused on ``version``
+    (two people editing at once never silently undo each other's change)."""
 
     definition = forms.CharField(widget=forms.Textarea(attrs={"rows": 36, "cols": 110, "spellcheck": "false",
                                                                "class": "vLargeTextField cp-yaml"}),
                                  help_text="YAML, as in a pipeline file (docs/pipeline-format.md). Saving makes a new "
                                            "version; runs already created keep the definition they froze.")
+    #: the version the person started from: saving over a newer one would lose someone else's change
+    version = forms.IntegerField(widget=forms.HiddenInput, min_value=1)
 
-    def __init__(self, *args, name: str, **kwargs):
+    def __init__(self, *args, name: str, current_version: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.name = name
+        self.name, self.current_version = name, current_version
+
+    def clean_version(self) -> int:
+        version = self.cleaned_data["version"]
+        if self.current_version is not None and version != self.current_version:
+            raise forms.ValidationError(
+                f"the pipeline was saved as version {self.current_version} since you opened version {version}: "
+                f"nothing was saved. Open the editor again to start from version {self.current_version}, then "
+                f"make your change there.")
+        return version
 
     def clean_definition(self) -> dict:
         import yaml

@@ -5,10 +5,16 @@ admin's own (names in the ``admin`` namespace; ``<run>`` and the others are inte
 
 ==============================  ==========================  ==================================================
 ``<run>/detail/``               ``engine_run_detail``       the page (staff with view permission)
-``<run>/state/?v=VERSION``      ``engine_run_state``        204 while nothing changed, else ``HX-Refresh`` (the
-                                                            page of a queued or running run polls it)
+``<run>/state/?v=VERSION``      ``engine_run_state``        204 while nothing changed, else ``HX-Refresh`` and
+                                                            ``{"status", "label"}`` (the page of an unfinished
+                                                            run polls it; run.js reloads, or says what changed
+                                                            while a person types)
 ``<run>/attempt/<a>/tail/``     ``engine_run_attempt_tail`` the last ``TAIL_BYTES`` of the attempt's display log
-                                                            (polled while the attempt is open, then no more)
+                                                            (polled while the attempt is open, then no more;
+                                                            ``?size=N&status=S``: 204 while the log is still
+                                                            N bytes and the attempt S;
+                                                            ``?live=1``: the first fragment after the attempt
+                                                            ended carries ``HX-Trigger: cp-attempt-ended``)
 ``<run>/attempt/<a>/diff/``     ``engine_run_attempt_diff`` the attempt's patch as a coloured diff (the first
                                                             ``DIFF_BYTES``)
 ``<run>/check/<c>/log/``        ``engine_run_check_log``    a check's log, as text
@@ -17,37 +23,45 @@ admin's own (names in the ``admin`` namespace; ``<run>`` and the others are inte
 
 Each action needs its permission (``ACTIONS``; 403 otherwise), validates its form
 (controlpanel.forms) and calls only ``engine.operations``; a refusal comes back as an error
-message naming the field, success as a success message, and both redirect to the page.
+message naming the field, success as a success message, and both redirect to the page. On a
+refusal what was typed is kept in the session (``KEPT_KEY``, under the run and the verb) and the
+page fills that form with it once, marked and with the focus on the field at fault.
 
-Cost of the page: a fixed number of queries whatever the number of attempts, checks and
-events (the run, its stages, attempts, checks, decisions, the last ``EVENT_LIMIT`` events);
-files are referred to, never read, except the tail of an open attempt's log (one seek and
-at most ``TAIL_BYTES``). Patches and finished attempts' logs load on demand.
+Cost of the page: a fixed number of queries whatever the number of attempts, checks, manifests
+and events (the run, its stages, attempts, checks, manifests, decisions, the last
+``EVENT_LIMIT`` events); logs and patches are referred to, never read (a log's size is a
+``stat``); a manifest's record is read only from its start up to its first
+``MANIFEST_CHANGES_SHOWN`` changes (the record's keys are sorted, so the changes come before the
+long list of every file). Patches and logs load on demand.
 """
 from __future__ import annotations
 
+import codecs
+import html
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import FileResponse, Http404, HttpResponse, HttpResponseNotAllowed
+from django.http import FileResponse, Http404, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import escape
+from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from engine import operations, process
 from engine.admin import attempt_file
-from engine.models import ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Run, RunStatus
+from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest, Run,
+                           RunStatus)
 
-from .forms import ApproveForm, FailForm, RecheckForm, RecoverForm, StartForm, first_error
+from .forms import ApproveForm, FailForm, RecheckForm, RecoverForm, StartForm, first_error, mark_kept, typed_fields
 
 #: Bytes of an attempt's display log the tail endpoint returns (read from the end, never the whole file).
 TAIL_BYTES = 64 * 1024
@@ -58,6 +72,15 @@ EVENT_LIMIT = 500
 #: Seconds between two looks of the page (htmx) at an open attempt's log and at an active run's state.
 TAIL_POLL_SECONDS = 2
 STATE_POLL_SECONDS = 3
+#: Changes of a manifest listed on the page (its record is read no further); the rest are counted.
+MANIFEST_CHANGES_SHOWN = 200
+#: Bytes of a manifest's record read at most to find those changes.
+MANIFEST_READ_BYTES = 1024 * 1024
+#: A stage's requirement longer than this (characters) or than REQUIREMENT_LINES lines is folded.
+REQUIREMENT_FOLD = 300
+REQUIREMENT_LINES = 4
+#: Session key of what a person typed into a refused action: {"<run>:<verb>": {"fields": {...}, "field": str}}.
+KEPT_KEY = "cp_run_kept_forms"
 
 #: verb -> (permission, form, button label)
 ACTIONS = {
@@ -178,6 +201,83 @@ def read_head(path: Path, limit: int) -> tuple[str, int]:
     return data.decode("utf-8", errors="replace"), size
 
 
+class ManifestUnreadable(Exception):
+    """A manifest's record does not hold a readable list of changes where it should (the message says why)."""
+
+
+def manifest_changes(path: Path, limit: int = MANIFEST_CHANGES_SHOWN,
+                     max_bytes: int = MANIFEST_READ_BYTES) -> list[dict]:
+    """The first ``limit`` changes (``{"path", "status", ...}``) of a manifest's JSON record.
+
+    The record is written by ``engine.steps.save_manifest`` with sorted keys: ``"changes"``
+    comes right after ``"base"`` and before the long ``"entries"`` (every file of the tree), so
+    it is read from its start, one change at a time, and no further than the ``limit``-th change
+    (at most ``max_bytes``). Raises ManifestUnreadable when the changes are not there or not JSON.
+    """
+    decoder, text = json.JSONDecoder(), ""
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    changes: list[dict] = []
+    pos, read, eof = None, 0, False
+    with open(path, "rb") as fh:
+        def more() -> None:
+            nonlocal text, read, eof
+            if eof or read >= max_bytes:
+                raise ManifestUnreadable(f"no complete list of changes in its first {read} bytes")
+            data = fh.read(min(64 * 1024, max_bytes - read))
+            read += len(data)
+            eof = not data
+            text += utf8.decode(data, final=eof)
+
+        while len(changes) < limit:
+            if pos is None:  # find the list
+                found = re.search(r'"changes"\s*:\s*\[', text)
+                if found is None:
+                    more()
+                    continue
+                pos = found.end()
+            while pos < len(text) and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(text):
+                more()
+                continue
+            if text[pos] == "]":
+                break
+            try:
+                change, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                more()  # the change goes on past what was read (or the record is broken: more() says so at its end)
+                continue
+            if not isinstance(change, dict) or not isinstance(change.get("path"), str):
+                raise ManifestUnreadable("a change without a path")
+            changes.append(change)
+    return changes
+
+
+def digest_link(digest: str, href: str = "") -> str:
+    """A digest as the page shows it: its first 12 characters (the whole in the title), linked to ``href``
+    (a manifest's entry) when there is one; '—' for none. HTML, escaped."""
+    if not digest:
+        return mark_safe("—")
+    code = format_html('<code title="{}">{}</code>', digest, digest[:12])
+    if not href:
+        return code
+    return format_html('<a class="cp-digest" href="{}" title="the files {}: see the manifest">{}</a>', href, digest,
+                       code)
+
+
+_HEX = re.compile(r"\b[0-9a-f]{40,64}\b")
+
+
+def link_digests(text: str, hrefs: dict[str, str]) -> str:
+    """``text`` escaped, each known digest in it (40 to 64 hex digits) linked to its manifest's entry."""
+    def one(found):
+        digest = found.group(0)
+        if digest not in hrefs:
+            return digest
+        return format_html('<a class="cp-digest" href="{}">{}</a>', hrefs[digest], digest)
+    return mark_safe(_HEX.sub(one, str(escape(text))))
+
+
 def applicable_actions(run: Run, decisions: list[Decision]) -> dict[str, dict]:
     """The actions that apply to ``run`` now, each with the initial values of its form.
 
@@ -202,9 +302,15 @@ def applicable_actions(run: Run, decisions: list[Decision]) -> dict[str, dict]:
 
 
 def state_version(run: Run) -> str:
-    """What the page of an active run compares to know that it changed: status and the last event's id."""
+    """What the page of an unfinished run compares to know that it changed: ``status:last event id:open
+    attempts`` (an attempt that ends changes it, even before an event says so)."""
     last = run.events.order_by("-id").values_list("id", flat=True).first() or 0
-    return f"{run.status}:{last}"
+    open_ids = run.attempts.filter(status__in=ATTEMPT_OPEN).order_by("id").values_list("id", flat=True)
+    return _version(run.status, last, open_ids)
+
+
+def _version(status: str, last_event: int, open_attempts) -> str:
+    return f"{status}:{last_event}:" + ".".join(str(pk) for pk in open_attempts)
 
 
 # ----------------------------------------------------------------------------- the page's rows
@@ -238,6 +344,9 @@ class AttemptRow:
     tail_url: str = ""
     diff_url: str = ""
     patch_open: bool = False
+    log_bytes: int = 0
+    manifest_html: str = ""
+    findings: list = field(default_factory=list)
 
 
 @dataclass
@@ -251,6 +360,32 @@ class CheckRow:
     running: bool
     exit: str
     verdict: str
+    manifest_html: str = ""
+
+
+@dataclass
+class ManifestRow:
+    """A manifest of the run as its entry shows it (``anchor`` is its element id on the page): ``changes``
+    the first MANIFEST_CHANGES_SHOWN of its changed paths as ``(status, path)``, ``more`` how many others,
+    ``problem`` why they could not be read ('' when they could)."""
+
+    obj: Manifest
+    anchor: str
+    stage_key: str
+    admin_url: str
+    changes: list = field(default_factory=list)
+    more: int = 0
+    problem: str = ""
+
+    @property
+    def changes_html(self) -> str:
+        """The changed paths as a list (HTML, escaped); '' for none."""
+        if not self.changes:
+            return ""
+        quote = html.escape  # the standard library's: thousands of paths, Django's lazy-aware escape is slow here
+        items = (f'<li><span class="cp-change cp-change-{quote(status)}">{quote(status)}</span> '
+                 f'<code>{quote(path)}</code></li>' for status, path in self.changes)
+        return mark_safe('<ul class="cp-changes">' + "".join(items) + "</ul>")
 
 
 @dataclass
@@ -261,6 +396,10 @@ class StageBlock:
     repair_allowance: int
     human_gate: bool
     duration: str
+    title: str = ""
+    requirement: str = ""
+    requirement_folded: bool = False
+    requirement_head: str = ""
     usage: dict = field(default_factory=empty_usage)
     attempts: list = field(default_factory=list)
     checks: list = field(default_factory=list)
@@ -279,8 +418,9 @@ def _moment(*stamps) -> float:
     return float("inf")
 
 
-def attempt_row(run: Run, attempt: Attempt) -> AttemptRow:
-    """An attempt as the page shows it (no query: ``attempt.run`` is ``run``)."""
+def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) -> AttemptRow:
+    """An attempt as the page shows it (no query: ``attempt.run`` is ``run``, ``attempt.result_manifest``
+    selected with it). ``manifest_hrefs``: manifest id -> its entry's link on the page."""
     live = attempt.status in ATTEMPT_OPEN
     seconds = attempt.elapsed_seconds if attempt.elapsed_seconds is not None else (
         _span(attempt.started_at, attempt.ended_at) if live else None)
@@ -294,13 +434,21 @@ def attempt_row(run: Run, attempt: Attempt) -> AttemptRow:
             verdict, outcome = "no valid verdict", "bad"
     if attempt.late:
         outcome = "off"
-    files = {}
+    files, log_bytes = {}, 0
     for kind in ("prompt", "log", "raw", "patch"):
-        if attempt_file(attempt, kind) is not None:
+        found = attempt_file(attempt, kind)
+        if found is not None:
             files[kind] = reverse("admin:engine_attempt_file", args=[attempt.pk, kind])
+            if kind == "log":  # the log's real size: output_bytes is not set when an attempt is interrupted
+                log_bytes = found.stat().st_size
     row = AttemptRow(obj=attempt, outcome=outcome, elapsed=seconds_text(seconds), live=live, verdict=verdict,
                      usage=usage_text(add_usage(empty_usage(), attempt.usage)), files=files,
-                     exit=exit_text(attempt.exit_code, attempt.signal))
+                     exit=exit_text(attempt.exit_code, attempt.signal), log_bytes=log_bytes)
+    if isinstance(attempt.verdict, dict):
+        row.findings = [f for f in attempt.verdict.get("findings") or [] if isinstance(f, dict)]
+    if attempt.result_manifest_id:
+        row.manifest_html = digest_link(attempt.result_manifest.digest,
+                                        (manifest_hrefs or {}).get(attempt.result_manifest_id, ""))
     if "log" in files:
         row.tail_url = reverse("admin:engine_run_attempt_tail", args=[run.pk, attempt.pk])
     if "patch" in files:
@@ -308,7 +456,8 @@ def attempt_row(run: Run, attempt: Attempt) -> AttemptRow:
     return row
 
 
-def check_row(run: Run, check: Check) -> CheckRow:
+def check_row(run: Run, check: Check, manifest_href: str = "") -> CheckRow:
+    """A check as the page shows it; ``manifest_href`` links its files' digest to their manifest's entry."""
     running = check.ended_at is None and check.exit_code is None and check.signal is None and not check.failure_kind
     if running:
         outcome = "live"
@@ -322,7 +471,40 @@ def check_row(run: Run, check: Check) -> CheckRow:
         _span(check.started_at, None) if running else None)
     verdict = "running" if running else ("stale" if check.stale else ("pass" if check.passed else "fail"))
     return CheckRow(obj=check, outcome=outcome, elapsed=seconds_text(seconds), log_url=log_url, running=running,
-                    exit=exit_text(check.exit_code, check.signal), verdict=verdict)
+                    exit=exit_text(check.exit_code, check.signal), verdict=verdict,
+                    manifest_html=digest_link(check.manifest_digest, manifest_href))
+
+
+def manifest_rows(run: Run, manifests: list[Manifest], stage_keys: dict) -> list[ManifestRow]:
+    """The run's manifests as their entries show them, each with its first changed paths (read from its record)."""
+    rows = []
+    for manifest in manifests:
+        row = ManifestRow(obj=manifest, anchor=f"manifest-{manifest.pk}",
+                          stage_key=stage_keys.get(manifest.stage_id, ""),
+                          admin_url=reverse("admin:engine_manifest_change", args=[manifest.pk]))
+        total = manifest.added + manifest.modified + manifest.deleted
+        found = stored_file(run, manifest.path)
+        if found is None:
+            row.problem = "its record is not in the run's control records"
+        elif total:
+            try:
+                changes = manifest_changes(found)
+            except (OSError, ManifestUnreadable) as exc:
+                row.problem = f"its record could not be read: {exc}"
+            else:
+                row.changes = [(str(c.get("status", "changed")), c["path"]) for c in changes]
+                row.more = max(0, total - len(row.changes))
+        rows.append(row)
+    return rows
+
+
+def _requirement(block: StageBlock, own: dict) -> None:
+    title, text = str(own.get("title") or ""), str(own.get("requirement") or "")
+    block.title = title if title and title != own.get("key") else ""
+    block.requirement = text
+    block.requirement_folded = len(text) > REQUIREMENT_FOLD or text.count("\n") >= REQUIREMENT_LINES
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    block.requirement_head = first if len(first) <= 120 else first[:117].rstrip() + "…"
 
 
 def build_page(run: Run) -> dict:
@@ -330,10 +512,16 @@ def build_page(run: Run) -> dict:
     stages = list(run.stages.order_by("order"))
     attempts = list(run.attempts.select_related("result_manifest").order_by("stage__order", "number"))
     checks = list(run.checks.order_by("id"))
+    manifests = list(run.manifests.order_by("id"))
     decisions = list(run.decisions.order_by("id"))
     event_count = run.events.count()
     events = list(run.events.order_by("-id")[:EVENT_LIMIT])[::-1]
 
+    stage_keys = {s.pk: s.key for s in stages}
+    by_pk = {m.pk: f"#manifest-{m.pk}" for m in manifests}
+    by_digest: dict[str, str] = {}
+    for manifest in manifests:
+        by_digest.setdefault(manifest.digest, f"#manifest-{manifest.pk}")
     spec = {s["key"]: s for s in run.definition.get("pipeline", {}).get("stages", [])}
     blocks, by_id = [], {}
     for stage in stages:
@@ -343,17 +531,21 @@ def build_page(run: Run) -> dict:
                            human_gate=bool(own.get("human_gate")),
                            duration=seconds_text(_span(stage.started_at, stage.finished_at)
                                                  if stage.finished_at or stage.status == "running" else None))
+        _requirement(block, own)
+        stage.accepted_html = digest_link(stage.accepted_manifest, by_digest.get(stage.accepted_manifest, ""))
         blocks.append(block)
         by_id[stage.pk] = block
     loose = StageBlock(obj=None, repair_allowance=0, human_gate=False, duration="")  # checks of no stage
     total = empty_usage()
+    step_seconds = 0.0
     for attempt in attempts:
         attempt.run = run
-        row = attempt_row(run, attempt)
+        row = attempt_row(run, attempt, by_pk)
         block = by_id.get(attempt.stage_id, loose)
         block.attempts.append(row)
         add_usage(block.usage, attempt.usage)
         add_usage(total, attempt.usage)
+        step_seconds += attempt.elapsed_seconds or (_span(attempt.started_at, None) if row.live else 0) or 0
         label = f"{attempt.operation} {attempt.number}" + (f" · {row.verdict}" if row.verdict else "")
         title = f"attempt {attempt.number}: {attempt.operation}, {attempt.status}" + (
             f" ({attempt.failure_kind})" if attempt.failure_kind else "")
@@ -362,9 +554,11 @@ def build_page(run: Run) -> dict:
                                start=_moment(attempt.started_at, attempt.created_at)))
     for check in checks:
         check.run = run
-        row = check_row(run, check)
+        href = by_pk.get(check.manifest_id) or by_digest.get(check.manifest_digest, "")
+        row = check_row(run, check, href)
         block = by_id.get(check.stage_id, loose)
         block.checks.append(row)
+        step_seconds += check.elapsed_seconds or (_span(check.started_at, None) if row.running else 0) or 0
         block.boxes.append(Box(label=f"{check.kind} · {check.name}", outcome=row.outcome,
                                duration=row.elapsed or row.verdict, anchor=f"check-{check.pk}",
                                title=f"{check.get_kind_display()} '{check.name}': {row.verdict}"
@@ -381,21 +575,33 @@ def build_page(run: Run) -> dict:
     for block in blocks:
         block.usage = usage_text(block.usage)
 
-    stage_keys = {s.pk: s.key for s in stages}
+    entries = manifest_rows(run, manifests, stage_keys)
     pending = [d for d in decisions if d.state == Decision.State.PENDING]
     for decision in decisions:
         decision.stage_key = stage_keys.get(decision.stage_id, "")
+        candidates = [row for row in entries if decision.artifact and row.obj.digest == decision.artifact]
+        decision.manifest_entry = next((row for row in candidates if row.obj.stage_id == decision.stage_id),
+                                       candidates[0] if candidates else None)
+        decision.artifact_html = digest_link(decision.artifact,
+                                             f"#{decision.manifest_entry.anchor}" if decision.manifest_entry else "")
     heartbeat_age = _span(run.heartbeat_at, None) if run.heartbeat_at and run.status == RunStatus.RUNNING else None
+    stale = heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE
+    active = run.active_seconds
+    if heartbeat_age is not None and run.lease_owner and not stale:
+        active += heartbeat_age  # the step in progress, since its worker's last heartbeat counted its time
+    stop_evidence = json.dumps(run.stop_evidence, indent=1, sort_keys=True) if run.stop_evidence else ""
     return {
-        "run": run, "stages": blocks, "decisions": decisions,
+        "run": run, "stages": blocks, "decisions": decisions, "manifests": entries,
         "events": event_rows(events, attempts, checks, stage_keys), "event_count": event_count,
         "events_cut": event_count > len(events), "usage": usage_text(total),
-        "heartbeat_age": seconds_text(heartbeat_age),
-        "heartbeat_stale": heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE,
-        "active_time": seconds_text(run.active_seconds),
-        "stop_evidence": json.dumps(run.stop_evidence, indent=1, sort_keys=True) if run.stop_evidence else "",
-        "waiting_for": _waiting_for(run, pending),
-        "live": run.status in RUN_ACTIVE, "version": "",
+        "heartbeat_age": seconds_text(heartbeat_age), "heartbeat_stale": stale,
+        "active_time": seconds_text(active), "step_time": seconds_text(step_seconds),
+        "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
+        "stop_evidence": link_digests(stop_evidence, by_digest) if stop_evidence else "",
+        "waiting_for": _waiting_for(run, pending), "approval_entry": _approval_entry(run, pending),
+        "live": run.status in RUN_ACTIVE, "follows": run.status not in RUN_TERMINAL,
+        "version": _version(run.status, events[-1].pk if events else 0,
+                            sorted(a.pk for a in attempts if a.status in ATTEMPT_OPEN)),
     }
 
 
@@ -416,6 +622,14 @@ def event_rows(events: list, attempts: list, checks: list, stage_keys: dict) -> 
             links.append((f"#decision-{event.decision_id}", f"decision {event.decision_id}"))
         rows.append((event, links))
     return rows
+
+
+def _approval_entry(run: Run, pending: list[Decision]):
+    """The manifest entry of the files waiting for approval (the last pending approval's), or None."""
+    if run.status != RunStatus.WAITING_APPROVAL:
+        return None
+    approval = next((d for d in reversed(pending) if d.kind == Decision.Kind.APPROVAL), None)
+    return approval.manifest_entry if approval else None
 
 
 def _waiting_for(run: Run, pending: list[Decision]) -> str:
@@ -466,15 +680,26 @@ class RunPages:
                 "has_view_permission": True, "original": obj, **extra}
 
     def detail(self, request, object_id):
-        """The run detail page (GET; view permission)."""
+        """The run detail page (GET; view permission). A form refused just before is filled, once, with
+        what was typed (KEPT_KEY in the session), marked, and its field at fault has the focus."""
         run = self._viewable_run(request, object_id)
         page = build_page(run)
         allowed = {verb: initial for verb, initial in applicable_actions(run, page["decisions"]).items()
                    if request.user.has_perm(ACTIONS[verb][0])}
-        forms = [{"verb": verb, "label": ACTIONS[verb][2], "form": ACTIONS[verb][1](initial=initial),
-                  "url": reverse("admin:engine_run_action", args=[run.pk, verb])} for verb, initial in allowed.items()]
-        if page["live"]:
-            page["version"] = state_version(run)
+        kept = _take_kept(request, run)
+        forms = []
+        for verb, initial in allowed.items():
+            typed = kept.get(verb)
+            form = ACTIONS[verb][1](initial={**initial, **(typed or {}).get("fields", {})})
+            entry = {"verb": verb, "label": ACTIONS[verb][2], "form": form, "kept": bool(typed), "hints": {},
+                     "url": reverse("admin:engine_run_action", args=[run.pk, verb])}
+            if typed:
+                mark_kept(form, typed.get("field", ""))
+                if "decision" in initial and str(form.initial.get("decision")) != str(initial["decision"]):
+                    entry["hints"]["decision"] = f"the pending decision is {initial['decision']}"
+            if verb == "approve":
+                entry["files"] = page["approval_entry"]
+            forms.append(entry)
         sim = " (simulated)" if run.simulated else ""
         context = self._context(
             request, run, title=f"Run {run.pk} of {run.pipeline_name}{sim}", subtitle=None,
@@ -482,15 +707,18 @@ class RunPages:
             state_url=reverse("admin:engine_run_state", args=[run.pk]), state_poll=STATE_POLL_SECONDS,
             change_url=reverse("admin:engine_run_change", args=[run.pk]),
             events_url=reverse("admin:engine_runevent_changelist") + f"?run__id__exact={run.pk}",
-            tail_poll=TAIL_POLL_SECONDS, stale_limit=f"{settings.CP_HEARTBEAT_STALE:.0f}", **page)
+            tail_poll=TAIL_POLL_SECONDS, stale_limit=f"{settings.CP_HEARTBEAT_STALE:.0f}",
+            manifest_shown=MANIFEST_CHANGES_SHOWN, **page)
         return TemplateResponse(request, "admin/engine/run/detail.html", context)
 
     def state(self, request, object_id):
-        """204 when the run's state version is still ``?v=``; else 200 with ``HX-Refresh: true``."""
+        """204 when the run's state version is still ``?v=``; else 200 with ``HX-Refresh: true`` and, as JSON,
+        what the run is now: ``{"status": "failed", "label": "failed"}`` (run.js reloads the page, or, while a
+        person has typed into a form, says so at the top of the page)."""
         run = self._viewable_run(request, object_id)
         if request.GET.get("v", "") == state_version(run):
             return HttpResponse(status=204)
-        response = HttpResponse("changed", content_type="text/plain")
+        response = JsonResponse({"status": run.status, "label": run.get_status_display()})
         response["HX-Refresh"] = "true"
         return response
 
@@ -505,22 +733,33 @@ class RunPages:
     def tail(self, request, object_id, attempt_id):
         """The end of an attempt's display log as an HTML fragment: at most TAIL_BYTES, read from the end.
 
-        While the attempt is open the fragment asks htmx to fetch it again in TAIL_POLL_SECONDS;
-        the first fragment after the attempt ended does not, so the polling stops.
+        While the attempt is open the fragment asks htmx to fetch it again in TAIL_POLL_SECONDS,
+        sending the log's size and the attempt's status it shows (``?size=&status=``): while the
+        attempt is open with that status and its log still has that size the answer is 204 (htmx 2
+        swaps nothing: the box, its scroll position and a selection in it stay). The first fragment after the attempt ended does not poll, so the
+        polling stops; asked by a page that saw it open (``?live=1``) it carries
+        ``HX-Trigger: cp-attempt-ended``, on which the page looks at the run's state (run.js).
         """
         attempt = self._attempt(request, object_id, attempt_id)
         found = attempt_file(attempt, "log")
-        text, size = "", 0
-        if found is not None:
-            size = found.stat().st_size
-            text = process.tail_text(found, TAIL_BYTES)
+        size = found.stat().st_size if found is not None else 0
         live = attempt.status in ATTEMPT_OPEN
-        context = {"attempt": attempt, "text": text, "size": size, "cut": size > TAIL_BYTES, "limit": TAIL_BYTES,
-                   "live": live, "tail_poll": TAIL_POLL_SECONDS,
+        seen_live = request.GET.get("live") == "1"
+        if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
+            return HttpResponse(status=204)
+        text = process.tail_text(found, TAIL_BYTES) if found is not None else ""
+        shown = len(text.encode("utf-8"))  # from a line's start when there is one: maybe much less than TAIL_BYTES
+        context = {"attempt": attempt, "text": text, "size": size, "shown": shown, "cut": shown < size,
+                   "from_line": _after_newline(found, size - shown) if shown < size else True,
+                   "limit": TAIL_BYTES, "live": live, "tail_poll": TAIL_POLL_SECONDS,
                    "tail_url": reverse("admin:engine_run_attempt_tail", args=[object_id, attempt.pk]),
                    "log_url": (reverse("admin:engine_attempt_file", args=[attempt.pk, "log"])
                                if found is not None else "")}
-        return TemplateResponse(request, "admin/engine/run/_tail.html", context)
+        response = TemplateResponse(request, "admin/engine/run/_tail.html", context)
+        if seen_live and not live:
+            response["HX-Trigger"] = json.dumps({"cp-attempt-ended": {"attempt": attempt.pk,
+                                                                     "status": attempt.status}})
+        return response
 
     def diff(self, request, object_id, attempt_id):
         """The attempt's patch as a coloured diff: a fragment for htmx, a page otherwise."""
@@ -570,6 +809,7 @@ class RunPages:
         if not form.is_valid():
             where, message = first_error(form)
             messages.error(request, f"{label} refused: field “{where}”: {message}")
+            _keep(request, run, verb, typed_fields(form_class, request.POST), where)
             return back
         who = request.user.get_username()
         try:
@@ -577,9 +817,41 @@ class RunPages:
         except operations.OperationError as exc:
             where = f"field “{exc.field}”" if exc.field else "no single field"
             messages.error(request, f"{label} refused ({exc.code}; {where}): {exc.message}")
+            _keep(request, run, verb, typed_fields(form_class, request.POST), exc.field)
             return back
         messages.success(request, said)
         return back
+
+
+def _after_newline(path: Path, offset: int) -> bool:
+    """Whether the byte before ``offset`` of ``path`` is a newline (a tail starting there starts a line)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, offset - 1))
+            return offset == 0 or fh.read(1) == b"\n"
+    except OSError:
+        return False
+
+
+def _keep(request, run: Run, verb: str, fields: dict, field: str) -> None:
+    """Keep what was typed into a refused ``verb`` form of ``run`` (and the field at fault) for the page's next look."""
+    if not fields:
+        return
+    kept = request.session.get(KEPT_KEY) or {}
+    kept[f"{run.pk}:{verb}"] = {"fields": fields, "field": field or ""}
+    request.session[KEPT_KEY] = kept
+
+
+def _take_kept(request, run: Run) -> dict:
+    """``{verb: {"fields", "field"}}`` kept for ``run`` by refused actions, taken out of the session (shown once)."""
+    kept = request.session.get(KEPT_KEY)
+    if not kept:
+        return {}
+    prefix = f"{run.pk}:"
+    mine = {key[len(prefix):]: value for key, value in kept.items() if key.startswith(prefix)}
+    if mine:
+        request.session[KEPT_KEY] = {key: value for key, value in kept.items() if not key.startswith(prefix)}
+    return mine
 
 
 def _start(run: Run, data: dict, who: str) -> str:

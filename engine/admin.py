@@ -128,9 +128,17 @@ class PipelineAdmin(ReadOnlyAdmin):
 
     list_display = ("name", "version", "stage_count", "source_path", "updated_at")
     search_fields = ("name", "description", "source_path")
-    readonly_fields = ("sha256", "version", "created_at", "updated_at", "definition")
-    fields = ("name", "description", "source_path", "version", "sha256", "definition", "created_at", "updated_at")
+    readonly_fields = ("sha256", "version", "created_at", "updated_at", "definition_yaml")
+    fields = ("name", "description", "source_path", "version", "sha256", "definition_yaml", "created_at", "updated_at")
     inlines = [ProfileInline]
+
+    @admin.display(description="definition")
+    def definition_yaml(self, obj):
+        """The saved definition as YAML, as a person reads a pipeline file."""
+        import yaml
+
+        text = yaml.safe_dump(obj.definition, sort_keys=False, allow_unicode=True, width=110)
+        return format_html('<pre style="max-height:40em;overflow:auto;white-space:pre-wrap">{}</pre>', text)
 
     @admin.display(description="stages")
     def stage_count(self, obj):
@@ -161,7 +169,7 @@ class PipelineAdmin(ReadOnlyAdmin):
         if not request.user.has_perm("engine.change_pipeline"):
             raise PermissionDenied
         if request.method == "POST":
-            form = PipelineDefinitionForm(request.POST, name=pipeline.name)
+            form = PipelineDefinitionForm(request.POST, name=pipeline.name, current_version=pipeline.version)
             if form.is_valid():
                 saved, outcome = operations.save_pipeline(form.cleaned_data["definition"], pipeline.source_path)
                 if outcome == "unchanged":
@@ -172,8 +180,8 @@ class PipelineAdmin(ReadOnlyAdmin):
                                               f"{request.user.get_username()}; new runs use it.")
                 return redirect("admin:engine_pipeline_change", saved.pk)
         else:
-            form = PipelineDefinitionForm(initial={"definition": PipelineDefinitionForm.initial_text(pipeline.definition)},
-                                          name=pipeline.name)
+            form = PipelineDefinitionForm(initial={"definition": PipelineDefinitionForm.initial_text(pipeline.definition),
+                                                   "version": pipeline.version}, name=pipeline.name)
         context = {**self.admin_site.each_context(request), "opts": Pipeline._meta, "app_label": "engine",
                    "original": pipeline, "form": form, "title": f"Edit the definition of {pipeline.name}",
                    "subtitle": None, "has_view_permission": True}

@@ -93,7 +93,8 @@ class Pipeline(models.Model):
         ordering = ["name"]
 
     def __str__(self):
-        return f"{self.name} (v{self.version}, {len(self.definition.get('stages', []))} stages)"
+        count = len(self.definition.get("stages", []))
+        return f"{self.name} (v{self.version}, {count} stage{'s' * (count != 1)})"
 
 
 class Profile(models.Model):

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from . import machine, process, workspace
 from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, Check, JournalEntry, Run, RunStatus, StartRequest
+from .steps import var_path
 
 log = logging.getLogger("engine.reconcile")
 
@@ -103,7 +104,7 @@ def inspect_effects(run: Run) -> dict:
     "journal_intents": [uid], "sentence": str}``; never raises for a missing or broken worktree
     (``problem`` says why it could not be inspected).
     """
-    from .steps import manifest_excludes, save_manifest, sha256_file, var_path
+    from .steps import manifest_excludes, save_manifest, sha256_file
 
     found, sentences = [], []
     for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).select_related("stage"):
@@ -173,6 +174,9 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
             attempt.failure_kind = "interrupted"
             attempt.failure_message = "The worker running this attempt stopped beating; the attempt was interrupted."
             attempt.ended_at = timezone.now()
+            log_file = var_path(attempt.log_path) if attempt.log_path else None
+            if log_file is not None and log_file.is_file():
+                attempt.output_bytes = log_file.stat().st_size  # its partial output, kept
             attempt.save()
             stage = attempt.stage
         Check.objects.filter(run_id=run_id, ended_at=None).update(

@@ -5,7 +5,10 @@ session's two Celery worker processes (``workers``, tests/conftest.py) taking th
 against the same database, the scripted test adapter's processes, the gates. A person's part
 is played through the page only: the login form, the pipeline's "Create a run" form, the
 Start, Approve and Fail buttons, the live tail of an attempt's output and the page reloading
-itself when the run changes.
+itself when the run changes. Two quick tests need no worker (their attempt is a recorded one whose
+log the test writes): the live output box follows the end of the output, keeps a reader's place
+and a selection; a person typing is told that the run changed instead of losing the text, and an
+attempt whose end the output box sees brings the page up to date.
 
 Screenshots of the run page (full page) are kept under ``test-artifacts/`` (conftest.ARTIFACTS).
 
@@ -375,3 +378,104 @@ def test_each_state_shows_exactly_the_buttons_that_apply(open_tab, workers, make
     tab.fill("form.cp-action-fail textarea[name=reason]", "never mind")
     submit(tab, "form.cp-action-fail input[type=submit]")
     assert (status_of(tab), buttons(tab)) == ("failed", set())
+
+
+# ----------------------------------------------------------------------------- 4. the live output and the page's state
+
+#: ``[selector, "top" | "bottom"]`` -> the line of text shown at the top or bottom edge of a scroll box (what a
+#: person reads there), whatever the box's scroll coordinates mean.
+LINE_AT_EDGE = """([selector, edge]) => {
+    const box = document.querySelector(selector);
+    const r = box.getBoundingClientRect();
+    const caret = document.caretRangeFromPoint(r.left + 14, edge === "top" ? r.top + 8 : r.bottom - 9);
+    if (!caret || caret.startContainer.nodeType !== Node.TEXT_NODE) return null;
+    const text = caret.startContainer.textContent, at = caret.startOffset;
+    const start = text.lastIndexOf("\\n", at - 1) + 1;
+    const end = text.indexOf("\\n", at);
+    return text.slice(start, end < 0 ? text.length : end);
+}"""
+
+
+def append(log: Path, text: str) -> None:
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def test_the_live_output_follows_its_end_keeps_a_reader_s_place_and_a_selection(open_tab, make_pipeline, repo,
+                                                                                django_user_model):
+    from .test_run_page import live_attempt
+
+    user(django_user_model, "admin", superuser=True)
+    run = operations.create_run(make_pipeline(name="browser-tail"), str(repo), "main")
+    attempt, log = live_attempt(run, "".join(f"early line {n:03d}\n" for n in range(300)))
+    tab = open_tab()
+    log_in(tab, "admin")
+    polls = []
+    tab.on("response", lambda r: polls.append(r.status) if f"/attempt/{attempt.pk}/tail/" in r.url else None)
+
+    tab.goto(detail_path(run))
+    box, pre = f"#tail-{attempt.pk} .cp-tail-scroll", f"#tail-{attempt.pk} pre"
+    tab.wait_for_selector(box)
+    tab.evaluate("s => document.querySelector(s).scrollIntoView({block: 'center'})", box)
+    edge = lambda where: tab.evaluate(LINE_AT_EDGE, [box, where])  # noqa: E731
+    assert edge("bottom") == "early line 299", "the output opens at its end"
+    # new output while the person reads the end: the box follows it
+    append(log, "new line A\n")
+    tab.locator(pre).filter(has_text="new line A").wait_for(timeout=10_000)
+    assert edge("bottom") == "new line A"
+    # the person scrolls up: new output keeps their place
+    tab.evaluate("s => document.querySelector(s).scrollBy(0, -250)", box)
+    reading = edge("top")
+    assert reading and reading.startswith("early line") and edge("bottom") != "new line A"
+    append(log, "new line B\n")
+    tab.locator(pre).filter(has_text="new line B").wait_for(timeout=10_000)
+    assert edge("top") == reading
+    # nothing new: the box is not replaced, so a selection survives the polls
+    tab.evaluate("""s => { const pre = document.querySelector(s); pre.cpMark = "the same element";
+                           const range = document.createRange(); range.selectNodeContents(pre);
+                           getSelection().removeAllRanges(); getSelection().addRange(range); }""", pre)
+    before = len(polls)
+    with tab.expect_response(lambda r: f"/attempt/{attempt.pk}/tail/" in r.url and r.status == 204, timeout=5_000):
+        pass  # the next poll: nothing new
+    assert set(polls[before:]) == {204}, polls
+    assert tab.evaluate("s => document.querySelector(s).cpMark", pre) == "the same element"
+    assert "new line B" in tab.evaluate("() => String(getSelection())")
+
+
+def test_a_person_typing_is_told_the_run_changed_and_an_ended_attempt_refreshes_the_page(open_tab, make_pipeline,
+                                                                                        repo, django_user_model):
+    from django.utils import timezone
+
+    from .test_run_page import live_attempt
+
+    user(django_user_model, "admin", superuser=True)
+    pipeline = make_pipeline(name="browser-notice")
+    run = operations.create_run(pipeline, str(repo), "main")
+    tab = open_tab()
+    log_in(tab, "admin")
+    tab.goto(detail_path(run))
+    tab.evaluate("window.cpMarker = 'typed before'")
+    reason = "form.cp-action-fail textarea[name=reason]"
+    tab.fill(reason, "a reason half written")
+    tab.locator("#content-main").click(position={"x": 5, "y": 5})  # the focus leaves the form; the text stays
+    operations.fail_run(run, "failed in another tab", "someone")
+    notice = tab.locator("#cp-changed")
+    notice.wait_for(state="visible", timeout=10_000)
+    said = notice.inner_text()
+    assert "This run changed: it is now failed." in said and "what you typed is kept until you reload" in said
+    assert tab.evaluate("window.cpMarker") == "typed before" and tab.input_value(reason) == "a reason half written"
+    assert status_of(tab) == "pending"  # the page itself is as it was
+    screenshot(tab, "5-run-changed-while-typing")
+    with tab.expect_navigation():
+        notice.get_by_role("button", name="Reload").click()
+    assert status_of(tab) == "failed" and tab.locator("#cp-changed").count() == 0
+    # nothing typed: an attempt whose end the live output sees brings the whole page up to date
+    other = operations.create_run(pipeline, str(repo), "main")
+    attempt, _ = live_attempt(other, "working\n")
+    tab.goto(detail_path(other))
+    tab.locator('.cp-tail[data-cp-tail="live"] pre').filter(has_text="working").wait_for()
+    tab.evaluate("window.cpMarker = 'before the end'")
+    Attempt.objects.filter(pk=attempt.pk).update(status="succeeded", exit_code=0, ended_at=timezone.now())
+    tab.wait_for_function("() => window.cpMarker === undefined", timeout=10_000)  # reloaded
+    assert "succeeded" in tab.inner_text(f"#attempt-{attempt.pk}")
+    assert tab.locator('.cp-tail[data-cp-tail="live"]').count() == 0

@@ -92,6 +92,7 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
     assert "changed 1 file(s) in the worktree before it was interrupted (app/core.py)" in run.stop_message
     assert run.manifests.filter(digest=effects["manifest"]).exists()  # the inspected files are a record
     attempt.refresh_from_db()
+    assert attempt.output_bytes == (Path(settings.VAR_DIR) / attempt.log_path).stat().st_size > 0
     assert attempt.result_manifest.digest == effects["manifest"]  # what it left, kept as its (unverified) result
     patch = (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
     assert "+++ b/app/core.py" in patch and "return 42" in patch

@@ -9,6 +9,7 @@ their forms, with the values the page prefilled.
 from __future__ import annotations
 
 import html
+import json
 import re
 import threading
 import time
@@ -18,6 +19,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.template.defaultfilters import filesizeformat
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -447,7 +449,8 @@ def test_the_tail_endpoint_returns_only_the_end_of_a_large_log(staff, make_pipel
     assert shown.endswith("THE-VERY-LAST-LINE\n") and "FIRST-LINE-OF-THE-BIG-PART" not in shown
     assert len(shown.encode()) <= TAIL_BYTES and len(shown.encode()) > TAIL_BYTES - 200
     assert shown.startswith("line ")  # from a line's start, not mid-line
-    assert f"{size} bytes" in body and "the last 64.0\xa0KB shown" in body
+    shown_size = filesizeformat(len(shown.encode()))  # from a line's start: a little less than TAIL_BYTES
+    assert f"{size} bytes" in body and f"the last {shown_size} shown, from the start of a line" in body
     assert len(body) < TAIL_BYTES + 4096
     other = Attempt.objects.get(run=run, operation="review")
     assert staff.get(reverse("admin:engine_run_attempt_tail", args=[run.pk + 1, other.pk])).status_code == 404
@@ -457,8 +460,11 @@ def test_the_tail_endpoint_returns_only_the_end_of_a_large_log(staff, make_pipel
 
 
 def _grow(run, attempts: int, log_bytes: int) -> None:
-    """Give a run's stage ``attempts`` more recorded attempts (each with a sparse log of ``log_bytes``),
-    two checks per attempt and five events per attempt: evidence as a long run leaves it."""
+    """Give a run's stage ``attempts`` more recorded attempts (each with a sparse log of ``log_bytes`` and the
+    manifest of the files after it), two checks of those files per attempt and five events per attempt:
+    evidence as a long run leaves it."""
+    from engine.steps import save_manifest
+
     stage = run.stages.get()
     base = Path(settings.VAR_DIR)
     start = Attempt.objects.filter(stage=stage).count()
@@ -470,15 +476,22 @@ def _grow(run, attempts: int, log_bytes: int) -> None:
             fh.seek(log_bytes - 6)
             fh.write(b"\nlast\n")
         (base / folder / "patch.diff").write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+        digest = f"{n:040x}"
+        change = {"path": f"app/m{n}.py", "status": "added", "old_mode": None, "new_mode": "100644", "old_blob": None,
+                  "new_blob": "e" * 40}
+        manifest = save_manifest(run, stage, {"digest": digest, "base": run.commit, "tree": digest, "changes": [change],
+                                              "entries": [{"path": change["path"], "mode": "100644", "blob": "e" * 40}],
+                                              "excluded": []})
         attempt = Attempt.objects.create(
             run=run, stage=stage, operation="repair", number=n, role="implementer", profile_name="scripted",
             adapter="scripted", simulated=True, deadline_seconds=60, status="failed", failure_kind="crashed",
-            exit_code=1, elapsed_seconds=float(n), log_path=f"{folder}/output.log",
+            exit_code=1, elapsed_seconds=float(n), log_path=f"{folder}/output.log", result_manifest=manifest,
             patch_path=f"{folder}/patch.diff", usage={"input_tokens": 100, "output_tokens": 7, "cached_tokens": 3,
                                                       "cost_usd": 0.01})
         for name in ("unit", "lint"):
             check = Check.objects.create(run=run, stage=stage, name=name, command="true", cwd=run.worktree,
-                                         exit_code=0, passed=True, elapsed_seconds=0.5, manifest_digest="ab" * 20)
+                                         exit_code=0, passed=True, elapsed_seconds=0.5, manifest=manifest,
+                                         manifest_digest=digest)
             RunEvent.objects.create(run=run, kind="gate", message=f"gate {name} passed", stage=stage,
                                     gate_check=check)
         for _ in range(3):
@@ -497,6 +510,7 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
     with CaptureQueriesContext(connection) as many:
         text = page(staff, run)
     assert text.count('class="cp-step cp-bad" href') == 50 and text.count('class="cp-step cp-ok" href') == 100
+    assert text.count('class="cp-manifest"') == 50 and "<code>app/m50.py</code>" in text
     assert len(many.captured_queries) == len(few.captured_queries), [q["sql"] for q in many.captured_queries]
     assert "50" in text and "5,000 in · 350 out · 150 cached · cost $0.5000" in text
     assert len(text) < 2_000_000  # the logs are links, not content
@@ -570,22 +584,23 @@ def test_a_pipeline_definition_is_edited_with_validation_and_saved_as_a_new_vers
     form_text = staff.get(url).content.decode()
     shown = html.unescape(re.search(r"<textarea[^>]*>(.*?)</textarea>", form_text, re.S).group(1))
     document = yaml.safe_load(shown)
+    assert 'name="version" value="1"' in form_text
     assert document["name"] == pipeline.name and document["stages"][0]["key"] == "answer"
 
     # a bad definition: every problem named with its field, nothing saved
     bad = dict(document, stages=[dict(document["stages"][0], gates=[{"name": "unit"}])], budgets={"max_attempts": -1})
-    response = staff.post(url, {"definition": yaml.safe_dump(bad)})
+    response = staff.post(url, {"definition": yaml.safe_dump(bad), "version": 1})
     assert response.status_code == 200
     text = html.unescape(response.content.decode())
     assert "stages[0].gates[0].command" in text and "budgets.max_attempts" in text and "was not saved" in text
-    assert staff.post(url, {"definition": "name: [unclosed"}).status_code == 200
-    renamed = staff.post(url, {"definition": yaml.safe_dump(dict(document, name="another"))})
+    assert staff.post(url, {"definition": "name: [unclosed", "version": 1}).status_code == 200
+    renamed = staff.post(url, {"definition": yaml.safe_dump(dict(document, name="another")), "version": 1})
     assert "cannot change here" in html.unescape(renamed.content.decode())
     assert Pipeline.objects.get(pk=pipeline.pk).version == 1
 
     # a good change: a new version; the run created before keeps the definition it froze
     better = dict(document, stages=[dict(document["stages"][0], requirement="Make answer() return 42, documented.")])
-    response = staff.post(url, {"definition": yaml.safe_dump(better)}, follow=True)
+    response = staff.post(url, {"definition": yaml.safe_dump(better), "version": 1}, follow=True)
     assert "saved as version 2" in response.content.decode()
     pipeline.refresh_from_db()
     assert pipeline.version == 2 and pipeline.definition["stages"][0]["requirement"].endswith("documented.")
@@ -593,10 +608,249 @@ def test_a_pipeline_definition_is_edited_with_validation_and_saved_as_a_new_vers
     assert run_before.definition["pipeline"]["stages"][0]["requirement"] == "Make app.core.answer() return 42."
     assert operations.create_run(pipeline, str(repo), "main").definition["pipeline_version"] == 2
     # the same again changes nothing
-    response = staff.post(url, {"definition": yaml.safe_dump(better)}, follow=True)
+    response = staff.post(url, {"definition": yaml.safe_dump(better), "version": 2}, follow=True)
     assert "nothing changed" in response.content.decode() and Pipeline.objects.get(pk=pipeline.pk).version == 2
+    # a second editor who opened version 1 cannot undo that change unseen
+    stale = dict(document, budgets={"max_attempts": 9})
+    response = staff.post(url, {"definition": yaml.safe_dump(stale), "version": 1})
+    assert "saved as version 2 since you opened version 1" in html.unescape(response.content.decode())
+    pipeline.refresh_from_db()
+    assert pipeline.version == 2 and pipeline.definition["stages"][0]["requirement"].endswith("documented.")
+    # the pipeline's page shows the definition as YAML
+    page_text = html.unescape(staff.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode())
+    assert "requirement: Make answer() return 42, documented." in page_text
 
     viewer = staff_with("viewer", "view_pipeline")
     assert url not in viewer.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
     assert viewer.get(url).status_code == 403
-    assert viewer.post(url, {"definition": yaml.safe_dump(better)}).status_code == 403
+    assert viewer.post(url, {"definition": yaml.safe_dump(better), "version": 2}).status_code == 403
+
+
+# ----------------------------------------------------------------------------- fixes from a fresh-eyes test
+
+
+def live_attempt(run, text: str, status: str = "running", **fields) -> tuple[Attempt, Path]:
+    """A recorded attempt of ``run``'s first stage (status ``status``) whose output log holds ``text``,
+    as a worker leaves it while the attempt runs; returns the attempt and its log's path."""
+    from django.utils import timezone
+
+    stage = run.stages.order_by("order").first()
+    number = Attempt.objects.filter(stage=stage).count() + 1
+    folder = f"{run.control_dir}/stages/01-{stage.key}/attempts/{number:03d}-implement"
+    log = Path(settings.VAR_DIR) / folder / "output.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(text, encoding="utf-8")
+    attempt = Attempt.objects.create(
+        run=run, stage=stage, operation="implement", number=number, role="implementer", profile_name="scripted",
+        adapter="scripted", simulated=True, deadline_seconds=600, status=status, log_path=f"{folder}/output.log",
+        started_at=timezone.now(), **fields)
+    return attempt, log
+
+
+def next_poll(fragment: str) -> tuple[str, dict]:
+    """The URL and the parameters (hx-vals, sent as the query of a GET) a tail fragment asks htmx to fetch next."""
+    found = re.search(r'hx-get="([^"]+)" hx-trigger="every [^"]+" hx-vals=\'([^\']+)\'', fragment)
+    assert found, "the fragment does not poll"
+    return html.unescape(found.group(1)), json.loads(html.unescape(found.group(2)))
+
+
+def section(text: str, start: str, end: str) -> str:
+    return text[text.index(start):text.index(end, text.index(start))]
+
+
+def test_the_live_tail_answers_204_while_nothing_changed_and_tells_the_page_when_the_attempt_ended(
+        staff, make_pipeline, repo):
+    from django.utils import timezone
+
+    run = pending_run(make_pipeline, repo)
+    attempt, log = live_attempt(run, "one\ntwo\n")
+    tail_url = reverse("admin:engine_run_attempt_tail", args=[run.pk, attempt.pk])
+    # the page asks as one that saw it live
+    assert f'hx-get="{tail_url}" hx-trigger="load" hx-vals=\'{{"live": "1"}}\'' in page(staff, run)
+    first = staff.get(tail_url, {"live": "1"})
+    body = first.content.decode()
+    assert first.status_code == 200 and "two" in body and 'data-cp-tail="live"' in body
+    url, params = next_poll(body)
+    # the size and the status it shows go back with the poll
+    assert url == tail_url and params == {"live": "1", "size": str(log.stat().st_size), "status": "running"}
+    nothing_new = staff.get(url, params)
+    assert nothing_new.status_code == 204 and nothing_new.content == b""  # htmx 2 swaps nothing on a 204
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write("three\n")
+    grown = staff.get(url, params)
+    assert grown.status_code == 200 and "three" in grown.content.decode() and "HX-Trigger" not in grown
+    # the attempt ends with its log unchanged: the box says so, and asks the page to look at the run's state
+    Attempt.objects.filter(pk=attempt.pk).update(status="succeeded", exit_code=0, ended_at=timezone.now())
+    ended = staff.get(*next_poll(grown.content.decode()))
+    assert ended.status_code == 200 and 'data-cp-tail="ended"' in ended.content.decode()
+    assert "cp-attempt-ended" in ended["HX-Trigger"]
+    # a finished attempt's output opened on demand asks for nothing
+    assert "HX-Trigger" not in staff.get(tail_url)
+
+
+def test_the_page_of_a_stopped_run_follows_its_state_and_the_state_says_what_it_became(staff, make_pipeline, repo,
+                                                                                         sent):
+    from django.utils import timezone
+
+    run = review_run(make_pipeline, repo, sent)
+    text = page(staff, run)
+    found = re.search(r'data-cp-live="1" hx-get="([^"]+)" hx-trigger="([^"]+)"', text) or re.search(
+        r'hx-get="([^"]+)" hx-trigger="([^"]+)" hx-swap="none" data-cp-live="1"', text)
+    assert found, "the page of a run waiting for a person follows its state (another tab may act on it)"
+    poll, trigger = html.unescape(found.group(1)), found.group(2)
+    assert "cpIdle" not in trigger  # it looks while a person types; the page says what changed (run.js)
+    assert staff.get(poll).status_code == 204
+    operations.fail_run(run, "failed in another tab", "someone")
+    changed = staff.get(poll)
+    assert changed.status_code == 200 and changed["HX-Refresh"] == "true"
+    assert changed.json() == {"status": "failed", "label": "failed"}
+    assert "data-cp-live" not in page(staff, run)  # a finished run no longer changes
+    # an attempt that ends changes the state the page follows, even before any event says so
+    other = pending_run(make_pipeline, repo)
+    attempt, _ = live_attempt(other, "working\n")
+    text = page(staff, other)
+    poll = html.unescape(re.search(r'hx-get="([^"]+\?v=[^"]+)"', text).group(1))
+    assert staff.get(poll).status_code == 204
+    Attempt.objects.filter(pk=attempt.pk).update(status="succeeded", exit_code=0, ended_at=timezone.now())
+    assert staff.get(poll).status_code == 200
+
+
+def test_a_refused_action_keeps_what_was_typed_once(staff, make_pipeline, repo, sent):
+    run = review_run(make_pipeline, repo, sent)
+    decision = run.decisions.get(state="pending", kind="review")
+    stale = decision.pk + 1000
+    text = press(staff, run, "recover", decision=stale, note="the requirement <is> clear now", action="verify")
+    refused = messages_of(text, "error")
+    assert len(refused) == 1 and "unknown_decision" in refused[0] and "field “decision”" in refused[0]
+    form = re.search(r'(<form[^>]*data-cp-action="recover">.*?</form>)', text, re.S).group(1)
+    assert "cp-action-kept" in form
+    assert re.search(r"<textarea[^>]*>\s*the requirement &lt;is&gt; clear now</textarea>", form)
+    assert prefilled(text, "recover", "decision") == str(stale)
+    assert re.search(r'name="decision"[^>]*autofocus', form)  # the field the refusal names
+    assert re.search(r'name="action" value="verify"[^>]*checked', form)
+    assert f"the pending decision is {decision.pk}" in form
+    # once: the next look at the page shows the form as the run offers it
+    again = page(staff, run)
+    assert prefilled(again, "recover", "decision") == str(decision.pk) and "clear now" not in again
+    assert "cp-action-kept" not in again
+    # a form that does not validate keeps what was typed too, and only its own form is filled
+    text = press(staff, run, "recover", decision="many", note="kept as well", action="retry")
+    assert "field “decision”" in messages_of(text, "error")[0]
+    assert "kept as well" in section(text, 'data-cp-action="recover"', "</form>")
+    assert "kept as well" not in section(text, 'data-cp-action="fail"', "</form>")
+    assert Decision.objects.get(pk=decision.pk).state == "pending"
+
+
+def _changes_of(manifest) -> list[str]:
+    data = json.loads((Path(settings.VAR_DIR) / manifest.path).read_text())
+    return [c["path"] for c in data["changes"]]
+
+
+def test_manifests_are_shown_and_every_digest_leads_to_its_manifest(staff, make_pipeline, repo, sent):
+    from engine.models import Manifest
+    from engine.steps import save_manifest
+
+    run = gated_run(make_pipeline, repo, sent)
+    text = page(staff, run)
+    manifests = list(Manifest.objects.filter(run=run))
+    assert manifests
+    listed = section(text, 'id="manifests"', 'id="decisions"')
+    for manifest in manifests:
+        entry = section(listed, f'id="manifest-{manifest.pk}"', "</tr>")
+        assert manifest.digest in entry and manifest.base_commit[:12] in entry
+        assert f"{manifest.files} files" in entry
+        assert f"+{manifest.added} ~{manifest.modified} −{manifest.deleted}" in entry
+        assert reverse("admin:engine_manifest_change", args=[manifest.pk]) in entry
+        details = section(listed, f'id="manifest-{manifest.pk}"', "</details>")
+        for changed in _changes_of(manifest):
+            assert f"<code>{html.escape(changed)}</code>" in details
+    assert "app/core.py" in listed
+    # every digest on the page leads to its manifest
+    anchors = {m.digest: f'href="#manifest-{m.pk}"' for m in manifests}
+    for check in Check.objects.filter(run=run).exclude(manifest_digest=""):
+        row = section(text, f'id="check-{check.pk}"', "</tr>")
+        assert anchors[check.manifest_digest] in row, check.name
+    for attempt in Attempt.objects.filter(run=run).exclude(result_manifest=None):
+        more = section(text[text.index(f'id="attempt-{attempt.pk}"'):], 'class="cp-attempt-more"', "</tr>")
+        assert f'href="#manifest-{attempt.result_manifest_id}"' in more
+    decision = run.decisions.get(state="pending", kind="approval")
+    assert anchors[decision.artifact] in section(text, f'id="decision-{decision.pk}"', "</tr>")
+    assert anchors[decision.artifact] in section(text, 'id="stop"', "</div>")  # the stop evidence
+    # the Approve panel lists the files being approved
+    approve = section(text, 'data-cp-action="approve"', "</form>")
+    assert anchors[decision.artifact] in approve and "<code>app/core.py</code>" in approve
+    # a long manifest: the first 200 changes, and how many more
+    stage = run.stages.get()
+    changes = [{"path": f"app/gen/m{n:03d}.py", "status": "added", "old_mode": None, "new_mode": "100644",
+                "old_blob": None, "new_blob": "e" * 40} for n in range(250)]
+    big = save_manifest(run, stage, {"digest": "f" * 40, "base": run.commit, "tree": "f" * 40,
+                                     "entries": [{"path": c["path"], "mode": "100644", "blob": "e" * 40}
+                                                 for c in changes], "changes": changes, "excluded": []})
+    text = page(staff, run)
+    details = section(text, f'id="manifest-{big.pk}"', "</details>")
+    assert "<code>app/gen/m199.py</code>" in details and "m200.py" not in details and "and 50 more" in details
+
+
+def test_each_stage_shows_its_requirement_and_a_review_its_verdict(staff, make_pipeline, repo, sent):
+    requirement = "Make app.core.answer() return 42 <script>alert(1)</script>.\n" + "Say why, in detail. " * 60
+    stages = [{"key": "answer", "title": "The <answer> stage", "requirement": requirement, "scope": ["app/**"],
+               "gates": [{"name": "unit", "command": "python -m pytest -q"}]}]
+    escalate = {"verdict": {"verdict": "escalate", "summary": "Unclear: is <42> the answer?", "findings": [
+        {"file": None, "line": None, "severity": "major", "text": "The requirement names no source."}]}}
+    run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP], "review": [escalate]}, stages=stages)
+    assert run.status == "waiting_review", run.stop_message
+    text = page(staff, run)
+    assert "<script>alert(1)</script>" not in text
+    stage_part = section(text, f'id="stage-{run.stages.get().pk}"', "</section>")
+    assert "The &lt;answer&gt; stage" in stage_part
+    assert "Make app.core.answer() return 42 &lt;script&gt;alert(1)&lt;/script&gt;." in stage_part
+    assert re.search(r'<details class="cp-requirement">\s*<summary>', stage_part)  # a long one folds
+    review = Attempt.objects.get(run=run, operation="review")
+    more = section(text[text.index(f'id="attempt-{review.pk}"'):], 'class="cp-attempt-more"', "</tr>")
+    assert "escalate" in more and "Unclear: is &lt;42&gt; the answer?" in more
+    assert "The requirement names no source." in more and "None" not in more
+
+
+def test_an_interrupted_attempt_shows_the_real_size_of_its_log(staff, make_pipeline, repo):
+    run = pending_run(make_pipeline, repo)
+    attempt, log = live_attempt(run, "x" * 300 + "\n" + "partial output\n" + "y" * 18 + "\n",
+                                status="interrupted", output_bytes=0)
+    assert log.stat().st_size == 335
+    assert "the end of the output (335 bytes)" in page(staff, run)
+
+
+def test_the_tail_says_truthfully_how_much_it_shows(staff, make_pipeline, repo):
+    run = pending_run(make_pipeline, repo)
+    short = "".join(f"short line {n}\n" for n in range(30))
+    attempt, log = live_attempt(run, "z" * 200_000 + "\n" + short, status="succeeded")
+    size = log.stat().st_size
+    body = staff.get(reverse("admin:engine_run_attempt_tail", args=[run.pk, attempt.pk])).content.decode()
+    shown = html.unescape(re.search(r'<pre class="cp-pre">(.*?)</pre>', body, re.S).group(1))
+    assert shown == short
+    head = html.unescape(re.sub(r"<[^>]+>", "", section(body, 'class="cp-tail-head"', "</div>"))).replace("\xa0", " ")
+    assert f"the last {len(short.encode())} bytes shown, from the start of a line" in head
+    assert f"the whole log: {size} bytes" in head and "64.0" not in head
+
+
+def test_the_header_says_active_time_without_steps_and_agrees_with_the_timeline(staff, make_pipeline, repo, sent):
+    from controlpanel.views import seconds_text
+
+    run = succeeded_run(make_pipeline, repo, sent)
+    text = page(staff, run)
+    times = section(text, "<th>times</th>", "</tr>")
+    assert f"active {seconds_text(run.active_seconds)}" in times and "step" not in times
+    steps = sum(a.elapsed_seconds or 0 for a in Attempt.objects.filter(run=run)) + sum(
+        c.elapsed_seconds or 0 for c in Check.objects.filter(run=run))
+    timeline = section(text, 'id="timeline"', "</section>")
+    assert f"{seconds_text(steps)} in the attempts and checks shown" in timeline
+    assert f"of the run's {seconds_text(run.active_seconds)} of active time" in timeline
+
+
+def test_the_run_list_filter_names_stages_in_the_right_number(staff, make_pipeline, repo):
+    pending_run(make_pipeline, repo)
+    two = [{"key": key, "requirement": "r", "scope": ["app/**"], "gates": [{"name": "unit", "command": "true"}]}
+           for key in ("one", "two")]
+    # the filter is shown when there are two pipelines to choose from
+    make_pipeline(name="two-stages", stages=two, scenario={"stages": {"one": {}, "two": {}}})
+    listing = staff.get(reverse("admin:engine_run_changelist")).content.decode()
+    assert "p (v1, 1 stage)" in listing and "1 stages" not in listing and "two-stages (v1, 2 stages)" in listing
