@@ -59,7 +59,7 @@ def _make_repo(path: Path) -> Path:
     (path / "app" / "__init__.py").write_text("")
     (path / "app" / "core.py").write_text('"""Core."""\n')
     (path / "tests").mkdir()
-    (path / "tests" / "test_core.py").write_text("def test_ok():\n    assert True\n")
+    (path / "tests" / "test_core.py").write_text("def test_ok():\n    assert len('ok') == 2\n")
     _git(path, "init", "-q", "-b", "main")
     _git(path, "add", "-A")
     _git(path, "commit", "-q", "-m", "initial")
