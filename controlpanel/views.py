@@ -58,8 +58,8 @@ from django.utils.safestring import mark_safe
 
 from engine import operations, process
 from engine.admin import attempt_file
-from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest, Run,
-                           RunStatus)
+from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, RUN_WAITING, Attempt, Check, Decision, Manifest,
+                           Run, RunStatus)
 
 from .forms import ApproveForm, FailForm, RecheckForm, RecoverForm, StartForm, first_error, mark_kept, typed_fields
 
@@ -283,7 +283,9 @@ def applicable_actions(run: Run, decisions: list[Decision]) -> dict[str, dict]:
 
     Start: pending. Approve: waiting_approval with a pending approval decision (its id and
     artifact). Recheck: waiting_review or waiting_approval. Recover: waiting_review with a
-    pending review decision (its id). Fail: any status but succeeded or failed.
+    pending review decision (its id). Recheck and Recover not while the run's budget is
+    exhausted (``operations.exhausted_budget``: a new run is needed). Fail: any status but
+    succeeded or failed.
     """
     pending = {d.kind: d for d in decisions if d.state == Decision.State.PENDING}  # the last one of each kind
     found = {}
@@ -292,9 +294,10 @@ def applicable_actions(run: Run, decisions: list[Decision]) -> dict[str, dict]:
     if run.status == RunStatus.WAITING_APPROVAL and Decision.Kind.APPROVAL in pending:
         decision = pending[Decision.Kind.APPROVAL]
         found["approve"] = {"decision": decision.pk, "artifact": decision.artifact}
-    if run.status in (RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL):
+    exhausted = run.status in RUN_WAITING and operations.exhausted_budget(run) is not None
+    if run.status in RUN_WAITING and not exhausted:  # an exhausted budget requires a new run
         found["recheck"] = {}
-    if run.status == RunStatus.WAITING_REVIEW and Decision.Kind.REVIEW in pending:
+    if run.status == RunStatus.WAITING_REVIEW and Decision.Kind.REVIEW in pending and not exhausted:
         found["recover"] = {"decision": pending[Decision.Kind.REVIEW].pk, "action": "retry"}
     if run.status not in RUN_TERMINAL:
         found["fail"] = {}
@@ -634,6 +637,9 @@ def _approval_entry(run: Run, pending: list[Decision]):
 
 def _waiting_for(run: Run, pending: list[Decision]) -> str:
     approval = next((d for d in reversed(pending) if d.kind == Decision.Kind.APPROVAL), None)
+    if run.status == RunStatus.WAITING_REVIEW and operations.exhausted_budget(run) is not None:
+        return ("Its budget is exhausted: an exhausted execution budget requires a new run (Create a run on the "
+                "pipeline's page); fail this one.")
     return {
         RunStatus.PENDING: "Waiting for Start.",
         RunStatus.QUEUED: "Waiting for a worker to claim it.",
@@ -690,7 +696,8 @@ class RunPages:
         forms = []
         for verb, initial in allowed.items():
             typed = kept.get(verb)
-            form = ACTIONS[verb][1](initial={**initial, **(typed or {}).get("fields", {})})
+            # ids of its own per form: Recheck and Recover both have a "note", and a label must find its field
+            form = ACTIONS[verb][1](initial={**initial, **(typed or {}).get("fields", {})}, auto_id=f"id_{verb}_%s")
             entry = {"verb": verb, "label": ACTIONS[verb][2], "form": form, "kept": bool(typed), "hints": {},
                      "url": reverse("admin:engine_run_action", args=[run.pk, verb])}
             if typed:

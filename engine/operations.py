@@ -327,11 +327,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
             raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending (run "
                                  f"{run.pk} is {run.status}; its pending decision is the one to use).", "decision")
         stage = decision.stage
-        problem = machine.budget_problem(run, machine.Step("implement" if action == "retry" else "verify",
-                                                           stage.pk if stage else None))
-        if problem is not None:
-            raise OperationError("budget_exhausted", f"{problem} An exhausted execution budget requires a new run: "
-                                 f"create one (python manage.py create_run) or fail this one.", "action")
+        _refuse_exhausted(run, "action")
         if action == "verify" and stage is not None and not stage.attempts.exclude(result_manifest=None).exists():
             raise OperationError("nothing_to_verify", f"Stage '{stage.key}' has no result to verify; use retry.",
                                  "action")
@@ -345,6 +341,21 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
                       stage=stage, decision=decision)
         _wake_on_commit(run)
     return decision
+
+
+def exhausted_budget(run) -> str | None:
+    """A sentence when the run has no budget left for more work (``budgets.max_attempts``,
+    ``max_cost_usd`` or ``max_active_seconds``, as ``machine.budget_problem`` counts them for an
+    agent step: a retry implements, and a verification ends in a review), else None. Such a run
+    can only be failed (or approved, at a human gate whose checks and review passed)."""
+    return machine.budget_problem(get_run(run), machine.Step("review"))
+
+
+def _refuse_exhausted(run: Run, field: str) -> None:
+    problem = exhausted_budget(run)
+    if problem is not None:
+        raise OperationError("budget_exhausted", f"{problem} An exhausted execution budget requires a new run: "
+                             f"create one (python manage.py create_run) or fail this one (fail_run).", field)
 
 
 def _wake_on_commit(run: Run) -> None:
@@ -470,8 +481,9 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
     The stage's pending decisions are superseded (an approval given for other files no longer
     counts), its gates and reviews run again without resetting any counter or budget, and a
     stage with a human gate asks for a new approval of the files it then has. Raises
-    OperationError: ``note_required`` [note], ``not_waiting`` [run], ``nothing_to_verify``
-    [run] (the stage's implementation never produced a result).
+    OperationError: ``note_required`` [note], ``not_waiting`` [run], ``budget_exhausted`` [run]
+    (an exhausted execution budget requires a new run), ``nothing_to_verify`` [run] (the stage's
+    implementation never produced a result).
     """
     run = get_run(run)
     if not (note or "").strip():
@@ -481,6 +493,7 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
         if run.status not in (RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL):
             raise OperationError("not_waiting", f"Run {run.pk} is {run.status}; only a run waiting for review or "
                                  f"approval can be rechecked.", "run")
+        _refuse_exhausted(run, "run")
         stage = run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.PENDING]).order_by("order").first()
         if stage is None or not stage.attempts.filter(operation__in=("implement", "repair")).exclude(
                 result_manifest=None).exists():
@@ -576,5 +589,5 @@ def run_stopped(run: Run) -> bool:
 
 
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
-           "recheck", "fail_run",
+           "recheck", "fail_run", "exhausted_budget",
            "run_status", "run_stopped", "get_run", "get_pipeline"]

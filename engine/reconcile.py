@@ -174,6 +174,8 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
             attempt.failure_kind = "interrupted"
             attempt.failure_message = "The worker running this attempt stopped beating; the attempt was interrupted."
             attempt.ended_at = timezone.now()
+            if attempt.started_at and attempt.elapsed_seconds is None:  # known to have run until the last heartbeat
+                attempt.elapsed_seconds = max(0.0, (heartbeat_at - attempt.started_at).total_seconds())
             log_file = var_path(attempt.log_path) if attempt.log_path else None
             if log_file is not None and log_file.is_file():
                 attempt.output_bytes = log_file.stat().st_size  # its partial output, kept

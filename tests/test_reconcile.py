@@ -79,7 +79,7 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
     attempt = Attempt.objects.get(run=run)
     assert attempt.start_manifest
     # as if the worker had died while the agent was still at work
-    Attempt.objects.filter(pk=attempt.pk).update(status="running", ended_at=None)
+    Attempt.objects.filter(pk=attempt.pk).update(status="running", ended_at=None, elapsed_seconds=None)
     Run.objects.filter(pk=run.pk).update(lease_owner="vm:1", lease_token="dead-worker",
                                          heartbeat_at=timezone.now() - timedelta(hours=1))
     assert reconcile.reconcile()["interrupted"] == 1
@@ -92,6 +92,7 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
     assert "changed 1 file(s) in the worktree before it was interrupted (app/core.py)" in run.stop_message
     assert run.manifests.filter(digest=effects["manifest"]).exists()  # the inspected files are a record
     attempt.refresh_from_db()
+    assert attempt.elapsed_seconds is not None and attempt.elapsed_seconds >= 0
     assert attempt.output_bytes == (Path(settings.VAR_DIR) / attempt.log_path).stat().st_size > 0
     assert attempt.result_manifest.digest == effects["manifest"]  # what it left, kept as its (unverified) result
     patch = (Path(settings.VAR_DIR) / attempt.patch_path).read_text()
@@ -110,7 +111,9 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
     assert (Path(settings.VAR_DIR) / retry.patch_path).read_text().count("+++ b/") == 1  # only app/core.py
 
 
-def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pipeline, repo, sent):
+def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pipeline, repo, sent, admin_client):
+    from django.urls import reverse
+
     from .test_steps import drive
 
     run = operations.create_run(make_pipeline(budgets={"max_attempts": 1}), str(repo), "main")
@@ -118,9 +121,20 @@ def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pi
     run = drive(run.pk, sent)
     assert (run.status, run.stop_reason) == ("waiting_review", "budget_exhausted")
     decision = run.decisions.get(state="pending")
+    checks = run.checks.count()
+    for action in ("retry", "verify"):  # a verification ends in a review, an agent attempt: no budget for it
+        with pytest.raises(operations.OperationError) as caught:
+            operations.recover(run, decision.pk, "one more go", action, reviewer="t")
+        assert (caught.value.code, caught.value.field) == ("budget_exhausted", "action")
+        assert "requires a new run" in caught.value.message
     with pytest.raises(operations.OperationError) as caught:
-        operations.recover(run, decision.pk, "one more go", "retry", reviewer="t")
-    assert (caught.value.code, caught.value.field) == ("budget_exhausted", "action")
-    assert "requires a new run" in caught.value.message
+        operations.recheck(run, "I corrected it", requested_by="t")
+    assert (caught.value.code, caught.value.field) == ("budget_exhausted", "run")
     decision.refresh_from_db()
     assert decision.state == "pending" and Run.objects.get(pk=run.pk).status == "waiting_review"  # nothing changed
+    assert run.checks.count() == checks and sent == []  # no gate ran again, nothing was queued
+    # the run's page offers only Fail, and says why
+    text = admin_client.get(reverse("admin:engine_run_detail", args=[run.pk])).content.decode()
+    assert 'data-cp-action="fail"' in text
+    assert 'data-cp-action="recover"' not in text and 'data-cp-action="recheck"' not in text
+    assert "budget is exhausted" in text and "requires a new run" in text

@@ -567,6 +567,16 @@ def test_create_a_run_from_a_pipeline_page(staff, staff_with, make_pipeline, rep
     assert staff.get(reverse("admin:engine_pipeline_create_run", args=[424242])).status_code == 404
 
 
+def test_every_field_of_the_page_has_an_id_of_its_own(staff, make_pipeline, repo, sent):
+    """Recheck and Recover both ask for a note: a label must lead to its own form's field."""
+    run = review_run(make_pipeline, repo, sent)
+    text = page(staff, run)
+    assert {"recheck", "recover", "fail"} <= buttons(text)
+    ids = re.findall(r'\sid="(id_[^"]+)"', text)
+    assert ids and len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert 'for="id_recover_note"' in text and 'for="id_recheck_note"' in text
+
+
 # ----------------------------------------------------------------------------- editing a pipeline
 
 

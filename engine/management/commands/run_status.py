@@ -113,9 +113,12 @@ class Command(EngineCommand):
                             if stage["repairs_used"] else ""))
             for a in stage["attempts"]:
                 how = ("stopped by the engine at its deadline" if a["status"] == "timeout"
-                       else f"exit {a['exit_code']}" if a["signal"] is None else f"killed by signal {a['signal']}")
+                       else f"exit {a['exit_code']}" if a["exit_code"] is not None
+                       else f"killed by signal {a['signal']}" if a["signal"] is not None
+                       else "no exit status yet" if a["status"] in ("preparing", "running") else "no exit status")
                 lines.append(f"    attempt {a['number']} {a['operation']} [{a['adapter']}]: {a['status']}, {how}"
-                             + (f", {a['failure_kind']}" if a["failure_kind"] else "")
+                             + (f", {a['failure_kind']}" if a["failure_kind"] and a["failure_kind"] != a["status"]
+                                else "")
                              + (f", verdict {a['verdict']['verdict']}" if a["verdict"] else "")
                              + (f", invalid verdict: {a['verdict_problem']}" if a["verdict_problem"] else "")
                              + (f", {len(a['refusals'])} tool call(s) refused" if a["refusals"] else ""))
