@@ -154,6 +154,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_TASK_DEFAULT_QUEUE = env.str("CP_QUEUE", default="runs")
+# No remote control: a message on the broker cannot shut a worker down, change its pool or read
+# its tasks (the engine has heartbeats of its own); ``celery inspect``/``control`` get no answer.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
 # beat runs reconciliation in its own process (controlpanel/beat.py): it must happen when no worker lives
 CELERY_BEAT_SCHEDULER = "controlpanel.beat:ReconcilingScheduler"
 
@@ -171,6 +174,9 @@ CP_QUEUED_STALE = env.float("CP_QUEUED_STALE", default=60.0)
 #: First port of the range handed to runs, and the size of each run's range.
 CP_PORT_BASE = env.int("CP_PORT_BASE", default=20000)
 CP_PORT_SPAN = env.int("CP_PORT_SPAN", default=20)
+#: host:port of the Control Panel's web server (``make web``'s): with the database and the broker,
+#: an address no agent or gate may reach (engine/boundary.py ``service_addresses``).
+CP_WEB_ADDRESS = env.str("CP_WEB_ADDRESS", default="127.0.0.1:8000")
 
 LOGGING = {
     "version": 1,

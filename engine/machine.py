@@ -12,6 +12,8 @@ which refuse a move the transition table does not allow.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import secrets
 from dataclasses import dataclass
 
@@ -56,6 +58,13 @@ STAGE_TRANSITIONS: dict[str, frozenset[str]] = {
 
 class IllegalTransition(Exception):
     """A move the transition table does not allow (a bug, never a user error)."""
+
+
+def definition_digest(data) -> str:
+    """sha256 (hex) of the canonical JSON of ``data`` (sorted keys, no spaces): the digest a run's
+    frozen definition is recorded with (``Run.definition_sha256``) and checked against before
+    every step (engine/runner.py: a mismatch stops the run ``definition_tampered``)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def new_token() -> str:

@@ -306,6 +306,9 @@ class Attempt(models.Model):
     redactions = models.PositiveIntegerField(default=0)
     refusals = models.JSONField(default=list, blank=True,
                                 help_text="tool calls the CLI refused or that failed: [{tool, message}]")
+    network = models.JSONField(null=True, blank=True,
+                               help_text="its egress proxy: {allow: [host], connected: [{host, port, at}], "
+                                         "refused: [{host, port, why, at}]}")
     late = models.BooleanField(default=False, help_text="its result arrived after the run moved on")
     verdict = models.JSONField(null=True, blank=True,
                                help_text="a reviewer's validated verdict: {verdict, findings[{file, line, severity, text}]}")
@@ -351,6 +354,8 @@ class Check(models.Model):
     manifest = models.ForeignKey(Manifest, on_delete=models.SET_NULL, null=True, blank=True, related_name="checks")
     manifest_digest = models.CharField(max_length=64, blank=True)
     stale = models.BooleanField(default=False, help_text="the files changed after it ran; it no longer counts")
+    network = models.JSONField(null=True, blank=True,
+                               help_text="a gate with network_allow: {allow, connected, refused} of its egress proxy")
 
     class Meta:
         ordering = ["id"]

@@ -6,7 +6,6 @@ a sentence) without leaving anything half done.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -49,8 +48,8 @@ class OperationError(Exception):
 
 
 def canonical_sha256(data) -> str:
-    """sha256 (hex) of the canonical JSON of ``data`` (sorted keys, no spaces)."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """sha256 (hex) of the canonical JSON of ``data`` (sorted keys, no spaces): ``machine.definition_digest``."""
+    return machine.definition_digest(data)
 
 
 # ----------------------------------------------------------------------------- pipelines

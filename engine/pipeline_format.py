@@ -22,14 +22,18 @@ from __future__ import annotations
 
 import copy
 import difflib
+import ipaddress
 import math
 import os
 import re
+import urllib.parse
 from pathlib import Path
 
 import yaml
 from django import forms
 from django.core.exceptions import ValidationError
+
+from .netproxy import split_host_port
 
 __all__ = [
     "ADAPTERS",
@@ -551,6 +555,42 @@ def _exclude_item(value) -> str:
     return _check_relative(value, pattern=True, what="a gitignore-style pattern")
 
 
+_HOST_RE = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*")
+
+
+def _host_item(value) -> str:
+    """A network allow-list entry: ``host``, ``*.suffix``, ``host:port``, ``1.2.3.4:port`` or ``[::1]:port``."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(f"must be a host name, optionally with :port, got {_kind(value)}{_type_hint(value)}")
+    text = value.strip().lower()
+    try:
+        host, _port = split_host_port(text)
+    except ValueError as exc:
+        raise ValidationError(f"{value!r}: {exc}") from None
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not _HOST_RE.fullmatch(host):
+            raise ValidationError(f"{value!r} is not a host name (letters, digits, '-' and '.', or '*.' before a "
+                                  f"domain), an IP address, or either with ':port'") from None
+    return text
+
+
+def _url_value(value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(f"must be an http:// or https:// URL, got {_kind(value)}{_type_hint(value)}")
+    parts = urllib.parse.urlsplit(value.strip())
+    try:
+        parts.port
+    except ValueError:
+        raise ValidationError(f"{value!r} has a port that is not a number from 1 to 65535") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValidationError(f"{value!r} is not an http:// or https:// URL with a host")
+    return value.strip()
+
+
 def _env_name(value: str) -> str:
     if not _ENV_NAME_RE.fullmatch(value):
         raise ValidationError(f"{value!r} is not a valid environment variable name")
@@ -623,6 +663,7 @@ class GateForm(_LevelForm):
     name = SlugField(what="gate name")
     command = TextField(required=True, required_message="is required (the shell command whose exit status decides the gate)")
     deadline = NumberField(positive=True, max_value=MAX_DEADLINE_SECONDS, unit="seconds")
+    network_allow = ListField(_host_item, noun="host", unique=True)
 
 
 class StageForm(_LevelForm):
@@ -684,6 +725,8 @@ class ProfileForm(_LevelForm):
     executable = TextField(nullable=True)
     extra_args = ListField(_nonempty_string_item, noun="argument")
     env = MappingField(key=_env_name, value=_env_value, noun="environment variables to strings")
+    base_url = TextField(nullable=True)
+    network_allow = ListField(_host_item, noun="host", unique=True)
     scenario = ScenarioRefField(required=False)
     scenario_path = TextField(nullable=True)
     scripted_endpoint = ScenarioRefField(required=False)
@@ -691,6 +734,9 @@ class ProfileForm(_LevelForm):
     description = TextField()
 
     defaults = {"max_turns": DEFAULT_MAX_TURNS}
+
+    def clean_base_url(self):
+        return _url_value(self.cleaned_data.get("base_url"))
 
     def clean_name(self):
         name = self.cleaned_data.get("name")
@@ -901,6 +947,8 @@ def _validate_gates(value, path: str, report: _Report) -> list | None:
             cleaned = _run_form(GateForm, raw, item_path, report, "a gate")
             if cleaned is not None:
                 gate = {"name": cleaned["name"] or default_name, "command": cleaned["command"], "deadline": cleaned["deadline"]}
+                if cleaned.get("network_allow"):  # no network at all unless the gate names its hosts
+                    gate["network_allow"] = cleaned["network_allow"]
         else:
             name = None
             report.add(item_path, f"must be a command string or a mapping with name, command, deadline; got {_kind(raw)}")
@@ -1023,6 +1071,8 @@ def _validate_profiles(value, report: _Report, base_dir: Path | None, stage_keys
             "executable": cleaned["executable"],
             "extra_args": cleaned["extra_args"],
             "env": cleaned["env"],
+            "base_url": cleaned["base_url"],
+            "network_allow": cleaned["network_allow"],
             "scenario": scenario,
             "scenario_path": scenario_path,
             "scripted_endpoint": endpoint,
@@ -1311,12 +1361,13 @@ def validate(data: object, source: str = "<input>", *, base_dir: str | os.PathLi
                            "document": float, "gate": float},
              "roles": {"implementer": str, "reviewer": str | [str], "documenter": str},
              "profiles": {name: {"name", "adapter", "model", "max_turns", "executable",
-                                 "extra_args", "env", "scenario", "scenario_path",
+                                 "extra_args", "env", "base_url", "network_allow", "scenario", "scenario_path",
                                  "description"}},
              "stages": [{"key", "title", "requirement", "scope", "docs", "depends_on",
                          "gates", "repair_allowance", "human_gate"}]}
 
-        where gate = ``{"name": str, "command": str, "deadline": float | None}``.
+        where gate = ``{"name": str, "command": str, "deadline": float | None}`` plus
+        ``"network_allow": [host]`` when the gate names hosts it may reach (else it has no network).
 
     Raises:
         PipelineFormatError: listing every problem as (source, field, problem).

@@ -100,6 +100,17 @@ def advance(run_id: int, token: str | None = None) -> str:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         step = machine.next_step(run)
+        actual = machine.definition_digest(run.definition)
+        if actual != run.definition_sha256:
+            stage = run.stages.filter(pk=step.stage_id).first() if step.stage_id else None
+            machine.stop(run, "definition_tampered",
+                         f"The run's frozen definition no longer has the digest it was frozen with (sha256 "
+                         f"{run.definition_sha256[:12]}, now {actual[:12]}): someone changed it after the run was "
+                         f"created. Nothing was launched; the {step.kind} step did not run.", stage=stage,
+                         evidence={"definition_sha256": run.definition_sha256, "actual_sha256": actual})
+            log.error("run %s: definition tampered (%s != %s); stopped before the %s step", run_id, actual,
+                      run.definition_sha256, step.kind)
+            return "definition_tampered"
         problem = machine.budget_problem(run, step)
         if problem is not None:
             stage = run.stages.filter(pk=step.stage_id).first() if step.stage_id else None

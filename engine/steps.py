@@ -26,8 +26,9 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import context, faults, machine, process, protected, review, scope, workspace
-from .agents import AgentRequest, get_adapter
+from . import boundary, context, faults, machine, process, protected, review, scope, workspace
+from .agents import AgentRequest, get_adapter, sandbox
+from .agents.network import egress, network_record
 from .models import (
     Attempt,
     AttemptStatus,
@@ -43,10 +44,6 @@ from .models import (
 from .redaction import Redactor, redact_text, secret_env_values
 
 log = logging.getLogger("engine.steps")
-
-#: Environment variables of the Control Panel itself that never reach an agent or a gate.
-_PRIVATE_ENV_PREFIXES = ("CP_", "DJANGO_", "CELERY_", "PYTEST_", "DATABASE_URL")
-
 
 # ----------------------------------------------------------------------------- paths and environment
 
@@ -73,15 +70,17 @@ def scratch_dirs(run_id: int) -> dict[str, str]:
 
 
 def run_env(run: Run, stage_key: str) -> dict[str, str]:
-    """The environment of the run's commands: the worker's, less the Control Panel's own
-    settings, plus the run's folders and port range.
+    """The environment of the run's commands (agents and gates), by allow-list: the worker's
+    PATH, locale, TERM and TZ (engine/boundary.py ``base_env``; nothing else of the worker's
+    environment), plus the run's folders and port range. An agent adds its CLI's credential
+    variable and its profile's ``env``; each process gets its own HOME.
 
     Variables: CP_RUN_ID, CP_STAGE, CP_WORKTREE, TMPDIR and CP_TMP_DIR, CP_DATA_DIR,
     CP_PORT_BASE and CP_PORT_COUNT (ports CP_PORT_BASE .. CP_PORT_BASE + CP_PORT_COUNT - 1
-    are this run's), PYTHONDONTWRITEBYTECODE=1, GIT_TERMINAL_PROMPT=0.
+    are this run's; inside the sandbox's own network namespace every port is), 
+    PYTHONDONTWRITEBYTECODE=1, GIT_TERMINAL_PROMPT=0.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIXES)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
+    env = boundary.base_env()
     dirs = scratch_dirs(run.pk)
     env.update(
         {
@@ -290,16 +289,12 @@ def _execute_final(plan: dict, should_stop) -> dict:
     run = Run.objects.get(pk=plan["run_id"])
     checkpoint = plan["checkpoint"]
     folder = Path(scratch_dirs(run.pk)["tmp"]).parent / f"final-{checkpoint[:12]}"
-    if folder.exists():
-        workspace.git(["worktree", "remove", "--force", str(folder)], run.repo_path, check=False)
-        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)  # a crashed try's checkout: removed without git reading it
     workspace.git(["worktree", "prune"], run.repo_path, check=False)
     workspace.git(["-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach", "-q", str(folder), checkpoint],
                   run.repo_path)
     try:
-        if (folder / ".gitmodules").exists():
-            workspace.git(["-c", "protocol.file.allow=always", "submodule", "update", "--init", "--recursive", "-q"],
-                          str(folder))
+        _final_submodules(run, checkpoint, folder)
         tree = workspace.git(["rev-parse", f"{checkpoint}^{{tree}}"], str(folder)).stdout.decode().strip()
         current = {"digest": tree, "base": checkpoint, "tree": tree, "entries": [], "changes": [], "excluded": []}
         manifest_row = Manifest.objects.filter(run=run, digest=tree).order_by("-id").first()
@@ -319,8 +314,32 @@ def _execute_final(plan: dict, should_stop) -> dict:
                 return {"cancelled": True, "checks": checks}
         return {"checks": checks, "digest": tree}
     finally:
-        workspace.git(["worktree", "remove", "--force", str(folder)], run.repo_path, check=False)
+        # the files first (gates ran agent code there: git must not read what they left), then git's record
         shutil.rmtree(folder, ignore_errors=True)
+        workspace.git(["worktree", "prune"], run.repo_path, check=False)
+
+
+def _final_submodules(run: Run, checkpoint: str, folder: Path) -> None:
+    """Populate the final checkout's submodules from the run's starting commit's ``.gitmodules`` only.
+
+    The checkpoint's ``.gitmodules`` may have been written by an agent: if it is not the
+    starting commit's (same blob), nothing is fetched and the run stops ``nested_repository``
+    (an agent's URL could name a repository the agent cannot read, whose content would reach a
+    check log). Its gitlinks are those of the starting commit (a new one stops the run earlier).
+    Raises workspace.WorkspaceError (``nested_repository``, ``submodule_init_failed``)."""
+    def blob(commit: str) -> str:
+        proc = workspace.git(["rev-parse", "-q", "--verify", f"{commit}:.gitmodules"], run.repo_path, check=False)
+        return proc.stdout.decode().strip() if proc.returncode == 0 else ""
+
+    final, start = blob(checkpoint), blob(run.commit)
+    if final != start:
+        raise workspace.WorkspaceError(
+            "nested_repository",
+            f"The final checkpoint {checkpoint[:12]} changes .gitmodules (where submodules are fetched from); the "
+            f"final verification fetches only what the run's starting commit {run.commit[:12]} names, and fetched "
+            f"nothing.")
+    if final:
+        workspace.init_submodules(str(folder))  # noqa: the starting commit's URLs
 
 
 def _prepare_workspace(run: Run, lease: str) -> dict:
@@ -439,7 +458,19 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         return {"failure_kind": exc.code, "failure_message": exc.message, "launched": False}
     except context.ContextError as exc:
         return {"failure_kind": exc.code, "failure_message": exc.message, "launched": False}
-    env = run_env(run, stage.key)
+    try:
+        boundary.self_check()
+    except boundary.BoundaryNotEnforced as exc:
+        return {"failure_kind": "boundary_not_enforced", "launched": False,
+                "failure_message": f"The agent was not launched: the sandbox boundary is not enforced here "
+                                   f"({exc}). Agents never run unguarded."}
+    home_dir = str(Path(scratch_dirs(run.pk)["tmp"]).parent / "home" / f"attempt-{attempt.number:03d}")
+    env = {**run_env(run, stage.key), **boundary.credential_env(plan["profile"]["adapter"])}
+    if plan["role"] == "reviewer":
+        # a reviewer writes nothing another role reads: its TMPDIR and data folder are its own,
+        # inside its HOME, gone with it
+        env.update({"TMPDIR": os.path.join(home_dir, "tmp"), "CP_TMP_DIR": os.path.join(home_dir, "tmp"),
+                    "CP_DATA_DIR": os.path.join(home_dir, "data")})
     secrets = secret_env_values(env)
     prompt, prompt_redactions = redact_text(prompt, secrets)
     prompt_rel = control_path(run, plan["folder"], "prompt.md")
@@ -470,7 +501,7 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         stage_key=stage.key, attempt_number=attempt.number, control_dir=control_dir,
         operation_attempt=plan["operation_attempt"], marker=attempt.marker, secrets=secrets,
         should_stop=should_stop, on_start=on_start, prompt_path=str(var_path(prompt_rel)),
-        home_dir=str(Path(scratch_dirs(run.pk)["tmp"]).parent / "home" / f"attempt-{attempt.number:03d}"),
+        home_dir=home_dir, deny_addresses=boundary.service_addresses(),
     )
     git_file = Path(run.worktree, ".git")
     git_link = git_file.read_bytes() if git_file.is_file() else None
@@ -485,6 +516,11 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         # never run git in a worktree whose .git now points somewhere the agent chose
         outcome.update({"tampered": True, "manifest": None, "patch_path": "", "patch": {"sha256": ""},
                         "changed": [".git"]})
+        return outcome
+    nested = workspace.find_nested_repositories(run.worktree, stage.base_commit)
+    if nested:  # before any git reads the files: git would read that repository's configuration
+        outcome.update({"nested": nested, "manifest": None, "patch_path": "", "patch": {"sha256": ""},
+                        "changed": nested})
         return outcome
     after = workspace.manifest(run.worktree, stage.base_commit, manifest_excludes(run))
     outcome["changed"] = _changed_paths(start, after)
@@ -624,7 +660,18 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     stopped at once (LeaseLost)."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
     cwd = cwd or run.worktree
-    env, launch = _gate_sandbox(run, argv, cwd, env)
+    if gate.get("network_allow"):  # the only hosts this gate reaches, through its own egress proxy
+        with egress({"network_allow": gate["network_allow"]}, deny=boundary.service_addresses()) as (proxy, policy):
+            check = _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, policy)
+        Check.objects.filter(pk=check.pk).update(network=network_record(proxy))
+        return check
+    return _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, None)
+
+
+def _run_gate_in(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str], cwd: str,
+                 env: dict, should_stop, lease: str | None, network) -> Check:
+    """``_run_gate`` inside the sandbox, with ``network`` (a NetworkPolicy) or none."""
+    env, launch = _gate_sandbox(run, argv, cwd, env, network)
     check = Check.objects.create(
         run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
         started_at=timezone.now(), manifest_digest=digest_before,
@@ -669,26 +716,27 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     return check
 
 
-def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict) -> tuple[dict, list[str]]:
+def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) -> tuple[dict, list[str]]:
     """The environment and argument array of a gate: inside the agents' bubblewrap sandbox.
 
     A gate runs code an agent wrote, so it gets what an agent gets (engine/agents/sandbox.py):
-    the Control Panel's var directory (database, control records, other runs), the worker's HOME
-    and the project's .env are hidden; only ``cwd`` (the worktree or the final checkout), the
-    run's TMPDIR and data folder and a HOME of the run's own are writable; its own PID namespace,
-    so nothing it starts outlives it. Without bubblewrap the gate runs as it is.
-    """
-    from .agents import sandbox
+    an allow-listed view (system folders, the Python install and PATH folders read-only), ``cwd``
+    (the worktree or the final checkout), the run's TMPDIR and data folder and a HOME of the
+    run's own writable, its own PID namespace (nothing it starts outlives it) and its own network
+    namespace with no way out: loopback only, where two runs' gates may bind the same port.
+    ``network``: a gate with ``network_allow`` gets its egress proxy's NetworkPolicy (those hosts only).
 
-    if not sandbox.available()[0]:
-        return env, argv
+    Raises boundary.BoundaryNotEnforced when no sandbox can be made, or the self-check finds a
+    Control Panel service reachable from inside: a gate never runs unguarded.
+    """
+    boundary.self_check()
     home = Path(scratch_dirs(run.pk)["tmp"]).parent / "gate-home"
     home.mkdir(parents=True, exist_ok=True)
-    env = {**env, "HOME": str(home)}
+    env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
     visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
     return env, sandbox.wrap(argv, writable=writable, read_only=[os.path.join(cwd, ".git")],
-                             hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible)
+                             hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible, network=network)
 
 
 def _execute_verify(plan: dict, should_stop) -> dict:
@@ -791,8 +839,20 @@ def _earlier_checkpoint(run: Run, stage: StageRun, tree: str) -> str | None:
     return None
 
 
+#: Errors of a step's machinery that an agent or a gate caused: the run stops with their own code.
+_STOP_CODES = ("nested_repository", "boundary_not_enforced")
+
+
 def crashed(plan: dict, exc: BaseException) -> dict:
-    """The outcome of a step whose own machinery raised: infrastructure broke, not the agent."""
+    """The outcome of a step whose own machinery raised: infrastructure broke, not the agent; or
+    a refusal an agent's files caused (a nested repository found by the manifest, a boundary the
+    sandbox cannot enforce), whose code becomes the stop reason."""
+    code = getattr(exc, "code", "") if isinstance(exc, workspace.WorkspaceError) else ""
+    if isinstance(exc, boundary.BoundaryNotEnforced):
+        code = "boundary_not_enforced"
+    if code in _STOP_CODES:
+        return {"crashed": True, "failure_kind": code, "stop_reason": code,
+                "failure_message": getattr(exc, "message", str(exc))}
     return {"crashed": True, "failure_kind": "crashed", "failure_message": f"{type(exc).__name__}: {exc}"}
 
 
@@ -809,8 +869,12 @@ def finish(run: Run, plan: dict, outcome: dict) -> None:
     if outcome.get("crashed"):
         if plan.get("attempt_id"):
             Attempt.objects.filter(pk=plan["attempt_id"]).update(
-                status=AttemptStatus.FAILED, failure_kind="crashed", failure_message=outcome["failure_message"],
-                ended_at=timezone.now())
+                status=AttemptStatus.FAILED, failure_kind=outcome["failure_kind"],
+                failure_message=outcome["failure_message"], ended_at=timezone.now())
+        if outcome.get("stop_reason"):
+            machine.stop(run, outcome["stop_reason"], f"The {plan['kind']} step of stage '{stage.key}' was refused: "
+                         f"{outcome['failure_message']}", stage=stage)
+            return
         machine.stop(run, "crashed", f"The engine failed during the {plan['kind']} step of stage '{stage.key}': "
                      f"{outcome['failure_message']}", stage=stage)
         return
@@ -821,6 +885,9 @@ def _finish_final(run: Run, plan: dict, outcome: dict) -> None:
     """Succeed only when every check passed on the final checkpoint; else stop naming what failed."""
     checkpoint = plan["checkpoint"]
     if outcome.get("crashed"):
+        if outcome.get("stop_reason"):
+            machine.stop(run, outcome["stop_reason"], f"The final verification was refused: {outcome['failure_message']}")
+            return
         machine.stop(run, "crashed", f"The engine failed during the final verification: {outcome['failure_message']}")
         return
     if outcome.get("cancelled"):
@@ -885,7 +952,15 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     kind = result["failure_kind"]
     attempt.status = {None: AttemptStatus.SUCCEEDED, "timeout": AttemptStatus.TIMEOUT,
                       "cancelled": AttemptStatus.CANCELLED}.get(kind, AttemptStatus.FAILED)
+    attempt.network = (result.get("extra") or {}).get("network")
     attempt.save()
+    refused = (attempt.network or {}).get("refused") or []
+    if refused:
+        hosts = sorted({f"{item['host']}:{item['port']}" for item in refused})
+        machine.event(attempt.run, "network_refused",
+                      f"Attempt {attempt.number} ({attempt.operation}) tried to reach {len(refused)} time(s) what its "
+                      f"network allow-list does not name: {', '.join(hosts[:10])}. Its egress proxy refused each.",
+                      stage=attempt.stage, attempt=attempt, data={"refused": refused[:50]})
 
 
 def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:
@@ -905,6 +980,19 @@ def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: 
 def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
     attempt = Attempt.objects.get(pk=plan["attempt_id"])
     _apply_attempt_result(attempt, outcome)
+    if outcome.get("nested"):
+        shown = ", ".join(outcome["nested"][:10])
+        machine.event(run, "nested_repository",
+                      f"Attempt {attempt.number} ({attempt.operation}) left a git repository in the worktree "
+                      f"({shown}); the engine ran no git on it.", stage=stage, attempt=attempt,
+                      data={"paths": outcome["nested"]})
+        machine.stop(run, "nested_repository",
+                     f"Attempt {attempt.number} ({attempt.operation}) made a git repository inside the worktree "
+                     f"({shown}). The engine runs no git on what an agent made there (git would read that "
+                     f"repository's configuration and could run what it names) and never checkpoints a gitlink an "
+                     f"agent made. The worktree is kept as it was left.",
+                     stage=stage, evidence={"attempt": attempt.pk, "paths": outcome["nested"]})
+        return
     if outcome.get("tampered"):
         machine.stop(run, "workspace_tampered",
                      f"Attempt {attempt.number} rewrote the worktree's .git file, which ties it to the run's "

@@ -3,10 +3,15 @@
 Only ids and fencing tokens travel through the broker: no prompt, output or secret ever does
 (field case C14).
 """
-from celery import shared_task
+import logging
 
+from celery import shared_task
+from celery.signals import worker_ready
+
+from . import boundary, runner
 from . import reconcile as reconciliation
-from . import runner
+
+log = logging.getLogger("engine.tasks")
 
 
 @shared_task(name="engine.advance_run", ignore_result=True, acks_late=True)
@@ -26,10 +31,22 @@ def _reconcile_at_worker_start(sender=None, **kwargs) -> None:
     reconcile.delay()
 
 
-def connect_signals() -> None:
-    from celery.signals import worker_ready
+def _check_boundary_at_worker_start(sender=None, **kwargs) -> None:
+    """When a worker starts, probe the sandbox (engine/boundary.py ``self_check``) and say in its log
+    whether agents can run here; each pool process checks again before its first launch and
+    refuses agents and gates (``boundary_not_enforced``) while a service answers from inside."""
+    problems = boundary.probe()
+    if problems:
+        log.error("SANDBOX BOUNDARY NOT ENFORCED: agents and gates will be refused (boundary_not_enforced): %s",
+                  "; ".join(problems))
+    else:
+        log.info("sandbox boundary enforced: no database, broker or web port answers from inside a sandbox")
 
+
+def connect_signals() -> None:
+    """Connect the worker_ready handlers (idempotent: each has a dispatch_uid)."""
     worker_ready.connect(_reconcile_at_worker_start, weak=False, dispatch_uid="engine-reconcile-at-start")
+    worker_ready.connect(_check_boundary_at_worker_start, weak=False, dispatch_uid="engine-boundary-at-start")
 
 
 connect_signals()

@@ -146,7 +146,7 @@ class WorkspaceError(Exception):
             ``unknown_revision``, ``ambiguous_revision``, ``not_a_commit``,
             ``workspace_branch_in_use``, ``workspace_branch_exists``,
             ``workspace_path_exists``, ``submodule_init_failed``, ``head_moved``,
-            ``git_failed``.
+            ``nested_repository``, ``git_failed``.
         message: one sentence a person understands, naming the path or revision.
         detail: git's own stderr (decoded), when there is one; may be empty.
     """
@@ -163,11 +163,47 @@ class WorkspaceError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
+#: The one hardened invocation of every git the engine runs (``git()``, ``write_patch``): no hook,
+#: no fsmonitor program, no transport at all (so no lazy fetch of a promisor remote, no
+#: ``core.sshCommand``, no credential helper), no recursion into submodules, no pager. A fetch the
+#: engine itself decides on (the base commit's submodules, ``_init_submodules``) names the
+#: protocols it allows after these. Together with ``_HARDENED_ENV`` (no system or global
+#: configuration) git reads configuration only from the repository the user gave, whose ``.git``
+#: agents cannot write, and from this list; a nested repository an agent made is never entered
+#: (``find_nested_repositories``).
+_HARDENED_CONFIG = [
+    "-c", "core.quotepath=false",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "core.fsmonitor=false",
+    "-c", "protocol.allow=never",
+    "-c", "submodule.recurse=false",
+    "-c", "credential.helper=",
+    "-c", "core.askPass=",
+    "-c", "core.pager=cat",
+    "-c", "diff.external=",
+]
+#: Environment of every git the engine runs: no system or global (user) configuration, no lazy
+#: fetch of missing objects (git 2.44+; older versions ignore it and ``protocol.allow=never``
+#: refuses the transport), no terminal prompt, a fixed locale.
+_HARDENED_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_NO_LAZY_FETCH": "1",
+    "GIT_NO_REPLACE_OBJECTS": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_ASKPASS": "",
+    "SSH_ASKPASS": "",
+    "LC_ALL": "C",
+}
+
+
 def _git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _REDIRECTING_ENV}
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    env["LC_ALL"] = "C"
+    env = {k: v for k, v in os.environ.items() if k not in _REDIRECTING_ENV and not k.startswith("GIT_CONFIG")}
+    env.update(_HARDENED_ENV)
     env.pop("LANGUAGE", None)
+    env.pop("GIT_SSH_COMMAND", None)
+    env.pop("GIT_SSH", None)
+    env.pop("GIT_EXEC_PATH", None)
     if extra:
         env.update(extra)
     return env
@@ -186,14 +222,15 @@ def git(
     input: bytes | None = None,
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``git -c core.quotepath=false <args>`` in ``cwd`` and capture its output as bytes.
+    """Run ``git <_HARDENED_CONFIG> <args>`` in ``cwd`` and capture its output as bytes.
 
     Args:
         args: git arguments after the program name, e.g. ``["rev-parse", "HEAD"]``.
         cwd: directory to run in.
         env: extra environment variables, applied on top of the process environment (from
             which variables that would redirect git, like ``GIT_DIR`` or ``GIT_INDEX_FILE``,
-            are removed unless given here). ``GIT_TERMINAL_PROMPT=0`` and ``LC_ALL=C`` are set.
+            are removed unless given here); ``_HARDENED_ENV`` is set (no system or global
+            configuration, no lazy fetch, no prompt, ``LC_ALL=C``).
         check: raise on a non-zero exit status.
         input: bytes for stdin; stdin is ``/dev/null`` when None, so git never waits on it.
         timeout: seconds before the command is killed (None: no limit).
@@ -205,7 +242,7 @@ def git(
         WorkspaceError: ``git_failed`` when ``check`` and git exits non-zero, when git cannot
             be started, or on timeout; the message names the command and quotes git's stderr.
     """
-    cmd = ["git", "-c", "core.quotepath=false", *args]
+    cmd = ["git", *_HARDENED_CONFIG, *args]
     try:
         proc = subprocess.run(
             cmd,
@@ -614,14 +651,21 @@ def _summary(stderr: str) -> str:
     return first if first == lines[-1] else f"{first} ({lines[-1]})"
 
 
-def _init_submodules(worktree: str) -> None:
-    env = {}
-    if "GIT_SSH_COMMAND" not in os.environ and "GIT_SSH" not in os.environ:
-        env["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"  # never wait for a passphrase
+#: The protocols a fetch of the base commit's submodules may use (``protocol.allow`` is ``never``
+#: otherwise). ``file`` is among them for the URLs of the base commit's ``.gitmodules`` only: the
+#: repository a person chose (a local path is the common case), read before any agent ran; an
+#: agent's ``.gitmodules`` is never fetched from (steps.py, final verification).
+SUBMODULE_PROTOCOLS = ("https", "http", "ssh", "git", "file")
+
+
+def init_submodules(worktree: str) -> None:
+    """Populate the submodules of a fresh worktree (its files are the base commit's: nothing an
+    agent wrote yet) with the protocols of SUBMODULE_PROTOCOLS; ssh in batch mode."""
+    env = {"GIT_SSH_COMMAND": os.environ.get("GIT_SSH_COMMAND") or "ssh -o BatchMode=yes"}  # no passphrase wait
+    allowed = [arg for name in SUBMODULE_PROTOCOLS for arg in ("-c", f"protocol.{name}.allow=always")]
     try:
         proc = git(
-            ["-c", "protocol.file.allow=always", "-c", "core.hooksPath=/dev/null",
-             "submodule", "update", "--init", "--recursive"],
+            [*allowed, "submodule", "update", "--init", "--recursive"],
             worktree, env=env, check=False, timeout=SUBMODULE_TIMEOUT_SECONDS,
         )
     except WorkspaceError as exc:  # timeout or git missing
@@ -806,7 +850,7 @@ def ensure_worktree(
             )
 
         if os.path.exists(os.path.join(path, ".gitmodules")):
-            _init_submodules(path)
+            init_submodules(path)
         head = _out(["rev-parse", "HEAD"], path)
         return {"created": True, "pruned_stale": pruned, "head": head, "path": path,
                 "submodules": _submodule_report(path)}
@@ -1102,6 +1146,66 @@ def _untracked_excluded(cwd: str, env: dict, exclude_file: str, empty_file: str)
     return {path for path in matching if not _covered(path, repo_ignored)}
 
 
+def _gitdir_of(dotgit: str) -> str | None:
+    """The real path a ``.git`` file's ``gitdir:`` line names, or None when it is no such file."""
+    try:
+        with open(dotgit, "rb") as fh:
+            text = fh.read(4097)
+    except OSError:
+        return None
+    if len(text) > 4096 or not text.startswith(b"gitdir:"):
+        return None
+    target = os.fsdecode(text[len(b"gitdir:"):].strip())
+    return os.path.realpath(os.path.join(os.path.dirname(dotgit), target))
+
+
+def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
+    """Paths (relative to ``worktree``) of every ``.git`` below its top that an agent may have made.
+
+    Read with the os module only, before any git looks at the files: git entering a repository
+    an agent made would read that repository's configuration (``core.fsmonitor``,
+    ``core.sshCommand`` with a promisor remote and a missing HEAD, filters...) and run what it
+    names, as the worker's user, outside the sandbox. A ``.git`` of any kind (folder, file,
+    symlink) counts, except the worktree's own ``.git`` and, at a gitlink of ``base_commit`` (a
+    submodule of the repository a person gave) or below one, a regular ``.git`` file whose
+    ``gitdir:`` lies in the repository's own git folder (which agents cannot write): how
+    ``git submodule update`` leaves a populated submodule. Symlinked folders are not followed.
+
+    Raises:
+        WorkspaceError: the revision errors of :func:`resolve_commit`; ``git_failed``.
+    """
+    top = os.path.realpath(worktree)
+    common = os.path.realpath(_common_dir(top))
+    base = base_commit if _HEX40.fullmatch(base_commit) else resolve_commit(top, base_commit)
+    links = [os.path.join(top, path) for path, mode, _oid in _base_files(top, base).rows if mode == "160000"]
+    found = []
+    for folder, dirs, files in os.walk(top, followlinks=False):
+        if ".git" in dirs or ".git" in files:
+            dotgit = os.path.join(folder, ".git")
+            if folder != top:
+                target = None if os.path.islink(dotgit) or not os.path.isfile(dotgit) else _gitdir_of(dotgit)
+                submodule = any(folder == link or folder.startswith(link + os.sep) for link in links)
+                if not (submodule and target and (target == common or target.startswith(common + os.sep))):
+                    found.append(os.path.relpath(dotgit, top))
+            if ".git" in dirs:
+                dirs.remove(".git")
+    return sorted(found)
+
+
+def refuse_nested_repositories(worktree: str, base_commit: str) -> None:
+    """Raise WorkspaceError ``nested_repository`` naming what :func:`find_nested_repositories` found."""
+    found = find_nested_repositories(worktree, base_commit)
+    if found:
+        shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+        raise WorkspaceError(
+            "nested_repository",
+            f"The worktree {worktree} holds a git repository the run did not start with ({shown}). The "
+            f"engine runs no git on it (git would read that repository's configuration and could run what "
+            f"it names) and never checkpoints a gitlink an agent made.",
+            detail="\n".join(found),
+        )
+
+
 def _top_and_index(worktree: str) -> tuple[str, str]:
     """The worktree's top-level directory and the absolute path of its own index file."""
     out = _out(["rev-parse", "--show-toplevel", "--path-format=absolute", "--git-path", "index"],
@@ -1118,6 +1222,7 @@ def _build_manifest(worktree: str, base_commit: str, excludes: list[str] | None,
     ``base`` are computed (the same values)."""
     patterns = DEFAULT_EXCLUDES if excludes is None else list(excludes)
     base = resolve_commit(worktree, base_commit)
+    refuse_nested_repositories(worktree, base)  # before git reads a file an agent wrote
     top, own_index = _top_and_index(worktree)
     with tempfile.TemporaryDirectory(prefix="cp-manifest-") as tmp:
         index = os.path.join(tmp, "index")
@@ -1210,9 +1315,12 @@ def manifest(worktree: str, base_commit: str, excludes: list[str] | None = None)
         differs from base; a directory kept out entirely is listed once with a trailing
         ``/``; sorted)}``.
 
+    A git repository an agent made anywhere below the top (``find_nested_repositories``) is
+    refused before git reads anything: ``nested_repository``.
+
     Raises:
         WorkspaceError: ``unknown_revision``/``ambiguous_revision``/``not_a_commit`` for
-            ``base_commit``; ``git_failed``.
+            ``base_commit``; ``nested_repository``; ``git_failed``.
     """
     return _build_manifest(worktree, base_commit, excludes, details=True)
 
@@ -1321,7 +1429,7 @@ def write_patch(worktree: str, base_commit: str, tree: str, out_path: str) -> di
     """
     base = resolve_commit(worktree, base_commit)
     tmp_path = out_path + ".tmp"
-    cmd = ["git", "-c", "core.quotepath=false", "diff", "--binary", "--full-index",
+    cmd = ["git", *_HARDENED_CONFIG, "diff", "--binary", "--full-index",
            "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv",
            "--src-prefix=a/", "--dst-prefix=b/", "--ignore-submodules=none",
            "--submodule=short", base, tree, "--"]

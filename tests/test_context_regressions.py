@@ -59,9 +59,8 @@ def test_the_dependency_output_carries_the_implementers_final_message(make_pipel
 
 
 def test_a_scenario_command_whose_output_ends_without_a_newline_still_succeeds(make_pipeline, repo, sent, tmp_path):
-    emitter = tmp_path / "no_newline.py"
-    emitter.write_text("import os\nos.write(1, b'progress 100%')\n")
-    step = {**ANSWER_STEP, "run": [sys.executable, str(emitter)]}
+    # inline: the scripted agent runs in the sandbox, where nothing of tmp_path but the worktree is seen
+    step = {**ANSWER_STEP, "run": [sys.executable, "-c", "import os; os.write(1, b'progress 100%')"]}
     run = operations.create_run(make_pipeline(stages=QUICK, scenario={"stages": {"answer": {"implement": [step]}}}),
                                 str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")

@@ -123,7 +123,7 @@ def test_it_fills_profile_defaults_and_inlines_the_scenario(example):
     assert set(profiles) == {"claude-code", "codex", "claude-scripted", "scripted"}
     for name, profile in profiles.items():
         assert set(profile) == {"name", "adapter", "model", "max_turns", "executable", "extra_args", "env",
-                                "scenario", "scenario_path", "scripted_endpoint", "scripted_endpoint_path", "description"}
+                                "base_url", "network_allow", "scenario", "scenario_path", "scripted_endpoint", "scripted_endpoint_path", "description"}
         assert profile["name"] == name
     assert profiles["claude-code"]["adapter"] == "claude-code" and profiles["claude-code"]["max_turns"] == 40
     assert profiles["codex"]["adapter"] == "codex" and profiles["codex"]["max_turns"] == 40  # default filled
@@ -186,7 +186,8 @@ def test_it_fills_defaults_of_a_minimal_pipeline():
                      "repair_allowance": 2, "human_gate": False}
     assert result["profiles"]["claude"] == {
         "name": "claude", "adapter": "claude-code", "model": None, "max_turns": 40, "executable": None,
-        "extra_args": [], "env": {}, "scenario": None, "scenario_path": None, "scripted_endpoint": None, "scripted_endpoint_path": None,
+        "extra_args": [], "env": {}, "base_url": None, "network_allow": [], "scenario": None, "scenario_path": None,
+        "scripted_endpoint": None, "scripted_endpoint_path": None,
         "description": "",
     }
 

@@ -212,5 +212,7 @@ def test_an_agent_that_relinks_the_worktrees_git_stops_the_run_before_any_git_ru
                                 "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
-    assert run.status == "waiting_review" and run.stop_reason == "workspace_tampered"
+    # the sandbox binds the worktree's .git file read-only: the rewrite fails and nothing points elsewhere
+    assert run.status == "waiting_review" and run.stop_reason in ("workspace_tampered", "crashed"), run.stop_message
+    assert "evil.git" not in Path(run.worktree, ".git").read_text()
     assert not Check.objects.filter(run=run).exists()

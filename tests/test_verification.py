@@ -5,6 +5,7 @@ commands and the scripted test adapter's real child processes for controlled beh
 """
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -191,10 +192,15 @@ def test_an_unavailable_reviewer_stops_the_run(make_pipeline, repo, sent):
     assert run.stop_reason == "reviewer_unavailable" and "crashed" in run.stop_message
 
 
-def test_a_reviewer_that_writes_is_a_scope_violation(make_pipeline, repo, sent):
+def test_a_reviewer_cannot_write_the_worktree(make_pipeline, repo, sent):
+    """The reviewer's sandbox binds the worktree read-only: its write fails, nothing of it reaches
+    the files, and a reviewer that fails gives no verdict (the run stops for a person)."""
     run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP],
                                                "review": [{**PASS, "write": {"app/extra.py": "x = 1\n"}}]})
-    assert run.stop_reason == "scope_violation" and run.stop_evidence["outside"] == ["app/extra.py"]
+    assert run.stop_reason == "reviewer_unavailable", run.stop_message
+    assert not Path(run.worktree, "app", "extra.py").exists()
+    review = Attempt.objects.get(run=run, operation="review")
+    assert "Read-only file system" in var(review.log_path).read_text()
 
 
 def test_a_reviewers_repair_finds_its_way_into_a_repair_session(make_pipeline, repo, sent):
@@ -653,12 +659,11 @@ def test_pytest_in_a_repository_without_its_own_configuration_never_takes_the_co
         "app/__init__.py": "", "app/core.py": '"""Core."""\n',
         "tests/test_core.py": "from app import core\n\n\ndef test_answer():\n    assert core.answer() == 42\n",
         "docs/PLAN.md": "# Plan\n"})
-    probe = tmp_path / "probe.py"  # outside the worktree: not the agent's file, read by the gate's python
-    probe.write_text("import pathlib, sys\n"
-                     f"try:\n    text = pathlib.Path({str(Path(settings.BASE_DIR) / 'pyproject.toml')!r}).read_text()\n"
-                     "except OSError:\n    text = ''\n"
-                     "sys.exit('the project configuration is visible' if 'DJANGO_SETTINGS_MODULE' in text else 0)\n")
-    gate = f"python -m pytest -q -p no:cacheprovider tests && python {probe}"
+    probe = ("import pathlib, sys\n"  # inline: the gate's sandbox sees nothing of tmp_path but the worktree
+             f"try:\n    text = pathlib.Path({str(Path(settings.BASE_DIR) / 'pyproject.toml')!r}).read_text()\n"
+             "except OSError:\n    text = ''\n"
+             "sys.exit('the project configuration is visible' if 'DJANGO_SETTINGS_MODULE' in text else 0)\n")
+    gate = f"python -m pytest -q -p no:cacheprovider tests && python -c {shlex.quote(probe)}"
     run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP]},
                    stages=stage(gates=[{"name": "unit", "command": gate}]))
     check = Check.objects.filter(run=run, kind="gate").first()

@@ -11,6 +11,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from .. import process
+from ..redaction import Redactor
+from .network import egress, network_record
+
 #: Usage keys every adapter reports; None means "not reported" and is never shown as 0.
 USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cache_creation_tokens", "reasoning_tokens",
               "cost_usd")
@@ -42,7 +46,9 @@ class AgentRequest:
     ``on_start(pid, create_time)`` lets the engine persist the pid before it matters;
     ``prompt_path`` is the saved prompt (a CLI that reads its prompt on stdin gets this file);
     ``home_dir`` is a fresh folder for the attempt's HOME, outside the worktree and the control
-    records; ``operation_attempt`` is 1 for the first attempt of this operation in this stage, 2 for the next...
+    records; ``operation_attempt`` is 1 for the first attempt of this operation in this stage, 2 for the next...;
+    ``deny_addresses`` are ``(address, port)`` pairs the attempt's egress proxy never connects to
+    (the database, the broker, the Control Panel: engine/boundary.py ``service_addresses``).
     """
 
     role: str
@@ -64,6 +70,7 @@ class AgentRequest:
     secrets: list = field(default_factory=list)
     should_stop: Callable[[], bool] | None = None
     on_start: Callable[[int, float], None] | None = None
+    deny_addresses: list = field(default_factory=list)
 
 
 @dataclass
@@ -90,10 +97,34 @@ class AgentResult:
 
 
 class Adapter:
-    """Base class of the adapters. Subclasses set ``name`` and ``simulated`` and implement ``run``."""
+    """Base class of the adapters. Subclasses set ``name`` and ``simulated`` and implement ``run``.
+
+    ``network``: what the last attempt did on the network (``engine.agents.network.network_record``),
+    set by ``sandboxed_run``; adapters put it in their result's ``extra["network"]``."""
 
     name = ""
     simulated = False
+    network: dict | None = None
+
+    def sandboxed_run(self, argv: list[str], env: dict, request: AgentRequest, wrapper, endpoint_url: str | None = None,
+                      **run_options):
+        """Run ``argv`` for the attempt inside its sandbox with its egress proxy.
+
+        ``wrapper(argv, env, request, policy) -> argv`` is the adapter's sandbox builder
+        (``sandbox.wrap`` with the attempt's folders); ``endpoint_url`` the scripted endpoint of a
+        simulated attempt. The proxy variables join ``env``; the proxy stops when the process
+        ends and ``self.network`` keeps its record. Returns ``engine.process.ProcessResult``."""
+        with egress(request.profile, endpoint_url, request.deny_addresses) as (proxy, policy):
+            env = {**env, **policy.env()}
+            try:
+                return process.run_supervised(
+                    wrapper(argv, env, request, policy), cwd=request.workspace, env=env,
+                    deadline_seconds=request.deadline_seconds, log_path=request.log_path, raw_path=request.raw_path,
+                    redactor=Redactor(request.secrets), marker=request.marker, should_stop=request.should_stop,
+                    on_start=request.on_start, grace_seconds=float(request.profile.get("grace_seconds", 5.0)),
+                    **run_options)
+            finally:
+                self.network = network_record(proxy)
 
     def run(self, request: AgentRequest) -> AgentResult:  # pragma: no cover - interface
         raise NotImplementedError

@@ -28,9 +28,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .. import process
 from . import sandbox
-from ..redaction import Redactor
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
 
@@ -44,15 +42,7 @@ AUTH_TEXTS = ("Not logged in", "Please run /login", "Failed to authenticate", "a
               "Invalid API key", "invalid x-api-key")
 
 
-def var_dir() -> str | None:
-    """The Control Panel's var directory (settings.VAR_DIR: database, control records, worktrees,
-    broker), hidden from agents; None outside a configured Django."""
-    try:
-        from django.conf import settings
-        var = getattr(settings, "VAR_DIR", None)
-        return str(var) if var else None
-    except Exception:  # noqa: BLE001 - no Django here, or settings that do not load: nothing to hide
-        return None
+var_dir = sandbox.var_dir
 
 
 def find_executable(name: str, configured: str | None = None) -> str | None:
@@ -235,14 +225,15 @@ def usage_of(result: dict | None) -> dict:
     return usage
 
 
-def sandboxed(argv: list[str], env: dict, request: AgentRequest) -> list[str]:
+def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
     """``argv`` inside the bubblewrap sandbox of the attempt (engine/agents/sandbox.py).
 
-    Hidden: the var directory (``var_dir``), the worker's HOME and the project's .env. Bound
-    back: the attempt's HOME, TMPDIR and data folder (read-write), its worktree (read-write for
+    Bound: the attempt's HOME, TMPDIR and data folder (read-write), its worktree (read-write for
     writers, read-only for the reviewer; its ``.git`` file read-only), and read-only the
     original repository's git metadata, the CLI (``argv[0]``), tools/agents, the Python install
-    and the PATH folders of ``env``.
+    and the PATH folders of ``env``; nothing else of the host. Covered again where a bound folder
+    encloses them: the var directory, the worker's HOME and the project's .env. ``network``: the
+    attempt's ``sandbox.NetworkPolicy`` (None: no network at all).
     """
     writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
     visible = sandbox.git_dirs(request.workspace)
@@ -253,7 +244,7 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest) -> list[str]:
     visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(var_dir()), visible=visible)
+                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network)
 
 
 class CliAdapter(Adapter):
@@ -299,14 +290,13 @@ class CliAdapter(Adapter):
         exe = find_executable(self.executable_name, profile.get("executable"))
         return cli_version(exe) if exe else ""
 
-    def supervise(self, argv: list[str], env: dict, request: AgentRequest):
-        """Run ``argv`` for the attempt under ``process.run_supervised`` (prompt file on stdin)."""
-        return process.run_supervised(
-            argv, cwd=request.workspace, env=env, deadline_seconds=request.deadline_seconds,
-            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
-            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
-            grace_seconds=float(request.profile.get("grace_seconds", 5.0)), stdin_path=request.prompt_path,
-        )
+    #: The adapter's sandbox builder: ``(argv, env, request, network) -> argv``.
+    wrapper = staticmethod(sandboxed)
+
+    def supervise(self, argv: list[str], env: dict, request: AgentRequest, endpoint_url: str | None = None):
+        """Run ``argv`` for the attempt in its sandbox with its egress proxy (``Adapter.sandboxed_run``),
+        the prompt file on stdin; ``endpoint_url``: the scripted endpoint of a simulated attempt."""
+        return self.sandboxed_run(argv, env, request, self.wrapper, endpoint_url, stdin_path=request.prompt_path)
 
 
 class ClaudeCodeAdapter(CliAdapter):
@@ -331,6 +321,8 @@ class ClaudeCodeAdapter(CliAdapter):
             "CLAUDE_CODE_MAX_RETRIES": str(request.profile.get("max_retries", 2)),
             "DISABLE_AUTOUPDATER": "1",
         })
+        if request.profile.get("base_url"):  # a gateway (LLM proxy) in front of the Messages API
+            env["ANTHROPIC_BASE_URL"] = str(request.profile["base_url"])
         env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
         if not env.get("TMPDIR"):
             # /tmp is read-only in the sandbox; without a writable TMPDIR claude 2.1.197 cannot
@@ -363,16 +355,12 @@ class ClaudeCodeAdapter(CliAdapter):
                 log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
                           f"at {endpoint.url}\n")
         try:
-            result = self.supervise(argv, env, request)
+            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
         finally:
             if endpoint is not None:
                 endpoint.stop()
             Path(home, ".claude", ".credentials.json").unlink(missing_ok=True)  # the login copy leaves with it
         return self._result(result, request, version)
-
-    def supervise(self, argv: list[str], env: dict, request: AgentRequest):
-        """As CliAdapter.supervise, inside the bubblewrap sandbox (``sandboxed``)."""
-        return super().supervise(sandboxed(argv, env, request), env, request)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_stream(request.raw_path)
@@ -404,5 +392,6 @@ class ClaudeCodeAdapter(CliAdapter):
             cli_version=version or parsed["version"], simulated=bool(request.profile.get("scripted_endpoint")),
             output_bytes=result.output_bytes, redactions=result.redactions, pid=result.pid,
             extra={"permission_denials": (outcome or {}).get("permission_denials") or [],
-                   "refusals": parsed["refusals"], "num_turns": (outcome or {}).get("num_turns")},
+                   "refusals": parsed["refusals"], "num_turns": (outcome or {}).get("num_turns"),
+                   "network": self.network},
         )

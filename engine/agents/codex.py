@@ -159,16 +159,17 @@ def kept_message_path(request: AgentRequest) -> str:
     return str(Path(request.control_dir) / f"codex-last-message-{request.attempt_number}.txt")
 
 
-def sandboxed(argv: list[str], env: dict, request: AgentRequest) -> list[str]:
+def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
     """``argv`` inside the engine's bubblewrap sandbox (engine/agents/sandbox.py), as
-    claude.sandboxed, in the user-namespace mode with a private /tmp that codex's own sandbox
-    needs inside it (sandbox.wrap ``user_namespace``, ``private_tmp``).
+    claude.sandboxed, in the user-namespace mode that codex's own sandbox needs inside it
+    (sandbox.wrap ``user_namespace``; ``/tmp`` is the sandbox's own, as codex writes
+    ``/tmp/codex-daemon-<uid>`` whatever TMPDIR says).
 
-    Hidden: the var directory, the worker's HOME and the project's .env. Bound back: the
-    attempt's HOME (= CODEX_HOME, holding the ``-o`` file), TMPDIR and data folder (read-write),
-    its worktree (read-write for writers, read-only for every other role; its ``.git`` file
-    read-only), and read-only the original repository's git metadata, the CLI (``argv[0]``),
-    tools/agents, the Python install and the PATH folders of ``env``.
+    Bound: the attempt's HOME (= CODEX_HOME, holding the ``-o`` file), TMPDIR and data folder
+    (read-write), its worktree (read-write for writers, read-only for every other role; its
+    ``.git`` file read-only), and read-only the original repository's git metadata, the CLI
+    (``argv[0]``), tools/agents, the Python install and the PATH folders of ``env``; nothing else
+    of the host. ``network``: the attempt's ``sandbox.NetworkPolicy`` (None: no network).
     """
     writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
     visible = sandbox.git_dirs(request.workspace)
@@ -180,7 +181,7 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest) -> list[str]:
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
                         hide=sandbox.private_paths(var_dir()), visible=visible, user_namespace=True,
-                        private_tmp=True)
+                        network=network)
 
 
 def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None) -> list[str]:
@@ -462,6 +463,8 @@ class CodexAdapter(CliAdapter):
         env.update({"HOME": home, "CODEX_HOME": home})
         if not env.get("CODEX_API_KEY") and env.get("OPENAI_API_KEY"):
             env["CODEX_API_KEY"] = env["OPENAI_API_KEY"]
+        if request.profile.get("base_url"):  # a gateway in front of the Responses API
+            env["OPENAI_BASE_URL"] = str(request.profile["base_url"])
         env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
         return env
 
@@ -476,7 +479,7 @@ class CodexAdapter(CliAdapter):
                                failure_message=message, usage=empty_usage())
         version = cli_version(exe)
         home = request.home_dir
-        prepare_home(home, request.env)
+        prepare_home(home, os.environ)  # the worker's login (its CODEX_HOME), never the run's environment
         env = self.environment(request, home)
         for stale in (last_message_path(request), kept_message_path(request)):
             Path(stale).unlink(missing_ok=True)
@@ -492,15 +495,13 @@ class CodexAdapter(CliAdapter):
                           f"at {endpoint.url}/v1\n")
         argv = build_argv(exe, request, endpoint.url if endpoint else None)
         try:
-            result = self.supervise(argv, env, request)
+            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
         finally:
             if endpoint is not None:
                 endpoint.stop()
         return self._result(result, request, version)  # reads the -o file before the engine removes HOME
 
-    def supervise(self, argv: list[str], env: dict, request: AgentRequest):
-        """As CliAdapter.supervise, inside the bubblewrap sandbox (``sandboxed``)."""
-        return super().supervise(sandboxed(argv, env, request), env, request)
+    wrapper = staticmethod(sandboxed)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_events(request.raw_path)
@@ -536,7 +537,7 @@ class CodexAdapter(CliAdapter):
             simulated=bool(request.profile.get("scripted_endpoint")), output_bytes=result.output_bytes,
             redactions=result.redactions, pid=result.pid,
             extra={"turns_completed": parsed["turns_completed"], "commands": parsed["commands"],
-                   "refusals": refusals, "reconnects": parsed["reconnects"]},
+                   "refusals": refusals, "reconnects": parsed["reconnects"], "network": self.network},
         )
 
     @staticmethod

@@ -1,40 +1,41 @@
-"""The operating-system boundary around an agent: bubblewrap, the file system read-only, private folders hidden.
+"""The operating-system boundary around an agent and a gate: bubblewrap, an allow-listed view, no network.
 
 A CLI's own permission rules are not enough alone: an implementer's shell tool runs any
-command, as the worker's user (root on many machines), and could write the control records
-or another run's worktree, or read them. ``wrap`` puts the agent in a mount namespace where:
+command, as the worker's user (root on many machines), and a gate runs code an agent wrote.
+Every agent (claude, codex, the scripted test adapter) and every gate runs under ``wrap``:
 
-* ``/`` is read-only and only the folders its role may write are writable: the worktree
-  (implementer and documenter; never the reviewer), its own HOME, its TMPDIR and data folder.
-  Root cannot write through a read-only bind mount either, having no capabilities to remount
-  it (below; checked with the bubblewrap shipped inside @openai/codex 0.171.0). Agents cannot
-  commit in the worktree: its git metadata lives in the original repository, which is
-  read-only to them; the engine commits checkpoints;
-* private folders are hidden (``hide``: an empty read-only tmpfs over a folder, ``/dev/null``
-  over a file): the Control Panel's var directory (the SQLite database, every run's control
-  records, the other runs' worktrees and scratch folders, the broker's messages), the worker
-  user's own HOME (``~/.claude``, ``~/.codex/auth.json``, ``~/.ssh``... see ``worker_homes``)
-  and the project's ``.env``. Inside them only what the attempt needs is bound back: the
-  writable folders above, and read-only the ``visible`` paths (the reviewer's worktree, the
-  original repository's ``.git``, the agent's executable, the Python install and PATH folders
-  that lie under a hidden folder: ``tool_paths``). The logins a real CLI needs are copied into
-  the attempt's own HOME by its adapter;
-* the agent has its own PID and IPC namespaces: it sees and can signal only its own processes;
-* it has no capabilities (``--cap-drop ALL``; bubblewrap also sets no_new_privs, so an exec
-  does not bring them back). Without that, bubblewrap started by root leaves root its
-  capabilities inside, and root could ``umount`` a hiding tmpfs or ``mount -o remount,rw`` a
-  read-only bind (both checked on the bundled bubblewrap: they worked, and no longer do).
+* **Filesystem, by allow-list**: an empty root with only the system folders read-only
+  (SYSTEM_PATHS, less SYSTEM_SECRETS), a private ``/dev``, ``/proc`` and ``/tmp``, and what the
+  caller binds: the CLI install and the Python install (``tool_paths``), the original
+  repository's git metadata (read-only), the worktree (read-write for implementer and
+  documenter, read-only for reviewers) and the attempt's own HOME, TMPDIR and data folder.
+  Nothing else of the host: not the Control Panel's var directory (database, every run's control
+  records and worktrees, the broker's messages), other installations, the rest of ``/tmp``,
+  ``/root``, ``/home``, ``/var`` or ``/run``. Where a bound install encloses a private path
+  (``private_paths``: the var directory, the worker's HOME with ``~/.claude``, ``~/.codex``,
+  ``~/.ssh``, the project's ``.env``) it is covered again. Agents cannot commit in the worktree:
+  its git metadata is read-only to them; the engine commits checkpoints.
+* **Network**: a namespace of its own, loopback only (``--unshare-net``): the host's
+  127.0.0.1, where PostgreSQL, Redis and the Control Panel listen, is not reachable whatever
+  their authentication, and two runs may bind the same port. When the profile needs its model,
+  the only way out is the attempt's egress proxy (engine/netproxy.py) on a Unix socket bound at
+  NETWORK_DIR, made an HTTP proxy on the sandbox's own loopback by engine/agents/netbridge.py
+  (``NetworkPolicy``): the provider's hosts, the gateway and the scripted endpoint; everything
+  else is refused and recorded. The design is that of Anthropic's sandbox-runtime, on this layer.
+* **Processes**: own PID and IPC namespaces (it sees and signals only its own processes), no
+  capabilities (``--cap-drop ALL``; bubblewrap also sets no_new_privs, so an exec does not bring
+  them back). Without that, bubblewrap started by root leaves root its capabilities inside, and
+  root could ``umount`` a hiding tmpfs or ``mount -o remount,rw`` a read-only bind (both checked
+  on the bundled bubblewrap: they worked, and no longer do).
 
-For an agent that runs its own bubblewrap inside (codex), ``wrap(..., user_namespace=True,
-private_tmp=True)`` adds a user namespace where the agent is SANDBOX_UID (its own bubblewrap
-can then map that uid without capabilities; root cannot map uid 0) and a private writable
-``/tmp``; ``user_namespace_available()`` checks that a bubblewrap nested in it works.
+For an agent that runs its own bubblewrap inside (codex), ``wrap(..., user_namespace=True)`` adds
+a user namespace where the agent is SANDBOX_UID (its own bubblewrap can then map that uid
+without capabilities; root cannot map uid 0); ``user_namespace_available()`` checks that a
+bubblewrap nested in it works.
 
-Known limits: the network is shared (the CLI must reach its model, and the scripted endpoint
-listens on 127.0.0.1), so an agent can connect to services on loopback such as Redis or
-PostgreSQL; their credentials are not in its environment (engine/steps.py ``run_env`` drops
-``CP_*``, ``DJANGO_*``, ``CELERY_*`` and ``DATABASE_URL``). Everything else the worker's user
-can read outside the hidden folders stays readable (the shared ``/tmp`` included, read-only).
+The environment is allow-listed by the engine (engine/boundary.py ``agent_env``), and the
+engine's own git never runs on what an agent made before checking it (engine/workspace.py
+``find_nested_repositories``). What remains is listed in docs/agents.md, "Known limits".
 
 Which bubblewrap: ``bwrap`` on PATH (Debian package ``bubblewrap``), else the one the pinned
 codex package ships in tools/agents. ``available()`` runs it once to be sure the kernel lets it.
@@ -81,8 +82,8 @@ def available() -> tuple[bool, str]:
         return False, "no bubblewrap (install the Debian package bubblewrap, or run `make agents`)"
     try:
         probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
-                                "--proc", "/proc", "--cap-drop", "ALL", "--tmpfs", "/mnt", "--remount-ro", "/mnt",
-                                "--", "true"],
+                                "--unshare-net", "--proc", "/proc", "--cap-drop", "ALL", "--tmpfs", "/mnt",
+                                "--remount-ro", "/mnt", "--", "true"],
                                capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bubblewrap ({path}) could not run: {exc}"
@@ -103,7 +104,8 @@ def user_namespace_available() -> tuple[bool, str]:
              "--unshare-net", "--", "true"]
     try:
         probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
-                                "--proc", "/proc", "--cap-drop", "ALL", *_user_args(), "--tmpfs", "/tmp",
+                                "--unshare-net", "--proc", "/proc", "--cap-drop", "ALL", *_user_args(),
+                                "--tmpfs", "/tmp",
                                 # the bubblewrap itself may live under /tmp (a project checked out there):
                                 # bound back, as wrap() binds back the folders an attempt needs
                                 "--ro-bind", os.path.dirname(os.path.realpath(path)),
@@ -152,6 +154,18 @@ def worker_homes() -> list[str]:
 #: upwards from a repository that has no configuration of its own, would take ours (with its
 #: DJANGO_SETTINGS_MODULE) and fail the repository's tests.
 PROJECT_RUNNER_CONFIG = ("pyproject.toml", "setup.cfg", "pytest.ini", "tox.ini", "conftest.py")
+
+
+def var_dir() -> str | None:
+    """The Control Panel's var directory (settings.VAR_DIR: database, control records, worktrees,
+    broker), hidden from agents; None outside a configured Django."""
+    try:
+        from django.conf import settings  # noqa: PLC0415 - this module imports no Django at import time
+
+        var = getattr(settings, "VAR_DIR", None)
+        return str(var) if var else None
+    except Exception:  # noqa: BLE001 - no Django here, or settings that do not load: nothing to hide
+        return None
 
 
 def private_paths(var_dir: str | None) -> list[str]:
@@ -214,27 +228,84 @@ def git_dirs(workspace: str) -> list[str]:
     return list(dict.fromkeys(path for path in found if os.path.isdir(path)))
 
 
+#: What of the host every sandbox sees, read-only: the system folders (a symlink such as
+#: Debian's ``/bin -> usr/bin`` is made as the same symlink). Nothing else of the host is there
+#: unless a caller binds it: not ``/tmp`` (a private tmpfs instead), ``/root``, ``/home``,
+#: ``/var``, ``/run`` (PostgreSQL's socket folder), ``/srv``, ``/mnt`` or ``/media``.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
+#: Secrets inside the system folders, hidden again (a glob each): password hashes, the host's
+#: ssh keys, TLS private keys, sudo rules and the configuration of local database and broker
+#: servers (which may hold their passwords).
+SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh/ssh_host_*",
+                  "/etc/ssl/private", "/etc/sudoers", "/etc/sudoers.d", "/etc/redis", "/etc/postgresql",
+                  "/etc/postgresql-common", "/etc/mysql", "/etc/rabbitmq", "/etc/mosquitto", "/etc/nats-server.conf")
+#: Where the egress proxy's folder is bound inside the sandbox, and the bridge's proxy port there.
+NETWORK_DIR = "/run/cp-net"
+PROXY_PORT = 3128
+BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netbridge.py")
+
+
+class NetworkPolicy:
+    """The way out of an attempt's network namespace: an ``engine.netproxy.EgressProxy`` started
+    by the caller (its ``socket_dir`` is bound at NETWORK_DIR), and the loopback endpoints
+    (``"127.0.0.1:PORT"``) the bridge forwards so that a CLI's base URL on the worker's loopback
+    keeps working. ``env()`` gives the proxy variables the programs inside need."""
+
+    def __init__(self, socket_dir: str, forwards: list[str] | tuple[str, ...] = ()):
+        self.socket_dir = socket_dir
+        self.forwards = list(dict.fromkeys(forwards))
+
+    def env(self) -> dict[str, str]:
+        """``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and lower-case) = the bridge; loopback direct
+        (``NO_PROXY``), where the bridge's forwards listen. Claude Code honours ``HTTPS_PROXY``
+        (shared/design/agent-cli-facts.md §4); codex's HTTP client (reqwest) reads the same names."""
+        url = f"http://127.0.0.1:{PROXY_PORT}"
+        env = {}
+        for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
+            env[name] = env[name.lower()] = url
+        env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+        return env
+
+
+def system_secrets() -> list[str]:
+    """The SYSTEM_SECRETS present on this host (globs expanded)."""
+    found = []
+    for pattern in SYSTEM_SECRETS:
+        found += glob.glob(pattern) if any(ch in pattern for ch in "*?[") else [pattern]
+    return [path for path in found if os.path.lexists(path)]
+
+
 def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hide: list[str] = (),
-         visible: list[str] = (), user_namespace: bool = False, private_tmp: bool = False) -> list[str]:
-    """``argv`` run inside bubblewrap: ``/`` read-only, ``hide`` hidden, only ``writable`` writable.
+         visible: list[str] = (), user_namespace: bool = False, private_tmp: bool = True,
+         network: NetworkPolicy | None = None) -> list[str]:
+    """``argv`` run inside bubblewrap, with an allow-listed view of the host and no network of its own.
 
-    ``writable`` folders (created when missing) are bound read-write, also inside a hidden one.
-    ``read_only`` paths inside a writable folder stay read-only (the worktree's ``.git`` file, so
-    an agent cannot point the engine's git at a repository of its own). ``hide`` folders get an
-    empty tmpfs, made read-only once everything is in place, and ``hide`` files ``/dev/null``;
-    ``visible`` paths that lie under a hidden folder are bound back read-only. Mounts go deepest
-    last, so the more specific one wins whatever the order of the lists. Missing paths in
-    ``read_only``, ``hide`` and ``visible`` are skipped. The agent gets its own PID and IPC
-    namespaces and no capabilities (it cannot unmount or remount any of this). The network is
-    shared (the CLI must reach its model; see the module docstring).
+    The view (deny by default): an empty root, then read-only SYSTEM_PATHS (less
+    ``system_secrets()``), a private ``/dev``, ``/proc`` and writable ``/tmp`` (a tmpfs of the
+    sandbox's own, gone with it), the ``visible`` paths read-only, the ``writable`` folders
+    (created when missing) read-write, and ``read_only`` paths inside a writable folder read-only
+    again (the worktree's ``.git`` file, so an agent cannot point the engine's git at a
+    repository of its own). ``hide`` paths that lie inside something bound are covered again (an
+    empty read-only tmpfs over a folder, ``/dev/null`` over a file): the var directory, the
+    worker's HOME, the project's ``.env``, when a bound install lies around them. A visible path
+    inside a hidden folder is bound back. Mounts go deepest last, so the more specific one wins.
+    Missing ``read_only``, ``hide`` and ``visible`` paths are skipped; so are visible paths inside
+    a writable folder.
 
-    ``user_namespace``: the agent also gets its own user namespace and runs as SANDBOX_UID (files
-    of the worker's user look like its own; other users' files belong to "nobody"), so that a
-    bubblewrap it starts itself (codex's sandbox for its commands) can set up its own user
-    namespace: without capabilities, root cannot map uid 0 into a new one ("setting up uid map:
-    Operation not permitted"). ``private_tmp``: ``/tmp`` is a writable tmpfs of the sandbox's own
-    (codex writes ``/tmp/codex-daemon-<uid>`` whatever TMPDIR says), gone with it; ``writable`` and
-    ``visible`` paths under ``/tmp`` are bound back into it like under a hidden folder.
+    Namespaces: PID and IPC (it sees and signals only its own processes), network (loopback
+    only: nothing of the host's 127.0.0.1, where the database, the broker and the Control Panel
+    listen; two sandboxes may bind the same port). No capabilities (``--cap-drop ALL``; bubblewrap
+    sets no_new_privs): root inside cannot unmount or remount any of this.
+
+    ``network``: the attempt's NetworkPolicy. Its proxy folder is bound at NETWORK_DIR and the
+    command runs under the bridge (engine/agents/netbridge.py, with the engine's Python), which
+    serves the proxy on 127.0.0.1:PROXY_PORT and the policy's loopback forwards inside; the
+    caller adds ``network.env()`` to the environment. None: no way out at all.
+
+    ``user_namespace``: its own user namespace too, as SANDBOX_UID, so that a bubblewrap it starts
+    itself (codex's sandbox for its commands) can make its own user namespace: without
+    capabilities, root cannot map uid 0 into a new one. ``private_tmp`` is kept for callers; /tmp
+    is always the sandbox's own.
 
     Raises RuntimeError when bubblewrap is not available (callers check ``available()``, and
     ``user_namespace_available()`` for that mode).
@@ -242,42 +313,65 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     ok, path = user_namespace_available() if user_namespace else available()
     if not ok:
         raise RuntimeError(path)
-    sandbox = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc", "--proc", "/proc",
-               "--die-with-parent", "--cap-drop", "ALL"]
+    sandbox = [path, "--unshare-pid", "--unshare-ipc", "--unshare-net", "--die-with-parent", "--cap-drop", "ALL"]
     if user_namespace:
         sandbox += _user_args()
-    own_tmp = os.path.realpath("/tmp") if private_tmp else None
-    mounts: dict[str, list[str]] = {}  # real path -> its bwrap arguments (one mount per path)
-    bound = []  # what is bound read-write or read-only back: a hidden path inside one of them still hides
+    visible = list(visible)
+    if network is not None:
+        visible += [BRIDGE, *tool_paths(None)]
+    # real path -> its bwrap arguments; assigned in order of precedence (a later kind wins)
+    mounts: dict[str, list[str]] = {}
+    links: list[list[str]] = []
+    for item in SYSTEM_PATHS:
+        if os.path.islink(item):
+            links.append(["--symlink", os.readlink(item), item])
+        elif os.path.isdir(item):
+            mounts[item] = ["--ro-bind", item, item]
+    rw = []
     for folder in writable:
         os.makedirs(folder, exist_ok=True)
-        real = os.path.realpath(folder)
+        rw.append(os.path.realpath(folder))
+    for item in visible:
+        if item and os.path.exists(item):
+            real = os.path.realpath(item)
+            if not any(_inside(real, folder) for folder in rw):
+                mounts[real] = ["--ro-bind", real, real]
+    ro_bound = [real for real in mounts]
+    mounts.setdefault("/tmp", ["--tmpfs", "/tmp"])
+    tmpfs_ro = []
+    for item in [*hide, *system_secrets()]:
+        if not item or not os.path.lexists(item):
+            continue
+        real = os.path.realpath(item)
+        if real == "/" or any(_inside(real, folder) for folder in rw):
+            continue  # never what it writes
+        if not any(_inside(real, folder) for folder in ro_bound) or real in rw:
+            continue  # not in the view anyway
+        if os.path.isdir(real):
+            mounts[real] = ["--tmpfs", real]
+            tmpfs_ro.append(real)
+        else:
+            mounts[real] = ["--ro-bind", "/dev/null", real]
+    for real in rw:
         mounts[real] = ["--bind", real, real]
-        bound.append(real)
-    hidden = [os.path.realpath(item) for item in hide if item and os.path.exists(item)]
-    hidden += [own_tmp] if own_tmp else []  # hidden like a private folder, but writable (not remounted)
-    hidden = [real for real in dict.fromkeys(hidden)
-              if real != "/" and not any(_inside(real, folder) for folder in bound)]  # never what it writes
-    hidden_dirs = [real for real in hidden if os.path.isdir(real)]
-    shown = [real for real in dict.fromkeys(os.path.realpath(item) for item in visible if item and os.path.exists(item))
-             if real not in mounts and any(_inside(real, folder) and real != folder for folder in hidden_dirs)]
-    for real in shown:
-        cover = max((folder for folder in hidden_dirs if _inside(real, folder)), key=len)
-        if not any(_inside(real, other) and other != real and _inside(other, cover) for other in shown):
-            mounts[real] = ["--ro-bind", real, real]  # not already shown through an enclosing visible path
-            bound.append(real)
-    for real in hidden:
-        # the private /tmp covers nothing: it is writable, a hidden folder in it stays read-only and empty
-        outer = [folder for folder in hidden_dirs if _inside(real, folder) and real != folder and folder != own_tmp]
-        if real in mounts or (outer and not any(_inside(real, folder) for folder in bound)):
-            continue  # already covered by a hidden folder and not inside anything bound back
-        mounts[real] = ["--tmpfs", real] if os.path.isdir(real) else ["--ro-bind", "/dev/null", real]
     for item in read_only:
         if os.path.exists(item):
             real = os.path.realpath(item)
             mounts[real] = ["--ro-bind", real, real]
+    if network is not None:
+        mounts[NETWORK_DIR] = ["--ro-bind", os.path.realpath(network.socket_dir), NETWORK_DIR]
+    sandbox += ["--dev", "/dev", "--proc", "/proc"]
+    for link in links:
+        sandbox += link
     for real in sorted(mounts, key=_depth):  # an enclosing mount first: the deeper one covers it
         sandbox += mounts[real]
-    sandbox += [arg for real in mounts if mounts[real][0] == "--tmpfs" and real != own_tmp
-                for arg in ("--remount-ro", real)]
-    return sandbox + ["--"] + list(argv)
+    sandbox += [arg for real in tmpfs_ro if mounts.get(real, [""])[0] == "--tmpfs" for arg in ("--remount-ro", real)]
+    sandbox += ["--remount-ro", "/"]  # the empty root itself: nothing to write there
+    command = list(argv)
+    if network is not None:
+        bridge = [os.path.realpath(sys.executable), "-I", "-S", BRIDGE, "--socket", f"{NETWORK_DIR}/proxy.sock",
+                  "--proxy-port", str(PROXY_PORT)]
+        for target in network.forwards:
+            bridge += ["--forward", target]
+        command = [*bridge, "--", *command]
+    return sandbox + ["--"] + command

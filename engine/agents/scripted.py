@@ -13,11 +13,27 @@ import os
 import sys
 import uuid
 
-from .. import process
-from ..redaction import Redactor
+from . import sandbox
 from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
 
 AGENT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripted_agent.py")
+
+
+def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
+    """``argv`` inside the sandbox every real CLI gets (engine/agents/sandbox.py), so that the
+    simulated runs exercise the same boundary: the attempt's HOME, TMPDIR and data folder and (for
+    writers) the worktree writable; the worktree read-only for the reviewer; the scripted agent,
+    its step file, the Python install and the PATH folders visible; nothing else of the host."""
+    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+    visible = sandbox.git_dirs(request.workspace) + [AGENT_SCRIPT, request.control_dir]
+    if request.role in ("implementer", "documenter"):
+        writable.append(request.workspace)
+    else:
+        visible.append(request.workspace)
+    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],))
+    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
+                        read_only=[os.path.join(request.workspace, ".git")],
+                        hide=sandbox.private_paths(sandbox.var_dir()), visible=visible, network=network)
 
 
 def pick_step(scenario: dict, stage_key: str, operation: str, nth: int) -> dict:
@@ -51,12 +67,13 @@ class ScriptedAdapter(Adapter):
             json.dump({"step": step, "stage": request.stage_key, "operation": request.operation,
                        "attempt": request.attempt_number, "session_id": session_id}, fh)
         argv = [sys.executable, AGENT_SCRIPT, step_file]
-        result = process.run_supervised(
-            argv, cwd=request.workspace, env=request.env, deadline_seconds=request.deadline_seconds,
-            log_path=request.log_path, raw_path=request.raw_path, redactor=Redactor(request.secrets),
-            marker=request.marker, should_stop=request.should_stop, on_start=request.on_start,
-            grace_seconds=float(request.profile.get("grace_seconds", 5.0)),
-        )
+        if not sandbox.available()[0]:
+            message = f"No sandbox can be made for the scripted agent: {sandbox.available()[1]}"
+            with open(request.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] {message}\n")
+            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="boundary_not_enforced",
+                               failure_message=message, usage=empty_usage(), simulated=True)
+        result = self.sandboxed_run(argv, {**request.env, "HOME": request.home_dir}, request, sandboxed)
         failure_kind, failure_message = interactive_prompt(request.log_path, *classify_process(result))
         usage, final, extra = empty_usage(), "", {}
         parsed = _last_result_line(request.raw_path)
@@ -75,7 +92,7 @@ class ScriptedAdapter(Adapter):
             failure_kind=failure_kind, failure_message=failure_message, usage=usage,
             session_id=session_id if parsed is not None else "", final_message=final,
             cli_version=self.version(request.profile), simulated=True, output_bytes=result.output_bytes,
-            redactions=result.redactions, pid=result.pid, extra=extra,
+            redactions=result.redactions, pid=result.pid, extra={**extra, "network": self.network},
         )
 
 

@@ -1,0 +1,90 @@
+"""The network allow-list of an attempt and its egress proxy (no Django imports).
+
+An agent runs in a network namespace of its own (engine/agents/sandbox.py); its only way out is
+an ``engine.netproxy.EgressProxy`` started for the attempt. ``network_allow(profile,
+endpoint_url)`` is what that proxy lets through:
+
+* the provider hosts of the profile's adapter (PROVIDER_HOSTS), unless the attempt talks to the
+  scripted model endpoint (a simulated run reaches that endpoint only);
+* the profile's gateway: ``base_url``, or ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` in its
+  ``env`` (GATEWAY_ENV), as ``host:port``;
+* the scripted endpoint (``http://127.0.0.1:PORT``) of a simulated attempt;
+* the profile's ``network_allow`` entries (``host``, ``*.suffix``, ``host:port``).
+
+Whatever the list says, the proxy never connects to the ``deny`` addresses the engine gives it
+(the database, the broker, the Control Panel: engine/boundary.py ``service_addresses``).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+from ..netproxy import EgressProxy, split_host_port
+from .sandbox import NetworkPolicy
+
+#: The provider hosts each adapter may reach by default (any port of the name). claude: the
+#: Messages API; codex: the Responses API, and ChatGPT's backend and login host for a ChatGPT
+#: sign-in. The scripted test adapter talks to no model.
+PROVIDER_HOSTS = {
+    "claude-code": ("api.anthropic.com",),
+    "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
+    "scripted": (),
+}
+#: Gateway variables a profile's ``env`` may set; their host joins the allow-list.
+GATEWAY_ENV = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL")
+
+
+def url_entry(url: str) -> str | None:
+    """``https://gw.example:8443/v1`` -> ``gw.example:8443``; ``http://127.0.0.1:9/`` -> ``127.0.0.1:9``;
+    None for a URL without a host."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    host = parts.hostname.lower()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def network_allow(profile: dict, endpoint_url: str | None = None) -> list[str]:
+    """The attempt's allow-list (entries as ``EgressProxy`` takes them), without duplicates."""
+    adapter = profile.get("adapter") or ""
+    entries = [] if endpoint_url else list(PROVIDER_HOSTS.get(adapter, ()))
+    urls = [profile.get("base_url")] + [(profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
+    urls.append(endpoint_url)
+    for url in urls:
+        entry = url_entry(url) if url else None
+        if entry:
+            entries.append(entry)
+    entries += [str(item).lower() for item in profile.get("network_allow") or []]
+    return list(dict.fromkeys(entries))
+
+
+def loopback_forwards(entries: list[str]) -> list[str]:
+    """The entries on this host's loopback with a port (``127.0.0.1:PORT``): the bridge listens on
+    the same address inside the sandbox, so a base URL on the worker's loopback keeps working."""
+    forwards = []
+    for entry in entries:
+        host, port = split_host_port(entry)
+        if port and host in ("127.0.0.1", "localhost"):
+            forwards.append(f"127.0.0.1:{port}")
+    return forwards
+
+
+@contextmanager
+def egress(profile: dict, endpoint_url: str | None = None, deny=()):
+    """Start the attempt's egress proxy; yields ``(proxy, policy)`` for ``sandbox.wrap(network=policy)``
+    and ``policy.env()``. ``deny``: ``(address, port)`` pairs never reached. Stopped when the block ends."""
+    allow = network_allow(profile, endpoint_url)
+    proxy = EgressProxy(allow=allow, deny={(str(a), int(p)) for a, p in deny}).start()
+    try:
+        yield proxy, NetworkPolicy(proxy.socket_dir, loopback_forwards(allow))
+    finally:
+        proxy.stop()
+
+
+def network_record(proxy: EgressProxy) -> dict:
+    """What an attempt did on the network: ``{"allow": [...], "connected": [...], "refused": [...]}``."""
+    return {"allow": list(proxy.allow), "connected": list(proxy.connected), "refused": list(proxy.refused)}

@@ -1,0 +1,310 @@
+"""The egress proxy of one attempt: the only way out of an agent's network namespace.
+
+An agent and its gates run in a network namespace of their own (engine/agents/sandbox.py):
+loopback only. When a profile needs its model, the engine starts an ``EgressProxy`` for the
+attempt on a Unix socket in a folder bound into the sandbox, and the bridge inside
+(engine/agents/netbridge.py) makes it an ordinary HTTP proxy on the sandbox's 127.0.0.1. The
+design follows Anthropic's sandbox-runtime (``@anthropic-ai/sandbox-runtime`` on npm:
+bubblewrap, a network namespace, an HTTP proxy over a Unix socket with a domain allow-list),
+built here on our own bubblewrap layer so that one sandbox serves claude, codex, the test
+adapter and the gates alike.
+
+What it speaks: ``CONNECT host:port`` (HTTPS through ``HTTPS_PROXY``; the bridge's port
+forwards), and absolute-form requests (``GET http://host:port/path HTTP/1.1``, plain HTTP
+through ``HTTP_PROXY``), which it turns into origin-form on a direct connection. Everything
+else gets ``400``.
+
+What it allows (``allowed``): a host on the allow-list, by exact name or ``*.suffix``, on any
+port, or ``host:port`` on that port only. A loopback or private address is allowed only when
+listed with its port. Never, whatever the list says: an address in ``deny`` (the database, the
+broker and the Control Panel, ``engine.boundary.service_addresses``), checked on every address
+the name resolves to. A refusal answers ``403`` and is kept in ``refused`` (host, port, why,
+seconds since the proxy started), which the engine records on the attempt.
+
+No Django imports.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+_HEAD_LIMIT = 65536
+_CHUNK = 65536
+#: Seconds to wait for a connection to an allowed host.
+CONNECT_TIMEOUT_SECONDS = 15.0
+#: At most this many refusals are kept (an agent looping on a refused host stays bounded).
+MAX_RECORDED = 200
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while True:
+            data = src.recv(_CHUNK)
+            if not data:
+                break
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    other = threading.Thread(target=_pipe, args=(b, a), daemon=True)
+    other.start()
+    _pipe(a, b)
+    other.join()
+    a.close()
+    b.close()
+
+
+def split_host_port(text: str, default_port: int | None = None) -> tuple[str, int | None]:
+    """``"host:443"`` -> ``("host", 443)``, ``"[::1]:80"`` -> ``("::1", 80)``, ``"host"`` -> ``("host", default_port)``.
+
+    Raises ValueError for a port that is not a number from 1 to 65535.
+    """
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host, port = text, ""
+    if not port:
+        return host.lower(), default_port
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad port in {text!r}")
+    return host.lower(), int(port)
+
+
+def _is_internal(host: str) -> bool:
+    """Whether ``host`` is a loopback, private, link-local or unspecified address, or ``localhost``."""
+    if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to (an IP literal is itself); empty when it does not resolve."""
+    try:
+        return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+    except (OSError, UnicodeError):
+        return []
+
+
+@dataclass
+class EgressProxy:
+    """An HTTP proxy on a Unix socket that connects only to allowed hosts.
+
+    ``allow``: entries ``host``, ``*.suffix``, ``host:port`` or ``*.suffix:port`` (names lower
+    case; a loopback or private address must name its port). ``deny``: ``(address, port)`` pairs
+    never connected to, whatever the name; port 0 denies every port of that address.
+    ``resolver(host, port) -> [address]`` is ``socket.getaddrinfo`` by default (tests pass
+    their own). ``start()`` makes a private folder (``socket_dir``, mode 0700) with
+    ``proxy.sock`` in it and serves from a daemon thread; ``stop()`` closes it and removes the
+    folder. ``refused`` and ``connected`` are lists of ``{"host", "port", "why"?, "at"}``
+    (``at``: seconds since start), at most MAX_RECORDED each.
+    """
+
+    allow: list[str]
+    deny: set[tuple[str, int]] = field(default_factory=set)
+    resolver: Callable[[str, int], list[str]] = _resolve
+    refused: list[dict] = field(default_factory=list)
+    connected: list[dict] = field(default_factory=list)
+    socket_dir: str = ""
+
+    def __post_init__(self) -> None:
+        self._rules = []
+        for entry in self.allow:
+            host, port = split_host_port(entry)
+            self._rules.append((host, port))
+        self._server: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ policy
+
+    def allowed(self, host: str, port: int) -> tuple[bool, str]:
+        """``(True, "")`` when ``host:port`` may be reached, else ``(False, why)``."""
+        host = host.lower().strip("[]").rstrip(".")
+        internal = _is_internal(host)
+        listed = False
+        for rule_host, rule_port in self._rules:
+            if rule_port is not None and rule_port != port:
+                continue
+            if internal and rule_port is None:
+                continue  # an internal address is allowed only with its port named
+            if rule_host == host or (rule_host.startswith("*.") and host.endswith(rule_host[1:])):
+                listed = True
+                break
+        if not listed:
+            return False, f"{host}:{port} is not on the attempt's network allow-list"
+        addresses = self.resolver(host, port)
+        if not addresses:
+            return False, f"{host} does not resolve"
+        for address in addresses:
+            if (address, port) in self.deny or (address, 0) in self.deny:
+                return False, f"{host}:{port} ({address}) is a service of the Control Panel (database, broker or web)"
+        return True, ""
+
+    def _record(self, bucket: list[dict], host: str, port: int, why: str = "") -> None:
+        with self._lock:
+            if len(bucket) < MAX_RECORDED:
+                item = {"host": host, "port": port, "at": round(time.monotonic() - self._started, 3)}
+                if why:
+                    item["why"] = why
+                bucket.append(item)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def socket_path(self) -> str:
+        """The Unix socket's path (``<socket_dir>/proxy.sock``); raises RuntimeError before ``start()``."""
+        if not self.socket_dir:
+            raise RuntimeError("the egress proxy is not started")
+        return os.path.join(self.socket_dir, "proxy.sock")
+
+    def start(self) -> "EgressProxy":
+        """Bind the socket (in a new short folder under /tmp: a Unix socket path has at most 107 bytes) and serve."""
+        if self._server is not None:
+            return self
+        self.socket_dir = tempfile.mkdtemp(prefix="cp-net-", dir="/tmp")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(self.socket_path)
+        server.listen(64)
+        self._server = server
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._accept_loop, name="egress-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close the socket and remove its folder. Safe to call twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            try:
+                server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            server.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self.socket_dir:
+            for name in ("proxy.sock",):
+                try:
+                    os.unlink(os.path.join(self.socket_dir, name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self.socket_dir)
+            except OSError:
+                pass
+
+    def __enter__(self) -> "EgressProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _accept_loop(self) -> None:
+        while True:
+            server = self._server
+            if server is None:
+                return
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    # ------------------------------------------------------------------ one connection
+
+    def _handle(self, client: socket.socket) -> None:
+        try:
+            client.settimeout(30)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = client.recv(4096)
+                if not data:
+                    client.close()
+                    return
+                head += data
+                if len(head) > _HEAD_LIMIT:
+                    self._answer(client, 431, "request head too large")
+                    return
+            client.settimeout(None)
+            head, _, rest = head.partition(b"\r\n\r\n")
+            first, _, headers = head.partition(b"\r\n")
+            parts = first.decode("latin-1").split(" ")
+            if len(parts) != 3:
+                self._answer(client, 400, "not an HTTP proxy request")
+                return
+            method, target, version = parts
+            if method.upper() == "CONNECT":
+                host, port = split_host_port(target)
+                if port is None:
+                    raise ValueError("CONNECT needs host:port")
+                origin_head = None
+            elif target.lower().startswith("http://"):
+                authority, slash, path = target[7:].partition("/")
+                host, port = split_host_port(authority, 80)
+                origin = f"{method} {slash}{path or ''} {version}\r\n".encode("latin-1")
+                origin_head = origin + headers + b"\r\n\r\n" + rest
+            else:
+                self._answer(client, 400, "only CONNECT and http:// absolute-form requests are proxied")
+                return
+        except (OSError, ValueError, UnicodeError) as exc:
+            self._answer(client, 400, f"bad proxy request: {exc}")
+            return
+        ok, why = self.allowed(host, port)
+        if not ok:
+            self._record(self.refused, host, port, why)
+            self._answer(client, 403, f"refused by the Control Panel's sandbox: {why}")
+            return
+        try:
+            upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_SECONDS)
+            upstream.settimeout(None)
+        except OSError as exc:
+            self._answer(client, 502, f"cannot reach {host}:{port}: {exc}")
+            return
+        self._record(self.connected, host, port)
+        try:
+            if origin_head is None:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                if rest:
+                    upstream.sendall(rest)
+            else:
+                upstream.sendall(origin_head)
+        except OSError:
+            client.close()
+            upstream.close()
+            return
+        _splice(client, upstream)
+
+    @staticmethod
+    def _answer(client: socket.socket, status: int, text: str) -> None:
+        reason = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
+                  502: "Bad Gateway"}.get(status, "Error")
+        body = (text + "\n").encode("utf-8", "replace")
+        try:
+            client.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                           f"Connection: close\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        client.close()
