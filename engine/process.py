@@ -700,21 +700,44 @@ def _collect(
     return procs
 
 
+#: The sandbox's own processes (bubblewrap's monitor and its PID namespace's init). A polite
+#: signal spares them: bubblewrap ends on SIGINT or SIGTERM, and with it, at once, everything in
+#: its PID namespace, which would cut the grace an agent inside gets to clean up. SIGKILL reaches them.
+SANDBOX_PROCESS_NAMES = ("bwrap",)
+
+
+def _is_sandbox(proc: psutil.Process) -> bool:
+    try:
+        return proc.name() in SANDBOX_PROCESS_NAMES
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 def _send(
     procs: Iterable[psutil.Process],
     sig: int,
     protected_pgids: set[int],
     signalled: set[int],
 ) -> None:
-    """Signal each distinct process group of ``procs``, then each process."""
+    """Signal each distinct process group of ``procs``, then each process. A polite signal (not
+    SIGKILL) skips the sandbox's own processes (SANDBOX_PROCESS_NAMES) and the groups they are in;
+    the processes inside the sandbox get it one by one."""
     procs = list(procs)
-    groups = set()
+    groups, spared_groups = set(), set()
+    if sig != _signal.SIGKILL:
+        spared = [proc for proc in procs if _is_sandbox(proc)]
+        procs = [proc for proc in procs if proc not in spared]
+        for proc in spared:
+            try:
+                spared_groups.add(os.getpgid(proc.pid))
+            except OSError:
+                continue
     for proc in procs:
         try:
             groups.add(os.getpgid(proc.pid))
         except OSError:
             continue
-    for pgid in groups - protected_pgids:
+    for pgid in groups - protected_pgids - spared_groups:
         try:
             os.killpg(pgid, sig)
         except OSError:

@@ -35,6 +35,14 @@ def git(repo, *args, check=True) -> str:
     return result.stdout
 
 
+def run_data_dir(run) -> Path:
+    """The run's data folder (``$CP_DATA_DIR``), made now: a file a test puts there before Start
+    is seen by the run's agents and gates, which see nothing else of the host outside the worktree."""
+    from engine.steps import scratch_dirs
+
+    return Path(scratch_dirs(run.pk)["data"])
+
+
 def make_repo(path: Path, files: dict[str, str], message: str = "initial") -> Path:
     """A git repository at ``path`` with ``files`` committed on main."""
     path.mkdir(parents=True, exist_ok=True)

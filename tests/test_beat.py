@@ -1,5 +1,5 @@
 """Beat reconciles on its own: with every worker dead, a run whose worker was killed mid-attempt
-is interrupted and its orphaned agent tree reaped by the beat process itself (controlpanel/beat.py),
+is interrupted by the beat process itself (controlpanel/beat.py; its agent tree died with its worker),
 within one reconciliation period after its heartbeat went stale. Real processes: a worker, its
 agent, a ``celery beat``; the suite's database and broker."""
 import time
@@ -35,13 +35,14 @@ def test_beat_alone_interrupts_a_run_whose_only_worker_died_and_reaps_its_agent(
         tree = agent_tree(attempt)
         worker.kill()  # the only worker: nobody is left to take a message from the queue
         killed_at = time.monotonic()
-        assert not any(dead(proc) for proc in tree)
+        # the agent's tree dies with its worker (the sandbox's --die-with-parent): no orphan to reap
+        assert wait_until(lambda: all(dead(proc) for proc in tree), 10, "the agent's tree to die with its worker")
         beat = Beat(tmp_path, queue, settings.CELERY_BROKER_URL, CP_HEARTBEAT_STALE=STALE,
                     CP_RECONCILE_PERIOD=PERIOD).start()
         run = wait_for(run.pk, statuses=("waiting_review",), timeout=STALE + 4 * PERIOD + 20)
         took = time.monotonic() - killed_at
         assert run.stop_reason == "interrupted", run.stop_message
-        assert wait_until(lambda: tree_gone(attempt), 10, "the orphaned agent tree to be gone")
+        assert wait_until(lambda: tree_gone(attempt), 10, "the agent tree to be gone")
         assert Attempt.objects.get(pk=attempt.pk).status == "interrupted"
         assert "reconciliation pass (reconcile) in the beat process" in beat.text()
         assert '"interrupted": 1' in beat.text()

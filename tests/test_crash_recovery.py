@@ -198,11 +198,12 @@ def var(rel: str) -> Path:
     return Path(settings.VAR_DIR) / rel
 
 
-def stub(text: str, seconds: float, side: Path | None = None) -> dict:
+def stub(text: str, seconds: float, side: str | None = None) -> dict:
     """A scenario step: print ``text``, write app/core.py, then (optionally) append one line to
-    ``side``, a file outside the worktree, and keep a small process tree (sh and a sleep) alive
-    for ``seconds``."""
-    launch = f"echo launch $$ >> {shlex.quote(str(side))}; " if side else ""
+    ``side``, a file in the run's data folder (outside the worktree: the sandbox lets the agent
+    write there, and the test read it), and keep a small process tree (sh and a sleep) alive for
+    ``seconds``."""
+    launch = f'echo launch $$ >> "$CP_DATA_DIR/{side}"; ' if side else ""
     return {**ANSWER_STEP, "print": [text], "run": ["sh", "-c", f"{launch}sleep {seconds} & wait"]}
 
 
@@ -297,7 +298,7 @@ def test_c15_a_start_redelivered_after_the_visibility_timeout_launches_nothing(b
                                                                                tmp_path):
     queue = f"c15-{uuid.uuid4().hex[:8]}"
     publish(broker.url, queue)
-    side = tmp_path / "launches.txt"  # outside the worktree: one line per agent launch
+    side = "launches.txt"  # in the run's data folder, outside the worktree: one line per agent launch
     # two workers on one queue, one pool process each: the copy put back on the queue after the
     # visibility timeout reaches the idle one while the first copy still runs
     env = engine_env(broker.url, CP_VISIBILITY_TIMEOUT=10, CP_BROKER_RESTORE_INTERVAL=1)
@@ -317,7 +318,8 @@ def test_c15_a_start_redelivered_after_the_visibility_timeout_launches_nothing(b
             time.sleep(0.2)
         logs = [w.text() for w in workers]
         assert current.status == "succeeded", current.stop_message
-        assert len(side.read_text().splitlines()) == 1, side.read_text()  # the agent was launched once
+        launches = (var("scratch") / f"run-{run.pk}" / "data" / side).read_text()
+        assert len(launches.splitlines()) == 1, launches  # the agent was launched once
         assert Attempt.objects.filter(run=run, operation="implement").count() == 1
         assert not Attempt.objects.filter(run=run, late=True).exists()
         # the redelivered Start arrived while the only launch still ran, and was dropped
@@ -352,8 +354,8 @@ def test_c17_a_run_whose_owner_died_is_interrupted_exactly_once(reconcilers, bro
         operations.request_start(run, requested_by="test", source="test")
         attempt = wait_until(lambda: live_attempt(run.pk, text), 60, "the agent's first output", [victim])
         tree = agent_tree(attempt)
-        victim.kill()  # its agent tree is orphaned, alive; the run stays running with a dead owner
-        assert not any(dead(proc) for proc in tree)
+        victim.kill()  # its agent tree dies with it (the sandbox's --die-with-parent); the run stays running
+        assert wait_until(lambda: all(dead(proc) for proc in tree), 10, "the agent's tree to die with its worker")
         assert Run.objects.get(pk=run.pk).status == "running"
         if reconcilers == "two beats":
             beats = [Beat(tmp_path, passes, broker.url) for _ in range(2)]
@@ -441,7 +443,8 @@ def test_c20_a_killed_worker_is_interrupted_within_one_period_and_a_retry_succee
         else:
             holder.kill()
         wait_until(lambda: dead(child), 10, "the pool process to die")  # no heartbeat can land after this
-        assert not any(dead(proc) for proc in tree)  # the agent's tree is orphaned, alive
+        # the agent's tree dies with its pool process (the sandbox's --die-with-parent): no orphan
+        assert wait_until(lambda: all(dead(proc) for proc in tree), 10, "the agent's tree to die with its worker")
         # nobody beats now: run_status shows the heartbeat's age growing and heartbeat_stale
         # turning true, until the reconciliation takes the run over
         silent = watch_silence(run.pk, watch, STALE + PERIOD + SLACK + 10)

@@ -117,7 +117,7 @@ class Adapter:
         with egress(request.profile, endpoint_url, request.deny_addresses) as (proxy, policy):
             env = {**env, **policy.env()}
             try:
-                return process.run_supervised(
+                result = process.run_supervised(
                     wrapper(argv, env, request, policy), cwd=request.workspace, env=env,
                     deadline_seconds=request.deadline_seconds, log_path=request.log_path, raw_path=request.raw_path,
                     redactor=Redactor(request.secrets), marker=request.marker, should_stop=request.should_stop,
@@ -125,6 +125,10 @@ class Adapter:
                     **run_options)
             finally:
                 self.network = network_record(proxy)
+        if result.signal is None and result.exit_code is not None and result.exit_code > 128:
+            # bubblewrap reports a command killed by signal N as exit 128 + N
+            result.signal, result.exit_code = result.exit_code - 128, None
+        return result
 
     def run(self, request: AgentRequest) -> AgentResult:  # pragma: no cover - interface
         raise NotImplementedError

@@ -16,8 +16,9 @@ sandbox. This bridge makes that socket usable by ordinary programs:
   reaches it through the proxy with ``CONNECT HOST:PORT``: the CLI keeps its base URL as it is.
 
 The proxy decides what is allowed; the bridge decides nothing. It then runs COMMAND as its child
-and exits with its status (128 + N when signal N ended it), passing SIGTERM, SIGINT and SIGHUP
-on. An agent that kills the bridge only cuts its own network.
+and exits with its status (128 + N when signal N ended it). It ignores SIGINT, SIGTERM and SIGHUP:
+the engine signals each process of the tree itself, and the bridge ends when its child does (or by
+SIGKILL). An agent that kills the bridge only cuts its own network.
 """
 from __future__ import annotations
 
@@ -145,14 +146,10 @@ def main(argv: list[str]) -> int:
         print(f"netbridge: cannot run {command[0]}: {exc}", file=sys.stderr)
         return 127
 
-    def forward(signum, _frame):
-        try:
-            child.send_signal(signum)
-        except OSError:
-            pass
-
+    # the engine signals every process of the tree itself (engine/process.py): passing a signal on
+    # would give the CLI a second SIGINT (claude ends at once on a second one, without cleaning up)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
+        signal.signal(signum, signal.SIG_IGN)
     while True:
         try:
             status = child.wait()

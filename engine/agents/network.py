@@ -78,9 +78,11 @@ def egress(profile: dict, endpoint_url: str | None = None, deny=()):
     """Start the attempt's egress proxy; yields ``(proxy, policy)`` for ``sandbox.wrap(network=policy)``
     and ``policy.env()``. ``deny``: ``(address, port)`` pairs never reached. Stopped when the block ends."""
     allow = network_allow(profile, endpoint_url)
-    proxy = EgressProxy(allow=allow, deny={(str(a), int(p)) for a, p in deny}).start()
+    denied = {(str(a), int(p)) for a, p in deny}
+    proxy = EgressProxy(allow=allow, deny=denied).start()
+    forwards = [item for item in loopback_forwards(allow) if ("127.0.0.1", split_host_port(item)[1]) not in denied]
     try:
-        yield proxy, NetworkPolicy(proxy.socket_dir, loopback_forwards(allow))
+        yield proxy, NetworkPolicy(proxy.socket_dir, forwards)
     finally:
         proxy.stop()
 

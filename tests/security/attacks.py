@@ -7,6 +7,7 @@ engine takes the steps as a worker would (``tests.test_steps.drive``).
 """
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from pathlib import Path
@@ -64,6 +65,24 @@ def attempt_output(run: Run, operation: str = "implement") -> str:
     attempt = Attempt.objects.filter(run=run, operation=operation).order_by("number").first()
     assert attempt is not None, f"run {run.pk} has no {operation} attempt ({run.status}: {run.stop_message})"
     return (Path(settings.VAR_DIR) / attempt.raw_path).read_text(errors="replace")
+
+
+def tool_results(run: Run, operation: str = "implement") -> str:
+    """What the tools of the run's first ``operation`` attempt returned (the Bash tool's stdout and
+    stderr), one result after another: what the agent saw, without the commands it was given."""
+    found = []
+    for line in attempt_output(run, operation).splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") != "user":
+            continue
+        for block in (event.get("message") or {}).get("content") or []:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                content = block.get("content")
+                found.append(content if isinstance(content, str) else json.dumps(content))
+    return "\n".join(found)
 
 
 class Listener:

@@ -1,0 +1,66 @@
+"""A run's frozen definition rewritten in the database between steps, and an agent's
+``.gitmodules`` pointing the final verification at a repository the agent cannot read (issue:
+"Database takeover", "Final verification")."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from engine import operations, runner
+from engine.models import Attempt, Check, Run
+
+from ..conftest import ANSWER_STEP, git, make_repo
+from ..test_steps import drive
+from .attacks import QUICK_STAGE
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_definition_edited_between_steps_stops_the_run_before_anything_launches(make_pipeline, repo, sent):
+    stage = {**QUICK_STAGE, "gates": [{"name": "unit", "command": "python -m pytest -q"}]}
+    run = operations.create_run(make_pipeline(stages=[stage]), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run_id, token = sent.pop(0)
+    assert runner.advance(run_id, token) == "implement"
+    # what a process that reached the database would do: weaken the frozen gate to `true`
+    row = Run.objects.get(pk=run_id)
+    definition = row.definition
+    definition["pipeline"]["stages"][0]["gates"][0]["command"] = "true"
+    Run.objects.filter(pk=run_id).update(definition=definition)
+    run = drive(run_id, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "definition_tampered", run.stop_message
+    assert run.stop_evidence["definition_sha256"] == row.definition_sha256
+    assert not Check.objects.filter(run=run).exists()  # the verify step never ran
+    assert Attempt.objects.filter(run=run).count() == 1
+    # a recovery cannot launch either: the digest is the authority, not the row
+    operations.recover(run, run.decisions.get().pk, note="try again", action="verify", reviewer="t")
+    run = drive(run_id, sent)
+    assert run.stop_reason == "definition_tampered" and not Check.objects.filter(run=run).exists()
+
+
+@pytest.mark.slow
+def test_the_final_verification_never_fetches_from_an_agents_gitmodules(make_pipeline, tmp_path, sent):
+    secret = "contents-the-agent-may-not-read-5b1f"
+    hidden = make_repo(tmp_path / "hidden-repo", {"SECRET.txt": secret + "\n"})
+    lib = make_repo(tmp_path / "lib", {"lib.txt": "lib\n"})
+    repo = make_repo(tmp_path / "origin", {"app/__init__.py": "", "app/core.py": '"""Core."""\n',
+                                           "docs/PLAN.md": "# Plan\n"})
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
+    git(repo, "commit", "-qm", "submodule")
+    modules = Path(repo, ".gitmodules").read_text().replace(str(lib), str(hidden))
+    assert str(hidden) in modules
+    step = {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], ".gitmodules": modules}}
+    stage = {**QUICK_STAGE, "scope": ["app/**", ".gitmodules"],
+             "gates": [{"name": "unit", "command": "cat vendor/lib/* || true"}]}
+    run = operations.create_run(make_pipeline(stages=[stage], scenario={"stages": {"answer": {"implement": [step]}}}),
+                                str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "nested_repository", (run.status, run.stop_message)
+    assert ".gitmodules" in run.stop_message and "fetched nothing" in run.stop_message
+    for check in Check.objects.filter(run=run):
+        assert secret not in (Path(settings.VAR_DIR) / check.log_path).read_text()
+    assert not Check.objects.filter(run=run, kind="final").exists()
+    assert not list(Path(settings.VAR_DIR).rglob("SECRET.txt"))

@@ -1,0 +1,204 @@
+"""A hostile agent reaches for the database, the broker, the Control Panel and the internet
+(issue: "Database takeover", "Broker"), and gates share a port.
+
+The agent is the real ``claude`` CLI; its scripted model makes it run a probe with its Bash tool.
+Stand-in services listen on the host's 127.0.0.1 (a database port, a broker port and the Control
+Panel's web port, as the settings name them) and count what reaches them; the real PostgreSQL
+and Redis of this machine kind are probed too when they answer on the host.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from engine import boundary, operations
+from engine.agents import sandbox
+from engine.models import Attempt, Check, RunEvent
+from engine.netproxy import EgressProxy
+from engine.scripted_endpoint import ScriptedEndpoint
+
+from ..conftest import wait_for
+from ..test_steps import drive
+from .attacks import (QUICK_STAGE, Listener, answers_here, attempt_output, claude_attack_pipeline, needs_claude,
+                      start_and_drive)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+def probe_command(targets: list[tuple[str, int]], proxied: list[str]) -> str:
+    """Shell for the agent: connect to each target directly, then ask its egress proxy for each URL."""
+    script = (
+        "import json, os, socket, urllib.request\n"
+        "proxy = os.environ.get('HTTPS_PROXY', '')  # its own proxy, even for loopback (NO_PROXY dropped)\n"
+        "os.environ.pop('NO_PROXY', None); os.environ.pop('no_proxy', None)\n"
+        "opener = urllib.request.build_opener(urllib.request.ProxyHandler({'http': proxy, 'https': proxy}))\n"
+        f"targets = {json.dumps(targets)}\n"
+        f"urls = {json.dumps(proxied)}\n"
+        "out = {}\n"
+        "for host, port in targets:\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=2).close(); out[f'{host}:{port}'] = 'CONNECTED'\n"
+        "    except OSError as exc:\n"
+        "        out[f'{host}:{port}'] = 'refused ' + type(exc).__name__\n"
+        "for url in urls:\n"
+        "    try:\n"
+        "        opener.open(url, timeout=5); out[url] = 'CONNECTED'\n"
+        "    except Exception as exc:\n"
+        "        out[url] = 'refused ' + str(getattr(exc, 'code', type(exc).__name__))\n"
+        "print('PROBE ' + json.dumps(out, sort_keys=True))\n"
+    )
+    return f"python3 -c {shlex.quote(script)}"
+
+
+def probe_result(run) -> dict:
+    text = attempt_output(run)
+    found = re.findall(r"PROBE (\{[^\n]*?\})(?:\\n|\")", text)
+    assert found, text[-3000:]
+    return json.loads(found[-1].replace('\\"', '"'))
+
+
+@pytest.fixture
+def services(settings):
+    """Stand-ins for the Control Panel's web port, its database and its broker on 127.0.0.1."""
+    web, db, broker = Listener(), Listener(), Listener()
+    settings.CP_WEB_ADDRESS = f"127.0.0.1:{web.port}"
+    yield {"web": web, "db": db, "broker": broker}
+    for listener in (web, db, broker):
+        listener.close()
+
+
+@needs_claude
+@pytest.mark.slow
+def test_the_agent_reaches_no_service_of_the_host_directly_or_through_its_proxy(make_pipeline, repo, sent, services):
+    web, db, broker = services["web"], services["db"], services["broker"]
+    targets = [("127.0.0.1", web.port), ("127.0.0.1", db.port), ("127.0.0.1", broker.port), ("::1", web.port)]
+    real = [("127.0.0.1", port) for port in (5432, 6379) if answers_here("127.0.0.1", port)]
+    targets += real
+    # the web port is even on the profile's allow-list: the proxy refuses a Control Panel service anyway
+    proxied = [f"http://127.0.0.1:{web.port}/admin/", f"http://127.0.0.1:{db.port}/", "http://example.com/",
+               "https://api.github.com/"]
+    pipeline = claude_attack_pipeline(make_pipeline, [probe_command(targets, proxied)],
+                                      profile_extra={"network_allow": [f"127.0.0.1:{web.port}"]})
+    run = start_and_drive(pipeline, repo, sent)
+    result = probe_result(run)
+    assert set(result) == {f"{h}:{p}" for h, p in targets} | set(proxied), result
+    assert all(value.startswith("refused") for value in result.values()), result
+    assert (web.accepted, db.accepted, broker.accepted) == (0, 0, 0)
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    refused = {(item["host"], item["port"]) for item in attempt.network["refused"]}
+    assert {("127.0.0.1", web.port), ("127.0.0.1", db.port), ("example.com", 80), ("api.github.com", 443)} <= refused
+    why = {item["host"] + ":" + str(item["port"]): item["why"] for item in attempt.network["refused"]}
+    assert "service of the Control Panel" in why[f"127.0.0.1:{web.port}"]
+    assert "not on the attempt's network allow-list" in why["example.com:80"]
+    event = RunEvent.objects.get(run=run, kind="network_refused")
+    assert "example.com:80" in event.message and event.attempt_id == attempt.pk
+    # the scripted endpoint, on the worker's loopback, was reached through the same proxy
+    assert any(item["host"] == "127.0.0.1" for item in attempt.network["connected"]), attempt.network
+    assert run.status == "succeeded", run.stop_message
+
+
+@needs_claude
+@pytest.mark.slow
+def test_a_gateway_base_url_is_reached_through_the_proxy(make_pipeline, repo, sent, monkeypatch):
+    """A profile pointed at a gateway (``base_url``) reaches it through its egress proxy, with the
+    credential variable of the worker; nothing marks the attempt simulated but the run's endpoint."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-gateway-test-key-0000000000000000")
+    with ScriptedEndpoint({"turns": [{"text": "Done through the gateway."}]}) as gateway:
+        port = int(gateway.url.rsplit(":", 1)[1])
+        pipeline = make_pipeline(
+            name="gateway", stages=[QUICK_STAGE], reviews=False,
+            roles={"implementer": "gw", "reviewer": "scripted", "documenter": "scripted"},
+            profiles={"gw": {"adapter": "claude-code", "max_turns": 4, "base_url": gateway.url},
+                      "scripted": {"adapter": "scripted", "scenario": {"stages": {"answer": {"review": [
+                          {"verdict": {"verdict": "pass", "findings": []}}]}}}}},
+            deadlines={"implement": 60, "gate": 60})
+        run = start_and_drive(pipeline, repo, sent)
+        attempt = Attempt.objects.get(run=run, operation="implement")
+        assert attempt.final_message == "Done through the gateway.", attempt.failure_message
+        assert any(r["path"].startswith("/v1/messages") for r in gateway.requests)
+        assert gateway.requests[-1]["headers"].get("x-api-key") == "sk-ant-gateway-test-key-0000000000000000"
+    assert {"host": "127.0.0.1", "port": port} in [{k: i[k] for k in ("host", "port")} for i in attempt.network["connected"]]
+    assert f"127.0.0.1:{port}" in attempt.network["allow"] and "api.anthropic.com" in attempt.network["allow"]
+
+
+@pytest.mark.slow
+def test_two_runs_gates_bind_the_same_loopback_port_at_the_same_time(workers, make_pipeline, repo):
+    """Each run's gates have a loopback of their own: both bind 127.0.0.1:8000 while the other holds it."""
+    hold = (f"{sys.executable} -c \"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 8000)); "
+            "s.listen(); print('bound', time.time(), flush=True); time.sleep(6); print('released', time.time())\"")
+    stage = {**QUICK_STAGE, "gates": [{"name": "serve", "command": hold}]}
+    pipeline = make_pipeline(stages=[stage])
+    runs = [operations.create_run(pipeline, str(repo), "main") for _ in range(2)]
+    for run in runs:
+        operations.request_start(run, requested_by="t", source="test")
+    finished = [wait_for(run.pk, timeout=180) for run in runs]
+    assert [run.status for run in finished] == ["succeeded", "succeeded"], [r.stop_message for r in finished]
+    spans = []
+    for run in finished:
+        check = Check.objects.filter(run=run, name="serve", kind="gate").order_by("id").first()
+        assert check.passed and check.exit_code == 0
+        text = (Path(settings.VAR_DIR) / check.log_path).read_text()
+        bound = float(re.search(r"bound (\S+)", text).group(1))
+        released = float(re.search(r"released (\S+)", text).group(1))
+        spans.append((bound, released))
+    (a0, a1), (b0, b1) = spans
+    assert a0 < b1 and b0 < a1, f"the two gates did not hold the port at the same time: {spans}"
+
+
+def test_a_gate_has_no_network_unless_it_names_its_hosts(make_pipeline, repo, sent, services):
+    web = services["web"]
+    reach = (f"{sys.executable} -c \"import socket; socket.create_connection(('127.0.0.1', {web.port}), timeout=2)\"")
+    stage = {**QUICK_STAGE, "gates": [{"name": "reach", "command": reach}]}
+    run = operations.create_run(make_pipeline(stages=[stage]), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    check = Check.objects.filter(run=run, name="reach", kind="gate").order_by("id").first()
+    assert not check.passed and "ConnectionRefusedError" in (Path(settings.VAR_DIR) / check.log_path).read_text()
+    assert web.accepted == 0
+
+
+def test_the_proxy_allows_listed_hosts_only_and_never_a_service(tmp_path):
+    resolved = {"api.anthropic.com": ["160.79.104.10"], "gw.example": ["127.0.0.1"], "evil.example": ["10.0.0.5"]}
+    proxy = EgressProxy(allow=["api.anthropic.com", "*.example:8443", "127.0.0.1:9999", "gw.example:5432"],
+                        deny={("127.0.0.1", 5432)}, resolver=lambda host, port: resolved.get(host, [host]))
+    assert proxy.allowed("api.anthropic.com", 443) == (True, "")
+    assert proxy.allowed("API.Anthropic.com.", 443)[0]
+    assert proxy.allowed("x.example", 8443)[0] and not proxy.allowed("x.example", 443)[0]
+    assert proxy.allowed("127.0.0.1", 9999)[0] and not proxy.allowed("127.0.0.1", 9998)[0]
+    assert not proxy.allowed("localhost", 9999)[0]  # not listed by that name
+    ok, why = proxy.allowed("gw.example", 5432)  # listed, but it is the database
+    assert not ok and "service of the Control Panel" in why
+    assert not proxy.allowed("example.com", 443)[0] and not proxy.allowed("anthropic.com", 443)[0]
+    wildcard = EgressProxy(allow=["*.example"], resolver=lambda host, port: resolved.get(host, [host]))
+    assert wildcard.allowed("evil.example", 80)[0]
+    assert not wildcard.allowed("10.0.0.5", 80)[0]  # an internal address needs its port named
+
+
+def test_the_self_check_refuses_agents_when_a_service_answers_from_inside(make_pipeline, repo, sent, services,
+                                                                        monkeypatch):
+    """Were the network namespace missing (simulated here by a sandbox without one), the probe finds
+    the Control Panel's web port answering and no agent or gate is launched."""
+    real_wrap = sandbox.wrap
+
+    def leaky(argv, **kwargs):  # the same sandbox without its network namespace
+        return [arg for arg in real_wrap(argv, **kwargs) if arg != "--unshare-net"]
+
+    monkeypatch.setattr(sandbox, "wrap", leaky)
+    monkeypatch.setattr(boundary, "_checked", {"at": 0.0, "problems": None})
+    problems = boundary.probe()
+    assert problems and f"127.0.0.1:{services['web'].port}" in problems[0]
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "boundary_not_enforced", run.stop_message
+    assert f"127.0.0.1:{services['web'].port}" in run.stop_message
+    attempt = Attempt.objects.get(run=run)
+    assert attempt.pid is None and attempt.failure_kind == "boundary_not_enforced"
+    monkeypatch.setattr(sandbox, "wrap", real_wrap)
+    monkeypatch.setattr(boundary, "_checked", {"at": 0.0, "problems": None})
+    assert boundary.probe() == []
