@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 
 from .agents import sandbox
-from .netproxy import split_host_port
+from .agents.netproxy import split_host_port
 
 log = logging.getLogger("engine.boundary")
 

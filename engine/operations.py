@@ -514,7 +514,7 @@ def run_status(run) -> dict:
     active_seconds, heartbeat_age_seconds, heartbeat_stale (running, but no heartbeat for longer than
     CP_HEARTBEAT_STALE: its worker may be gone, and reconciliation will interrupt it), not_included, protected_files, budgets, pending_decision, stages[{key, status,
     phase, base_commit, checkpoint, repairs_used, repair_allowance, last_defect, attempts[...,
-    refusals, verdict], checks[...]}].
+    refusals, network, verdict], checks[...]}].
     """
     run = get_run(run)
     run.refresh_from_db()
@@ -542,7 +542,7 @@ def run_status(run) -> dict:
                 "start_commit": a.start_commit or None, "start_manifest": a.start_manifest or None,
                 "manifest": a.result_manifest.digest if a.result_manifest_id else None,
                 "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
-                "refusals": a.refusals, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
+                "refusals": a.refusals, "network": a.network, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
             }
             for a in stage.attempts.select_related("result_manifest").order_by("number")
         ]

@@ -33,7 +33,7 @@ import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 
-from .netproxy import split_host_port
+from .agents.netproxy import split_host_port
 
 __all__ = [
     "ADAPTERS",

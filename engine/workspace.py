@@ -900,12 +900,14 @@ def remove_worktree(
                     "workspace_path_exists",
                     f"The path {path} is not a worktree of {top}; it was not removed.",
                 )
-        elif not os.path.isdir(path):
+        else:
+            # the files first, without git (agents wrote them: a repository they planted there must
+            # never be read by git), then git's record of the worktree
             admin = _admin_dir_for(common, path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
             if admin is not None:
                 shutil.rmtree(admin)
-        else:
-            git(["worktree", "remove", "--force", path], top)
 
         if delete_branch is not None:
             ref = f"refs/heads/{delete_branch}"

@@ -309,3 +309,16 @@ def test_the_user_namespace_sandbox_works_wherever_bubblewrap_does():
     bubblewrap, lies under /tmp) must fail the suite, not skip the codex tests."""
     ok, why = sandbox.user_namespace_available()
     assert ok, why
+
+
+def test_a_path_folder_in_tmp_never_shows_the_hosts_tmp(tmp_path):
+    """A PATH entry such as /tmp/bin names its folder, not /tmp, and /tmp is always the sandbox's own."""
+    secret = Path("/tmp") / f"cp-host-tmp-{uuid.uuid4().hex}"
+    secret.write_text(SECRET)
+    try:
+        argv = sandbox.wrap(["sh", "-c", f"cat {secret}; ls /tmp"], writable=[str(tmp_path / "w")],
+                            visible=["/tmp", "/"])
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert SECRET not in out.stdout and secret.name not in out.stdout, out
+    finally:
+        secret.unlink()

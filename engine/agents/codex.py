@@ -188,7 +188,8 @@ def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None 
     """The argument array of one attempt; the prompt comes on stdin (the final ``-``).
 
     ``endpoint_url`` (``http://127.0.0.1:PORT``) selects the scripted provider; then ``-m`` is
-    the profile's model or ``gpt-scripted``.
+    the profile's model or ``gpt-scripted``. Else a profile's ``base_url`` (a gateway) becomes
+    ``-c openai_base_url=...``, the built-in provider's base URL in codex 0.171.0's configuration.
     """
     profile = request.profile
     argv = [executable, "exec", "--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules",
@@ -200,6 +201,8 @@ def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None 
         argv += ["-m", model]
     if endpoint_url:
         argv += provider_args(endpoint_url)
+    elif profile.get("base_url"):  # a gateway in front of the Responses API: the built-in provider's base URL
+        argv += ["-c", f"openai_base_url={json.dumps(str(profile['base_url']))}"]
     argv += list(profile.get("extra_args") or [])
     argv.append("-")
     return argv
@@ -463,8 +466,6 @@ class CodexAdapter(CliAdapter):
         env.update({"HOME": home, "CODEX_HOME": home})
         if not env.get("CODEX_API_KEY") and env.get("OPENAI_API_KEY"):
             env["CODEX_API_KEY"] = env["OPENAI_API_KEY"]
-        if request.profile.get("base_url"):  # a gateway in front of the Responses API
-            env["OPENAI_BASE_URL"] = str(request.profile["base_url"])
         env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
         return env
 

@@ -6,7 +6,7 @@ Usage (built by ``engine.agents.sandbox.wrap`` when a ``NetworkPolicy`` is given
         [--forward 127.0.0.1:PORT ...] -- COMMAND [ARG ...]
 
 The sandbox has a network namespace of its own: only its loopback, nothing of the host. The
-one way out is the engine's egress proxy (``engine.netproxy``) on a Unix socket bound into the
+one way out is the engine's egress proxy (``engine.agents.netproxy``) on a Unix socket bound into the
 sandbox. This bridge makes that socket usable by ordinary programs:
 
 * ``127.0.0.1:<proxy-port>`` inside the namespace is an HTTP proxy: each connection is passed
@@ -50,8 +50,9 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
-def _splice(a: socket.socket, b: socket.socket) -> None:
-    """Copy both ways between ``a`` and ``b`` until both ends are done; closes both."""
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy both ways between ``a`` and ``b`` until both ends are done; closes both (also used by
+    the engine's egress proxy, engine/agents/netproxy.py)."""
     other = threading.Thread(target=_pipe, args=(b, a), daemon=True)
     other.start()
     _pipe(a, b)
@@ -72,7 +73,7 @@ def _serve_proxy(client: socket.socket, path: str) -> None:
     except OSError:
         client.close()
         return
-    _splice(client, upstream)
+    splice(client, upstream)
 
 
 def _serve_forward(client: socket.socket, path: str, target: str) -> None:
@@ -97,7 +98,7 @@ def _serve_forward(client: socket.socket, path: str, target: str) -> None:
     except OSError:
         client.close()
         return
-    _splice(client, upstream)
+    splice(client, upstream)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -1,7 +1,7 @@
 """The network allow-list of an attempt and its egress proxy (no Django imports).
 
 An agent runs in a network namespace of its own (engine/agents/sandbox.py); its only way out is
-an ``engine.netproxy.EgressProxy`` started for the attempt. ``network_allow(profile,
+an ``engine.agents.netproxy.EgressProxy`` started for the attempt. ``network_allow(profile,
 endpoint_url)`` is what that proxy lets through:
 
 * the provider hosts of the profile's adapter (PROVIDER_HOSTS), unless the attempt talks to the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
-from ..netproxy import EgressProxy, split_host_port
+from .netproxy import EgressProxy, split_host_port
 from .sandbox import NetworkPolicy
 
 #: The provider hosts each adapter may reach by default (any port of the name). claude: the

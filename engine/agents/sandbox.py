@@ -18,7 +18,7 @@ Every agent (claude, codex, the scripted test adapter) and every gate runs under
 * **Network**: a namespace of its own, loopback only (``--unshare-net``): the host's
   127.0.0.1, where PostgreSQL, Redis and the Control Panel listen, is not reachable whatever
   their authentication, and two runs may bind the same port. When the profile needs its model,
-  the only way out is the attempt's egress proxy (engine/netproxy.py) on a Unix socket bound at
+  the only way out is the attempt's egress proxy (engine/agents/netproxy.py) on a Unix socket bound at
   NETWORK_DIR, made an HTTP proxy on the sandbox's own loopback by engine/agents/netbridge.py
   (``NetworkPolicy``): the provider's hosts, the gateway and the scripted endpoint; everything
   else is refused and recorded. The design is that of Anthropic's sandbox-runtime, on this layer.
@@ -184,7 +184,7 @@ def _install_of(path: str) -> str:
     """The install a PATH folder or an executable's folder belongs to (``X/bin`` -> ``X``)."""
     real = os.path.realpath(path)
     parent = os.path.dirname(real)
-    if os.path.basename(real) in _PREFIX_CHILDREN and parent not in ("/", *worker_homes()):
+    if os.path.basename(real) in _PREFIX_CHILDREN and parent not in ("/", "/tmp", *worker_homes()):
         return parent
     return real
 
@@ -246,7 +246,7 @@ BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netbridge.py"
 
 
 class NetworkPolicy:
-    """The way out of an attempt's network namespace: an ``engine.netproxy.EgressProxy`` started
+    """The way out of an attempt's network namespace: an ``engine.agents.netproxy.EgressProxy`` started
     by the caller (its ``socket_dir`` is bound at NETWORK_DIR), and the loopback endpoints
     (``"127.0.0.1:PORT"``) the bridge forwards so that a CLI's base URL on the worker's loopback
     keeps working. ``env()`` gives the proxy variables the programs inside need."""
@@ -334,10 +334,11 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     for item in visible:
         if item and os.path.exists(item):
             real = os.path.realpath(item)
-            if not any(_inside(real, folder) for folder in rw):
-                mounts[real] = ["--ro-bind", real, real]
+            if real in ("/", "/tmp") or any(_inside(real, folder) for folder in rw):
+                continue  # never the whole host, nor its /tmp (a PATH entry such as /tmp/bin would name it)
+            mounts[real] = ["--ro-bind", real, real]
     ro_bound = [real for real in mounts]
-    mounts.setdefault("/tmp", ["--tmpfs", "/tmp"])
+    mounts["/tmp"] = ["--tmpfs", "/tmp"]
     tmpfs_ro = []
     for item in [*hide, *system_secrets()]:
         if not item or not os.path.lexists(item):

@@ -69,7 +69,11 @@ def test_a_run_whose_agent_plants_a_repository_stops_nested_repository(make_pipe
               # claude refuses a plain write of a ".git" file; a hostile agent goes round it
               "python3 -c \"import os; os.makedirs('app/sub'); open('app/sub/.git', 'w').write('gitdir: /nowhere')\" "
               "&& echo file-planted"]
-    run = start_and_drive(claude_attack_pipeline(make_pipeline, attack), repo, sent)
+    # the scope lets the agent write there, and a second stage follows: without the refusal the
+    # planted gitlink would be checkpointed and the next stage's worktree check would enter it
+    stages = [{**QUICK_STAGE, "scope": ["app/**", "vendor/**"]}, {**QUICK_STAGE, "key": "more"}]
+    run = start_and_drive(claude_attack_pipeline(make_pipeline, attack, stages=stages), repo, sent)
+    assert markers(marker) == [], "a process outside the sandbox ran the agent's command"
     assert run.status == "waiting_review" and run.stop_reason == "nested_repository", run.stop_message
     assert "vendor/lib/.git" in run.stop_message and "app/sub/.git" in run.stop_message
     assert "planted" in attempt_output(run) and "file-planted" in attempt_output(run)  # the agent really did it

@@ -20,7 +20,7 @@ from django.conf import settings
 from engine import boundary, operations
 from engine.agents import sandbox
 from engine.models import Attempt, Check, RunEvent
-from engine.netproxy import EgressProxy
+from engine.agents.netproxy import EgressProxy
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from ..conftest import wait_for
@@ -202,3 +202,40 @@ def test_the_self_check_refuses_agents_when_a_service_answers_from_inside(make_p
     monkeypatch.setattr(sandbox, "wrap", real_wrap)
     monkeypatch.setattr(boundary, "_checked", {"at": 0.0, "problems": None})
     assert boundary.probe() == []
+
+
+def test_a_gate_that_names_a_host_reaches_it_and_only_it(make_pipeline, repo, sent):
+    allowed, other = Listener(), Listener()
+    try:
+        reach = (f"{sys.executable} -c \"import socket\nsocket.create_connection(('127.0.0.1', {allowed.port}), "
+                 f"timeout=2).close()\ntry:\n    socket.create_connection(('127.0.0.1', {other.port}), timeout=2)\n"
+                 f"except OSError:\n    print('other refused')\nelse:\n    raise SystemExit('reached the other')\"")
+        stage = {**QUICK_STAGE, "gates": [{"name": "reach", "command": reach,
+                                           "network_allow": [f"127.0.0.1:{allowed.port}"]}]}
+        run = operations.create_run(make_pipeline(stages=[stage]), str(repo), "main")
+        operations.request_start(run, requested_by="t", source="test")
+        run = drive(run.pk, sent)
+        check = Check.objects.filter(run=run, name="reach", kind="gate").order_by("id").first()
+        log = (Path(settings.VAR_DIR) / check.log_path).read_text()
+        assert check.passed and "other refused" in log, log
+        assert allowed.accepted >= 1 and other.accepted == 0
+        assert check.network["allow"] == [f"127.0.0.1:{allowed.port}"]
+        assert {"host": "127.0.0.1", "port": allowed.port} in [
+            {k: item[k] for k in ("host", "port")} for item in check.network["connected"]]
+    finally:
+        allowed.close()
+        other.close()
+
+
+@pytest.mark.slow
+def test_a_worker_answers_no_remote_control(workers):
+    """Worker remote control is off: a broker message cannot shut a worker down or read its tasks."""
+    from controlpanel.celery import app
+
+    # and each worker checked its boundary when it started (engine/tasks.py), and said so
+    assert workers.log_text().count("sandbox boundary enforced") >= len(workers.procs), workers.log_text()[-2000:]
+    assert app.conf.worker_enable_remote_control is False
+    if settings.CELERY_BROKER_IS_FILESYSTEM:
+        pytest.skip("the filesystem broker carries no broadcast; the Redis suite (CI) asks the real workers")
+    assert app.control.ping(timeout=2.0) == []
+    assert all(proc.poll() is None for proc in workers.procs)

@@ -34,37 +34,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .netbridge import splice
+
 _HEAD_LIMIT = 65536
-_CHUNK = 65536
 #: Seconds to wait for a connection to an allowed host.
 CONNECT_TIMEOUT_SECONDS = 15.0
 #: At most this many refusals are kept (an agent looping on a refused host stays bounded).
 MAX_RECORDED = 200
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while True:
-            data = src.recv(_CHUNK)
-            if not data:
-                break
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-
-def _splice(a: socket.socket, b: socket.socket) -> None:
-    other = threading.Thread(target=_pipe, args=(b, a), daemon=True)
-    other.start()
-    _pipe(a, b)
-    other.join()
-    a.close()
-    b.close()
 
 
 def split_host_port(text: str, default_port: int | None = None) -> tuple[str, int | None]:
@@ -295,7 +271,7 @@ class EgressProxy:
             client.close()
             upstream.close()
             return
-        _splice(client, upstream)
+        splice(client, upstream)
 
     @staticmethod
     def _answer(client: socket.socket, status: int, text: str) -> None:
