@@ -553,7 +553,7 @@ def run_status(run) -> dict:
                 "stale": c.stale, "log": ref(c.log_path), "manifest": c.manifest_digest or None,
                 "started_at": c.started_at.isoformat() if c.started_at else None,
                 "ended_at": c.ended_at.isoformat() if c.ended_at else None,
-                "elapsed_seconds": c.elapsed_seconds,
+                "elapsed_seconds": c.elapsed_seconds, "network": c.network,
             }
             for c in stage.checks.order_by("id")
         ]

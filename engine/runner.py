@@ -100,16 +100,11 @@ def advance(run_id: int, token: str | None = None) -> str:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         step = machine.next_step(run)
-        actual = machine.definition_digest(run.definition)
-        if actual != run.definition_sha256:
-            stage = run.stages.filter(pk=step.stage_id).first() if step.stage_id else None
-            machine.stop(run, "definition_tampered",
-                         f"The run's frozen definition no longer has the digest it was frozen with (sha256 "
-                         f"{run.definition_sha256[:12]}, now {actual[:12]}): someone changed it after the run was "
-                         f"created. Nothing was launched; the {step.kind} step did not run.", stage=stage,
-                         evidence={"definition_sha256": run.definition_sha256, "actual_sha256": actual})
-            log.error("run %s: definition tampered (%s != %s); stopped before the %s step", run_id, actual,
-                      run.definition_sha256, step.kind)
+        tampered = steps.definition_tampered(run)
+        if tampered is not None:
+            machine.fail(run, "definition_tampered", tampered["message"], evidence=tampered["evidence"])
+            log.error("run %s: definition tampered; failed before the %s step: %s", run_id, step.kind,
+                      tampered["message"])
             return "definition_tampered"
         problem = machine.budget_problem(run, step)
         if problem is not None:
@@ -135,8 +130,12 @@ def advance(run_id: int, token: str | None = None) -> str:
     try:
         outcome = steps.execute(plan, should_stop=beat.lost)
     except Exception as exc:  # infrastructure broke: recorded as a crash with its cause
-        log.exception("run %s: %s step crashed", run_id, step.kind)
         outcome = steps.crashed(plan, exc)
+        if outcome.get("stop_reason"):  # a refusal the agent's files caused, not the engine's fault
+            log.warning("run %s: %s step refused (%s): %s", run_id, step.kind, outcome["stop_reason"],
+                        outcome["failure_message"])
+        else:
+            log.exception("run %s: %s step crashed", run_id, step.kind)
     finally:
         beat.stop()
     with transaction.atomic():

@@ -146,6 +146,27 @@ def _fenced(run_id: int, lease: str):
     return run
 
 
+def definition_tampered(run: Run) -> dict | None:
+    """None when the run's frozen definition is intact, else ``{"message", "evidence"}``.
+
+    The digest of the row's definition must equal the row's ``definition_sha256`` and the control
+    record ``definition.sha256`` written when the run was created (in the var directory, which no
+    agent or gate can reach): the file is the authority, so an edit of both columns is caught too.
+    """
+    actual = machine.definition_digest(run.definition)
+    try:
+        recorded = var_path(os.path.join(run.control_dir, "definition.sha256")).read_text(encoding="utf-8").strip()
+    except OSError:
+        recorded = ""
+    expected = {"row": run.definition_sha256, **({"control_record": recorded} if recorded else {})}
+    if all(actual == digest for digest in expected.values()):
+        return None
+    return {"message": f"The run's frozen definition no longer has the digest it was frozen with (sha256 "
+                       f"{(recorded or run.definition_sha256)[:12]}, now {actual[:12]}): it was changed after the run "
+                       f"was created. Nothing was launched; a new run of the saved pipeline is needed.",
+            "evidence": {"actual_sha256": actual, **{f"{k}_sha256": v for k, v in expected.items()}}}
+
+
 # ----------------------------------------------------------------------------- manifests
 
 
@@ -663,7 +684,15 @@ def _run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: s
     if gate.get("network_allow"):  # the only hosts this gate reaches, through its own egress proxy
         with egress({"network_allow": gate["network_allow"]}, deny=boundary.service_addresses()) as (proxy, policy):
             check = _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, policy)
-        Check.objects.filter(pk=check.pk).update(network=network_record(proxy))
+        record = network_record(proxy)
+        Check.objects.filter(pk=check.pk).update(network=record)
+        if record["refused"] and lease:
+            with transaction.atomic():
+                if _fenced(run.pk, lease) is not None:
+                    machine.event(run, "network_refused",
+                                  f"Check '{gate['name']}' tried to reach what its network_allow does not name: "
+                                  f"{_hosts_sentence(record['refused'])}. Its egress proxy refused each.",
+                                  stage=stage, gate_check=check, data={"refused": record["refused"][:50]})
         return check
     return _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, None)
 
@@ -956,11 +985,18 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.save()
     refused = (attempt.network or {}).get("refused") or []
     if refused:
-        hosts = sorted({f"{item['host']}:{item['port']}" for item in refused})
         machine.event(attempt.run, "network_refused",
-                      f"Attempt {attempt.number} ({attempt.operation}) tried to reach {len(refused)} time(s) what its "
-                      f"network allow-list does not name: {', '.join(hosts[:10])}. Its egress proxy refused each.",
-                      stage=attempt.stage, attempt=attempt, data={"refused": refused[:50]})
+                      f"Attempt {attempt.number} ({attempt.operation}) tried {len(refused)} time(s) to reach what its "
+                      f"network allow-list does not name, or a Control Panel service: {_hosts_sentence(refused)}. Its "
+                      f"egress proxy refused each.", stage=attempt.stage, attempt=attempt,
+                      data={"refused": refused[:50]})
+
+
+def _hosts_sentence(refused: list[dict], shown: int = 10) -> str:
+    """``host:port`` of the refusals, distinct and sorted, the first ``shown`` and how many more."""
+    hosts = sorted({f"{item['host']}:{item['port']}" for item in refused})
+    more = f" and {len(hosts) - shown} more (all on the attempt's network record)" if len(hosts) > shown else ""
+    return ", ".join(hosts[:shown]) + more
 
 
 def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:
@@ -1315,5 +1351,5 @@ def remove_scratch(run_id: int) -> None:
     shutil.rmtree(Path(settings.VAR_DIR) / "scratch" / f"run-{run_id}", ignore_errors=True)
 
 
-__all__ = ["begin", "execute", "finish", "crashed", "record_late", "run_env", "var_path", "save_manifest",
+__all__ = ["definition_tampered", "begin", "execute", "finish", "crashed", "record_late", "run_env", "var_path", "save_manifest",
            "process_marker_prefix", "LeaseLost"]

@@ -1162,7 +1162,8 @@ def _gitdir_of(dotgit: str) -> str | None:
 
 
 def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
-    """Paths (relative to ``worktree``) of every ``.git`` below its top that an agent may have made.
+    """Paths (relative to ``worktree``, as text: a byte that is not UTF-8 as ``\\xNN``) of every
+    ``.git`` below its top that an agent may have made.
 
     Read with the os module only, before any git looks at the files: git entering a repository
     an agent made would read that repository's configuration (``core.fsmonitor``,
@@ -1188,7 +1189,8 @@ def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
                 target = None if os.path.islink(dotgit) or not os.path.isfile(dotgit) else _gitdir_of(dotgit)
                 submodule = any(folder == link or folder.startswith(link + os.sep) for link in links)
                 if not (submodule and target and (target == common or target.startswith(common + os.sep))):
-                    found.append(os.path.relpath(dotgit, top))
+                    # shown and stored as text: bytes that are not UTF-8 as \xNN escapes
+                    found.append(os.fsencode(os.path.relpath(dotgit, top)).decode("utf-8", "backslashreplace"))
             if ".git" in dirs:
                 dirs.remove(".git")
     return sorted(found)

@@ -76,6 +76,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from collections import deque
 from pathlib import Path
 
@@ -546,9 +547,10 @@ class CodexAdapter(CliAdapter):
         """The ``-o`` file's text (first MiB), redacted; that redacted text is kept in the control
         folder (``kept_message_path``), the file itself goes with the attempt's HOME."""
         path = Path(last_message_path(request))
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(1024 * 1024)
+        try:  # never through a symlink, never a FIFO: the file lies in a folder the agent could write
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, encoding="utf-8", errors="replace") as fh:
+                text = fh.read(1024 * 1024) if stat.S_ISREG(os.fstat(fd).st_mode) else ""
         except OSError:
             return ""
         redacted, _ = redact_text(text, request.secrets)

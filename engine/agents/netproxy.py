@@ -18,8 +18,12 @@ What it allows (``allowed``): a host on the allow-list, by exact name or ``*.suf
 port, or ``host:port`` on that port only. A loopback or private address is allowed only when
 listed with its port. Never, whatever the list says: an address in ``deny`` (the database, the
 broker and the Control Panel, ``engine.boundary.service_addresses``), checked on every address
-the name resolves to. A refusal answers ``403`` and is kept in ``refused`` (host, port, why,
-seconds since the proxy started), which the engine records on the attempt.
+the name resolves to, in canonical form (an IPv4-mapped IPv6 address is its IPv4 address); a
+service on this host (a loopback, unspecified or own interface address) is denied on every local
+form of the address (``127.0.0.2``, ``0.0.0.0``, ``[::ffff:127.0.0.1]``, the host's own IPs).
+The connection goes to the address that was checked, never to a second resolution of the name.
+A refusal answers ``403`` and is kept in ``refused`` (host, port, why, seconds since the proxy
+started), which the engine records on the attempt.
 
 No Django imports.
 """
@@ -33,6 +37,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+import psutil
 
 from .netbridge import splice
 
@@ -64,14 +70,41 @@ def split_host_port(text: str, default_port: int | None = None) -> tuple[str, in
 
 
 def _is_internal(host: str) -> bool:
-    """Whether ``host`` is a loopback, private, link-local or unspecified address, or ``localhost``."""
+    """Whether ``host`` is a loopback, private, link-local or unspecified address (IPv4-mapped
+    forms included), or ``localhost``."""
     if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
         return True
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
+    address = canonical(host)
+    if address is None:
         return False
     return address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified
+
+
+def canonical(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``address`` as an ip_address, an IPv4-mapped IPv6 address as its IPv4 one (zone dropped);
+    None for what is no IP address."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return None
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def host_addresses() -> set:
+    """The canonical addresses of this host's own interfaces (psutil.net_if_addrs)."""
+    found = set()
+    try:
+        for addresses in psutil.net_if_addrs().values():
+            for item in addresses:
+                if item.family in (socket.AF_INET, socket.AF_INET6):
+                    ip = canonical(item.address)
+                    if ip is not None:
+                        found.add(ip)
+    except OSError:
+        pass
+    return found
 
 
 def _resolve(host: str, port: int) -> list[str]:
@@ -108,6 +141,16 @@ class EgressProxy:
         for entry in self.allow:
             host, port = split_host_port(entry)
             self._rules.append((host, port))
+        self._own = host_addresses()
+        self._deny_exact = set()  # (canonical ip, port); port 0: every port
+        self._deny_local_ports = set()  # ports of services on this host: denied on every local address
+        for address, port in self.deny:
+            ip = canonical(address)
+            if ip is None:
+                continue
+            self._deny_exact.add((ip, port))
+            if self._is_local(ip):
+                self._deny_local_ports.add(port)
         self._server: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
@@ -115,8 +158,25 @@ class EgressProxy:
 
     # ------------------------------------------------------------------ policy
 
+    def _is_local(self, ip) -> bool:
+        return ip.is_loopback or ip.is_unspecified or ip in self._own
+
+    def _denied(self, address: str, port: int) -> bool:
+        ip = canonical(address)
+        if ip is None:
+            return True  # what does not parse is not connected to
+        if (ip, port) in self._deny_exact or (ip, 0) in self._deny_exact:
+            return True
+        return self._is_local(ip) and (port in self._deny_local_ports or 0 in self._deny_local_ports)
+
     def allowed(self, host: str, port: int) -> tuple[bool, str]:
         """``(True, "")`` when ``host:port`` may be reached, else ``(False, why)``."""
+        ok, why, _address = self.check(host, port)
+        return ok, why
+
+    def check(self, host: str, port: int) -> tuple[bool, str, str | None]:
+        """``(True, "", address to connect to)`` when ``host:port`` may be reached, else
+        ``(False, why, None)``. Every address the name resolves to must pass."""
         host = host.lower().strip("[]").rstrip(".")
         internal = _is_internal(host)
         listed = False
@@ -129,14 +189,15 @@ class EgressProxy:
                 listed = True
                 break
         if not listed:
-            return False, f"{host}:{port} is not on the attempt's network allow-list"
+            return False, f"{host}:{port} is not on the attempt's network allow-list", None
         addresses = self.resolver(host, port)
         if not addresses:
-            return False, f"{host} does not resolve"
+            return False, f"{host} does not resolve", None
         for address in addresses:
-            if (address, port) in self.deny or (address, 0) in self.deny:
-                return False, f"{host}:{port} ({address}) is a service of the Control Panel (database, broker or web)"
-        return True, ""
+            if self._denied(address, port):
+                return (False, f"{host}:{port} ({address}) is a service of the Control Panel (database, broker or web)",
+                        None)
+        return True, "", addresses[0]
 
     def _record(self, bucket: list[dict], host: str, port: int, why: str = "") -> None:
         with self._lock:
@@ -248,13 +309,13 @@ class EgressProxy:
         except (OSError, ValueError, UnicodeError) as exc:
             self._answer(client, 400, f"bad proxy request: {exc}")
             return
-        ok, why = self.allowed(host, port)
+        ok, why, address = self.check(host, port)
         if not ok:
             self._record(self.refused, host, port, why)
             self._answer(client, 403, f"refused by the Control Panel's sandbox: {why}")
             return
-        try:
-            upstream = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_SECONDS)
+        try:  # the address that was checked: a second lookup of the name could answer another
+            upstream = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_SECONDS)
             upstream.settimeout(None)
         except OSError as exc:
             self._answer(client, 502, f"cannot reach {host}:{port}: {exc}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from engine import operations, runner
+from engine import machine, operations, runner
 from engine.models import Attempt, Check, Run
 
 from ..conftest import ANSWER_STEP, git, make_repo
@@ -18,26 +18,47 @@ from .attacks import QUICK_STAGE
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_definition_edited_between_steps_stops_the_run_before_anything_launches(make_pipeline, repo, sent):
-    stage = {**QUICK_STAGE, "gates": [{"name": "unit", "command": "python -m pytest -q"}]}
-    run = operations.create_run(make_pipeline(stages=[stage]), str(repo), "main")
-    operations.request_start(run, requested_by="t", source="test")
-    run_id, token = sent.pop(0)
-    assert runner.advance(run_id, token) == "implement"
-    # what a process that reached the database would do: weaken the frozen gate to `true`
+def weaken(run_id: int, *, digest_too: bool = False) -> Run:
+    """What a process that reached the database would do: weaken the frozen gate to ``true``
+    (and, with ``digest_too``, write the new digest into the row as well)."""
     row = Run.objects.get(pk=run_id)
     definition = row.definition
     definition["pipeline"]["stages"][0]["gates"][0]["command"] = "true"
-    Run.objects.filter(pk=run_id).update(definition=definition)
+    fields = {"definition": definition}
+    if digest_too:
+        fields["definition_sha256"] = machine.definition_digest(definition)
+    Run.objects.filter(pk=run_id).update(**fields)
+    return row
+
+
+STAGE = {**QUICK_STAGE, "gates": [{"name": "unit", "command": "python -m pytest -q"}]}
+
+
+def test_a_definition_edited_between_steps_fails_the_run_before_anything_launches(make_pipeline, repo, sent):
+    run = operations.create_run(make_pipeline(stages=[STAGE]), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run_id, token = sent.pop(0)
+    assert runner.advance(run_id, token) == "implement"
+    row = weaken(run_id)
     run = drive(run_id, sent)
-    assert run.status == "waiting_review" and run.stop_reason == "definition_tampered", run.stop_message
-    assert run.stop_evidence["definition_sha256"] == row.definition_sha256
+    assert run.status == "failed" and run.stop_reason == "definition_tampered", run.stop_message
+    assert run.stop_evidence["row_sha256"] == row.definition_sha256
+    assert run.stop_evidence["control_record_sha256"] == row.definition_sha256
     assert not Check.objects.filter(run=run).exists()  # the verify step never ran
     assert Attempt.objects.filter(run=run).count() == 1
-    # a recovery cannot launch either: the digest is the authority, not the row
-    operations.recover(run, run.decisions.get().pk, note="try again", action="verify", reviewer="t")
-    run = drive(run_id, sent)
-    assert run.stop_reason == "definition_tampered" and not Check.objects.filter(run=run).exists()
+    assert not run.decisions.filter(state="pending").exists()  # nothing to recover: a new run is needed
+
+
+@pytest.mark.parametrize("digest_too", [False, True], ids=["definition", "definition-and-digest"])
+def test_a_definition_edited_before_the_first_step_fails_the_run(make_pipeline, repo, sent, digest_too):
+    """Before any stage started, and also when the row's digest is rewritten to match: the control
+    record ``definition.sha256`` (out of every agent's reach) is the authority."""
+    run = operations.create_run(make_pipeline(stages=[STAGE]), str(repo), "main")
+    weaken(run.pk, digest_too=digest_too)
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "failed" and run.stop_reason == "definition_tampered", (run.status, run.stop_message)
+    assert not Attempt.objects.filter(run=run).exists() and not Check.objects.filter(run=run).exists()
 
 
 @pytest.mark.slow

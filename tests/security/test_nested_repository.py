@@ -14,7 +14,7 @@ import pytest
 from engine import workspace
 from engine.models import Attempt, Check, JournalEntry
 
-from ..conftest import git, make_repo
+from ..conftest import ANSWER_STEP, git, make_repo
 from .attacks import QUICK_STAGE, attempt_output, claude_attack_pipeline, needs_claude, start_and_drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -123,3 +123,14 @@ def lock_dir(tmp_path):
     path = tmp_path / "locks"
     path.mkdir()
     return str(path)
+
+
+def test_a_nested_repository_under_a_name_that_is_not_utf8_is_named_and_stored(make_pipeline, repo, sent):
+    """The path goes into the stop message, the event and the evidence (PostgreSQL stores no lone
+    surrogate): it is shown with \\xNN escapes, and the run stops instead of crashing its step."""
+    step = {**ANSWER_STEP, "run": ["sh", "-c", "D=$(printf 'x\\377y'); git init -q \"app/$D/repo\""]}
+    run = start_and_drive(make_pipeline(stages=[{**QUICK_STAGE, "scope": ["app/**"]}],
+                                        scenario={"stages": {"answer": {"implement": [step]}}}), repo, sent)
+    assert run.stop_reason == "nested_repository", (run.status, run.stop_message)
+    assert "app/x\\xffy/repo/.git" in run.stop_message
+    assert run.stop_evidence["paths"] == ["app/x\\xffy/repo/.git"]

@@ -97,6 +97,8 @@ def test_the_agent_reaches_no_service_of_the_host_directly_or_through_its_proxy(
     assert "not on the attempt's network allow-list" in why["example.com:80"]
     event = RunEvent.objects.get(run=run, kind="network_refused")
     assert "example.com:80" in event.message and event.attempt_id == attempt.pk
+    shown = operations.run_status(run)["stages"][0]["attempts"][0]["network"]  # what run_status --json says
+    assert {(i["host"], i["port"]) for i in shown["refused"]} == refused
     # the scripted endpoint, on the worker's loopback, was reached through the same proxy
     assert any(item["host"] == "127.0.0.1" for item in attempt.network["connected"]), attempt.network
     assert run.status == "succeeded", run.stop_message
@@ -163,7 +165,8 @@ def test_a_gate_has_no_network_unless_it_names_its_hosts(make_pipeline, repo, se
 
 
 def test_the_proxy_allows_listed_hosts_only_and_never_a_service(tmp_path):
-    resolved = {"api.anthropic.com": ["160.79.104.10"], "gw.example": ["127.0.0.1"], "evil.example": ["10.0.0.5"]}
+    resolved = {"api.anthropic.com": ["160.79.104.10"], "gw.example": ["127.0.0.1"], "evil.example": ["10.0.0.5"],
+                "x.example": ["93.184.216.34"]}
     proxy = EgressProxy(allow=["api.anthropic.com", "*.example:8443", "127.0.0.1:9999", "gw.example:5432"],
                         deny={("127.0.0.1", 5432)}, resolver=lambda host, port: resolved.get(host, [host]))
     assert proxy.allowed("api.anthropic.com", 443) == (True, "")
@@ -207,9 +210,16 @@ def test_the_self_check_refuses_agents_when_a_service_answers_from_inside(make_p
 def test_a_gate_that_names_a_host_reaches_it_and_only_it(make_pipeline, repo, sent):
     allowed, other = Listener(), Listener()
     try:
-        reach = (f"{sys.executable} -c \"import socket\nsocket.create_connection(('127.0.0.1', {allowed.port}), "
-                 f"timeout=2).close()\ntry:\n    socket.create_connection(('127.0.0.1', {other.port}), timeout=2)\n"
-                 f"except OSError:\n    print('other refused')\nelse:\n    raise SystemExit('reached the other')\"")
+        script = (f"import os, socket, urllib.request\n"
+                  f"socket.create_connection(('127.0.0.1', {allowed.port}), timeout=2).close()\n"
+                  f"try:\n    socket.create_connection(('127.0.0.1', {other.port}), timeout=2)\n"
+                  f"except OSError:\n    print('other refused')\nelse:\n    raise SystemExit('reached the other')\n"
+                  f"proxy = os.environ['HTTP_PROXY']\n"
+                  f"opener = urllib.request.build_opener(urllib.request.ProxyHandler({{'http': proxy}}))\n"
+                  f"os.environ.pop('NO_PROXY'); os.environ.pop('no_proxy')\n"
+                  f"try:\n    opener.open('http://127.0.0.1:{other.port}/', timeout=5)\n"
+                  f"except Exception as exc:\n    print('proxy said', getattr(exc, 'code', exc))\n")
+        reach = f"{sys.executable} -c {shlex.quote(script)}"
         stage = {**QUICK_STAGE, "gates": [{"name": "reach", "command": reach,
                                            "network_allow": [f"127.0.0.1:{allowed.port}"]}]}
         run = operations.create_run(make_pipeline(stages=[stage]), str(repo), "main")
@@ -217,8 +227,11 @@ def test_a_gate_that_names_a_host_reaches_it_and_only_it(make_pipeline, repo, se
         run = drive(run.pk, sent)
         check = Check.objects.filter(run=run, name="reach", kind="gate").order_by("id").first()
         log = (Path(settings.VAR_DIR) / check.log_path).read_text()
-        assert check.passed and "other refused" in log, log
+        assert check.passed and "other refused" in log and "proxy said 403" in log, log
         assert allowed.accepted >= 1 and other.accepted == 0
+        assert check.network["refused"][0]["port"] == other.port
+        event = RunEvent.objects.filter(run=run, kind="network_refused", gate_check=check).get()
+        assert f"127.0.0.1:{other.port}" in event.message
         assert check.network["allow"] == [f"127.0.0.1:{allowed.port}"]
         assert {"host": "127.0.0.1", "port": allowed.port} in [
             {k: item[k] for k in ("host", "port")} for item in check.network["connected"]]
@@ -239,3 +252,25 @@ def test_a_worker_answers_no_remote_control(workers):
         pytest.skip("the filesystem broker carries no broadcast; the Redis suite (CI) asks the real workers")
     assert app.control.ping(timeout=2.0) == []
     assert all(proc.poll() is None for proc in workers.procs)
+
+
+def test_no_local_form_of_a_service_address_gets_through_the_proxy():
+    """Every way of writing this host's address names the same service: 0.0.0.0, 127.0.0.2,
+    the IPv4-mapped IPv6 form and the host's own interface addresses are refused like 127.0.0.1,
+    even when the allow-list names them (a fresh-eyes tester reached Redis through 0.0.0.0)."""
+    from engine.agents.netproxy import host_addresses
+
+    own = sorted(str(ip) for ip in host_addresses() if not ip.is_loopback)
+    forms = ["127.0.0.1", "127.0.0.2", "0.0.0.0", "::1", "::", "::ffff:127.0.0.1", "0:0:0:0:0:ffff:7f00:1", *own]
+    allow = [f"[{form}]:6379" if ":" in form else f"{form}:6379" for form in forms]
+    proxy = EgressProxy(allow=allow + ["127.0.0.1:7000"], deny={("127.0.0.1", 6379), ("::1", 6379)},
+                        resolver=lambda host, port: [host])
+    for form in forms:
+        ok, why = proxy.allowed(form, 6379)
+        assert not ok and "service of the Control Panel" in why, (form, why)
+    assert proxy.allowed("127.0.0.1", 7000) == (True, "")  # another port of this host, listed: allowed
+    # a name checked once is connected to at the address that was checked, not looked up again
+    answers = iter([["10.9.9.9"], ["127.0.0.1"]])
+    rebinding = EgressProxy(allow=["gw.example:6379"], deny={("127.0.0.1", 6379)},
+                            resolver=lambda host, port: next(answers))
+    assert rebinding.check("gw.example", 6379) == (True, "", "10.9.9.9")
