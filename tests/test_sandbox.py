@@ -162,8 +162,8 @@ def test_wrap_hides_a_file_and_keeps_the_deeper_mount(tmp_path):
     assert "DJANGO" not in out.stdout and SECRET not in out.stdout
     assert (work / "w").read_text() == "w\n"
     assert not (hidden / "tools" / "x").exists() and not (hidden / "h").exists()
-    # tools/ is bound read-only; hidden/h lands in the sandbox's own /tmp (never on the host: above)
-    assert out.stderr.count("Read-only file system") == 1, out.stderr
+    # tools/ is bound read-only, and hidden/ stays a read-only empty folder in the sandbox's own /tmp
+    assert out.stderr.count("Read-only file system") == 2, out.stderr
     assert "/dev/null" in argv and secret.read_text() == "DJANGO_SECRET_KEY=x\n"
 
 

@@ -346,8 +346,9 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
         real = os.path.realpath(item)
         if real == "/" or any(_inside(real, folder) for folder in rw):
             continue  # never what it writes
-        if not any(_inside(real, folder) for folder in ro_bound) or real in rw:
-            continue  # not in the view anyway
+        if not any(_inside(real, folder) for folder in [*ro_bound, "/tmp"]) or real in rw:
+            continue  # not in the view anyway (under /tmp it is: the folders leading to a bound path
+            # are made in the sandbox's own writable /tmp, and a hidden one must stay read-only there)
         if os.path.isdir(real):
             mounts[real] = ["--tmpfs", real]
             tmpfs_ro.append(real)
