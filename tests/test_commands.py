@@ -141,7 +141,7 @@ def test_make_demo_runs_the_main_job(tmp_path):
     assert "SIMULATED (scripted model endpoint)" in out and "REAL claude CLI" in out
     assert "Run 1: succeeded" in out
     assert "original checkout" in out and "unchanged" in out
-    assert "http://127.0.0.1:8000/admin/engine/run/1/change/" in out
+    assert "http://127.0.0.1:8000/admin/engine/run/1/detail/" in out
 
 
 @pytest.mark.django_db(transaction=True)

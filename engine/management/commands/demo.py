@@ -126,6 +126,6 @@ class Command(EngineCommand):
             f"CP_VAR_DIR and DATABASE_URL as the demo)")
         out(f"  git -C {shlex.quote(repo['path'])} log --format='%h %s' {data['branch']}")
         out("  Control Panel: python manage.py createsuperuser, then make web, and open")
-        out(f"  http://127.0.0.1:8000/admin/engine/run/{data['id']}/change/")
+        out(f"  http://127.0.0.1:8000/admin/engine/run/{data['id']}/detail/")
         if problems:
             raise CommandError("the demo did not do what it should: " + "; ".join(problems))
