@@ -33,7 +33,7 @@ import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 
-from .agents.netproxy import split_host_port
+from .agents.netproxy import is_internal_host, split_host_port
 
 __all__ = [
     "ADAPTERS",
@@ -567,6 +567,9 @@ def _host_item(value) -> str:
         host, _port = split_host_port(text)
     except ValueError as exc:
         raise ValidationError(f"{value!r}: {exc}") from None
+    if _port is None and is_internal_host(host):
+        raise ValidationError(f"{value!r} is a loopback or private address: name its port ({host}:PORT), so that "
+                              f"the agent reaches that one service and no other")
     try:
         ipaddress.ip_address(host)
     except ValueError:

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -319,7 +320,12 @@ def _execute_final(plan: dict, should_stop) -> dict:
         tree = workspace.git(["rev-parse", f"{checkpoint}^{{tree}}"], str(folder)).stdout.decode().strip()
         current = {"digest": tree, "base": checkpoint, "tree": tree, "entries": [], "changes": [], "excluded": []}
         manifest_row = Manifest.objects.filter(run=run, digest=tree).order_by("-id").first()
-        env = {**run_env(run, "final"), "CP_WORKTREE": str(folder)}
+        # nothing an agent or an earlier gate left reaches it: its own TMPDIR and data folder (and each
+        # check a fresh HOME, _gate_sandbox), beside the clean checkout, removed with it
+        own = folder.parent / f"{folder.name}-scratch"
+        shutil.rmtree(own, ignore_errors=True)
+        env = {**run_env(run, "final"), "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"),
+               "CP_TMP_DIR": str(own / "tmp"), "CP_DATA_DIR": str(own / "data")}
         pipeline = run.definition["pipeline"]
         checks = []
         stages = list(run.stages.order_by("order"))
@@ -337,6 +343,7 @@ def _execute_final(plan: dict, should_stop) -> dict:
     finally:
         # the files first (gates ran agent code there: git must not read what they left), then git's record
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder.parent / f"{folder.name}-scratch", ignore_errors=True)
         workspace.git(["worktree", "prune"], run.repo_path, check=False)
 
 
@@ -701,6 +708,15 @@ def _run_gate_in(run: Run, stage: StageRun, gate: dict, kind: str, digest_before
                  env: dict, should_stop, lease: str | None, network) -> Check:
     """``_run_gate`` inside the sandbox, with ``network`` (a NetworkPolicy) or none."""
     env, launch = _gate_sandbox(run, argv, cwd, env, network)
+    try:
+        return _run_gate_process(run, stage, gate, kind, digest_before, argv, cwd, env, launch, should_stop, lease)
+    finally:
+        shutil.rmtree(env["HOME"], ignore_errors=True)
+
+
+def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str],
+                      cwd: str, env: dict, launch: list[str], should_stop, lease: str | None) -> Check:
+    """Record the Check, run ``launch`` under supervision, and fill the Check in."""
     check = Check.objects.create(
         run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
         started_at=timezone.now(), manifest_digest=digest_before,
@@ -750,8 +766,9 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
 
     A gate runs code an agent wrote, so it gets what an agent gets (engine/agents/sandbox.py):
     an allow-listed view (system folders, the Python install and PATH folders read-only), ``cwd``
-    (the worktree or the final checkout), the run's TMPDIR and data folder and a HOME of the
-    run's own writable, its own PID namespace (nothing it starts outlives it) and its own network
+    (the worktree or the final checkout), the run's TMPDIR and data folder and a fresh HOME of its
+    own writable (``gate-home-*``, removed after the check: what one gate's code leaves there, a
+    ``.pth`` file in the user site folder or a ``.gitconfig``, never reaches the next gate), its own PID namespace (nothing it starts outlives it) and its own network
     namespace with no way out: loopback only, where two runs' gates may bind the same port.
     ``network``: a gate with ``network_allow`` gets its egress proxy's NetworkPolicy (those hosts only).
 
@@ -759,8 +776,7 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
     Control Panel service reachable from inside: a gate never runs unguarded.
     """
     boundary.self_check()
-    home = Path(scratch_dirs(run.pk)["tmp"]).parent / "gate-home"
-    home.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=Path(scratch_dirs(run.pk)["tmp"]).parent))
     env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
     visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))

@@ -45,6 +45,15 @@ from .netbridge import splice
 _HEAD_LIMIT = 65536
 #: Seconds to wait for a connection to an allowed host.
 CONNECT_TIMEOUT_SECONDS = 15.0
+#: Seconds a client has, in all, to send its request head.
+HEAD_DEADLINE_SECONDS = 20.0
+#: Seconds one direction of a proxied connection may stay silent before that direction is closed
+#: (an hour: a model's streamed answer, with its request long sent, must not be cut; the number
+#: of connections is bounded by MAX_CONNECTIONS, and they end with the attempt's sandbox).
+IDLE_TIMEOUT_SECONDS = 3600.0
+#: Connections one proxy serves at once; more are answered 503 at once (threads, descriptors
+#: and memory of the worker stay bounded whatever the agent opens).
+MAX_CONNECTIONS = 64
 #: At most this many refusals are kept (an agent looping on a refused host stays bounded).
 MAX_RECORDED = 200
 
@@ -69,15 +78,27 @@ def split_host_port(text: str, default_port: int | None = None) -> tuple[str, in
     return host.lower(), int(port)
 
 
-def _is_internal(host: str) -> bool:
-    """Whether ``host`` is a loopback, private, link-local or unspecified address (IPv4-mapped
-    forms included), or ``localhost``."""
+def numeric_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a numeric host text names in any form the C library accepts (``127.1``,
+    ``2130706433``, ``0x7f000001``, ``0177.0.0.1``), or None."""
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except (OSError, ValueError):
+        return None
+
+
+def is_internal(address) -> bool:
+    """Whether an ip_address is loopback, private, link-local or unspecified."""
+    return address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified
+
+
+def is_internal_host(host: str) -> bool:
+    """Whether ``host`` is a loopback, private, link-local or unspecified address (IPv4-mapped and
+    numeric forms included), or ``localhost``."""
     if host in ("localhost", "localhost.localdomain") or host.endswith(".localhost"):
         return True
-    address = canonical(host)
-    if address is None:
-        return False
-    return address.is_loopback or address.is_private or address.is_link_local or address.is_unspecified
+    address = canonical(host) or numeric_ipv4(host)
+    return address is not None and is_internal(address)
 
 
 def canonical(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -155,6 +176,7 @@ class EgressProxy:
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     # ------------------------------------------------------------------ policy
 
@@ -178,22 +200,25 @@ class EgressProxy:
         """``(True, "", address to connect to)`` when ``host:port`` may be reached, else
         ``(False, why, None)``. Every address the name resolves to must pass."""
         host = host.lower().strip("[]").rstrip(".")
-        internal = _is_internal(host)
-        listed = False
+        internal = is_internal_host(host)
+        listed, with_port = False, False
         for rule_host, rule_port in self._rules:
             if rule_port is not None and rule_port != port:
                 continue
             if internal and rule_port is None:
                 continue  # an internal address is allowed only with its port named
             if rule_host == host or (rule_host.startswith("*.") and host.endswith(rule_host[1:])):
-                listed = True
-                break
+                listed, with_port = True, with_port or rule_port is not None
         if not listed:
             return False, f"{host}:{port} is not on the attempt's network allow-list", None
         addresses = self.resolver(host, port)
         if not addresses:
             return False, f"{host} does not resolve", None
         for address in addresses:
+            ip = canonical(address)
+            if ip is not None and is_internal(ip) and not with_port:
+                return (False, f"{host} resolves to {address}, a loopback or private address: it is allowed only "
+                               f"when listed with its port", None)
             if self._denied(address, port):
                 return (False, f"{host}:{port} ({address}) is a service of the Control Panel (database, broker or web)",
                         None)
@@ -268,15 +293,30 @@ class EgressProxy:
                 client, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+            if not self._slots.acquire(blocking=False):
+                self._record(self.refused, "", 0, f"more than {MAX_CONNECTIONS} connections at once")
+                threading.Thread(target=self._answer, args=(client, 503, "too many connections at once"),
+                                 daemon=True).start()
+                continue
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            self._handle(client)
+        finally:
+            self._slots.release()
 
     # ------------------------------------------------------------------ one connection
 
     def _handle(self, client: socket.socket) -> None:
         try:
-            client.settimeout(30)
+            deadline = time.monotonic() + HEAD_DEADLINE_SECONDS
             head = b""
             while b"\r\n\r\n" not in head:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ValueError(f"no complete request head within {HEAD_DEADLINE_SECONDS:g} s")
+                client.settimeout(left)
                 data = client.recv(4096)
                 if not data:
                     client.close()
@@ -285,7 +325,6 @@ class EgressProxy:
                 if len(head) > _HEAD_LIMIT:
                     self._answer(client, 431, "request head too large")
                     return
-            client.settimeout(None)
             head, _, rest = head.partition(b"\r\n\r\n")
             first, _, headers = head.partition(b"\r\n")
             parts = first.decode("latin-1").split(" ")
@@ -316,7 +355,8 @@ class EgressProxy:
             return
         try:  # the address that was checked: a second lookup of the name could answer another
             upstream = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_SECONDS)
-            upstream.settimeout(None)
+            for end in (client, upstream):  # a direction silent this long is closed
+                end.settimeout(IDLE_TIMEOUT_SECONDS)
         except OSError as exc:
             self._answer(client, 502, f"cannot reach {host}:{port}: {exc}")
             return

@@ -99,3 +99,28 @@ def test_a_reviewer_writes_nothing_another_role_reads(make_pipeline, repo, sent)
     scratch = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}"
     assert not (scratch / "tmp" / "from-reviewer").exists() and not (scratch / "data" / "from-reviewer").exists()
     # and the final verification's gates (after the review) found none either: the run succeeded
+
+
+def test_what_one_gates_code_leaves_in_its_home_never_reaches_the_next_gate(make_pipeline, repo, sent):
+    """Each check has a fresh HOME, removed after it (a tester planted a ``.pth`` in the user site
+    folder of a shared gate HOME that made every later pytest exit 0, the final verification's too);
+    the final verification also has its own TMPDIR and data folder."""
+    # in the worktree's verification the plant also leaves a file in the run's TMPDIR; the final
+    # verification's checks must see neither that nor any HOME of another check
+    plant = ('mkdir -p "$HOME/planted" && echo x > "$HOME/planted/mark" && echo "$HOME" >> "$CP_DATA_DIR/homes"; '
+             'if [ "$CP_STAGE" != final ]; then echo x > "$TMPDIR/from-a-gate"; fi')
+    look = 'test ! -e "$HOME/planted/mark" && { [ "$CP_STAGE" != final ] || test ! -e "$TMPDIR/from-a-gate"; }'
+
+    stage = {**QUICK_STAGE, "gates": [{"name": "plant", "command": plant}, {"name": "look", "command": look}]}
+    run = operations.create_run(make_pipeline(stages=[stage]), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    checks = {(c.kind, c.name): c for c in run.checks.all()}
+    for (kind, name), check in checks.items():
+        assert check.passed, (kind, name, (Path(settings.VAR_DIR) / check.log_path).read_text())
+    scratch = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}"
+    assert not list(scratch.glob("gate-home-*"))  # every check's HOME was removed
+    homes = (scratch / "data" / "homes").read_text().split()  # the worktree's gate wrote it; final had its own
+    assert len(homes) == 1 and "gate-home-" in homes[0]
+    assert (scratch / "tmp" / "from-a-gate").exists()  # the run's own TMPDIR kept it: final never saw it

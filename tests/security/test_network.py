@@ -274,3 +274,60 @@ def test_no_local_form_of_a_service_address_gets_through_the_proxy():
     rebinding = EgressProxy(allow=["gw.example:6379"], deny={("127.0.0.1", 6379)},
                             resolver=lambda host, port: next(answers))
     assert rebinding.check("gw.example", 6379) == (True, "", "10.9.9.9")
+
+
+def test_a_name_or_number_for_this_host_without_a_port_reaches_nothing():
+    """``127.1``, ``2130706433``, ``0x7f000001`` or a host name that resolves to loopback, listed
+    without a port, would open every port of the host (its PostgreSQL, its Redis): the port rule
+    applies to what the name resolves to, and the pipeline refuses such entries when it is loaded."""
+    from engine.pipeline_format import PipelineFormatError
+
+    from ..conftest import pipeline_definition
+
+    proxy = EgressProxy(allow=["127.1", "2130706433", "0x7f000001", "vm.local"],
+                        resolver=lambda host, port: ["127.0.0.1"])
+    for host in ("127.1", "2130706433", "0x7f000001", "vm.local"):
+        ok, why = proxy.allowed(host, 5432)
+        assert not ok, host
+    assert "listed with its port" in proxy.allowed("vm.local", 5432)[1]
+    for entry in ("127.1", "2130706433", "0177.0.0.1", "localhost", "10.0.0.5"):
+        with pytest.raises(PipelineFormatError) as err:
+            pipeline_definition(profiles={"scripted": {"adapter": "scripted", "scenario": {"default": [{}]},
+                                                       "network_allow": [entry]}})
+        assert "name its port" in str(err.value), entry
+
+
+def test_the_proxy_serves_a_bounded_number_of_connections_and_drops_a_slow_head(monkeypatch):
+    """An agent opening thousands of connections to its proxy's socket must not grow the worker
+    without bound (a fresh-eyes tester reached 8000 threads and 741 MB): past MAX_CONNECTIONS the
+    proxy answers 503 at once, and a request head that does not come in time is dropped."""
+    import socket as socketlib
+    import threading
+    import time as timelib
+
+    from engine.agents import netproxy
+
+    monkeypatch.setattr(netproxy, "MAX_CONNECTIONS", 8)
+    monkeypatch.setattr(netproxy, "HEAD_DEADLINE_SECONDS", 2.0)
+    with EgressProxy(allow=[]) as proxy:
+        before = threading.active_count()
+        held = []
+        for _ in range(40):  # each sends half a head and waits
+            conn = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+            conn.connect(proxy.socket_path)
+            conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\n")
+            held.append(conn)
+        timelib.sleep(0.5)
+        assert threading.active_count() - before <= 8 + 2  # the served ones and the accept loop
+        answers = []
+        for conn in held:
+            conn.settimeout(5)
+            try:
+                answers.append(conn.recv(100))
+            except OSError:
+                answers.append(b"")
+            conn.close()
+        busy = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        assert len(busy) >= 40 - 8, answers
+        assert all(a.startswith((b"HTTP/1.1 503", b"HTTP/1.1 400")) for a in answers), answers  # 400: too slow
+        assert any("connections at once" in item["why"] for item in proxy.refused)
