@@ -178,8 +178,9 @@ def test_the_proxy_allows_listed_hosts_only_and_never_a_service(tmp_path):
     assert not ok and "service of the Control Panel" in why
     assert not proxy.allowed("example.com", 443)[0] and not proxy.allowed("anthropic.com", 443)[0]
     wildcard = EgressProxy(allow=["*.example"], resolver=lambda host, port: resolved.get(host, [host]))
-    assert wildcard.allowed("evil.example", 80)[0]
-    assert not wildcard.allowed("10.0.0.5", 80)[0]  # an internal address needs its port named
+    assert wildcard.allowed("x.example", 80)[0]
+    # an internal address needs its port named, whether written as such or resolved from a name
+    assert not wildcard.allowed("10.0.0.5", 80)[0] and not wildcard.allowed("evil.example", 80)[0]
 
 
 def test_the_self_check_refuses_agents_when_a_service_answers_from_inside(make_pipeline, repo, sent, services,
