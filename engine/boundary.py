@@ -1,6 +1,6 @@
 """What crosses the sandbox boundary: the environment, the network allow-list, and the self-check.
 
-Everything an agent or a gate runs is treated as hostile (DEVELOPERS.md's threat model). The
+Everything an agent or a gate runs is treated as hostile (docs/agents.md, "The sandbox boundary"). The
 sandbox (engine/agents/sandbox.py) gives it an allow-listed filesystem and a network namespace of
 its own; this module decides the rest:
 
@@ -15,7 +15,7 @@ its own; this module decides the rest:
 * ``self_check``: a probe launched inside the sandbox tries to connect to each service address;
   if one answers, or no sandbox can be made, agents and gates are refused with
   ``boundary_not_enforced`` (naming the address) rather than run unguarded. Run at worker start
-  (controlpanel/celery.py) and before the first launch in each process.
+  (engine/tasks.py) and before the first launch in each process.
 """
 from __future__ import annotations
 
@@ -48,6 +48,8 @@ CREDENTIALS = {
     "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),
     "scripted": (),
 }
+
+
 class BoundaryNotEnforced(Exception):
     """The sandbox cannot keep an agent or a gate from the Control Panel's services.
 
