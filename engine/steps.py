@@ -302,37 +302,31 @@ def execute(plan: dict, should_stop) -> dict:
 
 
 def _execute_final(plan: dict, should_stop) -> dict:
-    """Run every baseline check and every stage's gates (Check kind final) on a clean checkout
-    of the final checkpoint: exactly what was committed, nothing an agent left beside it (files
-    git ignores or the exclusions drop are tested nowhere else). The checkout is a detached
-    worktree under the run's scratch folder, removed afterwards. Every check runs, so the
-    report names all that fail.
+    """Run every baseline check and every stage's gates (Check kind final), each on a fresh clean
+    checkout of the final checkpoint: exactly what was committed, nothing an agent left beside it
+    (files git ignores or the exclusions drop are tested nowhere else), and nothing an earlier
+    final check wrote (a check runs the agent's code, which could rewrite the files, a protected
+    test among them, or leave an ignored helper for the checks after it). Each checkout is a
+    detached worktree under the run's scratch folder with a TMPDIR and data folder of its own,
+    removed after its check. Every check runs, so the report names all that fail.
     """
     run = Run.objects.get(pk=plan["run_id"])
     checkpoint = plan["checkpoint"]
     folder = Path(scratch_dirs(run.pk)["tmp"]).parent / f"final-{checkpoint[:12]}"
-    shutil.rmtree(folder, ignore_errors=True)  # a crashed try's checkout: removed without git reading it
-    workspace.git(["worktree", "prune"], run.repo_path, check=False)
-    workspace.git(["-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach", "-q", str(folder), checkpoint],
-                  run.repo_path)
+    own = folder.parent / f"{folder.name}-scratch"
+    tree = workspace.git(["rev-parse", f"{checkpoint}^{{tree}}"], run.repo_path).stdout.decode().strip()
+    manifest_row = Manifest.objects.filter(run=run, digest=tree).order_by("-id").first()
+    pipeline = run.definition["pipeline"]
+    stages = list(run.stages.order_by("order"))
+    plan_gates = [(stages[0] if stages else None, g) for g in pipeline.get("baseline_checks") or []]
+    plan_gates += [(stage, g) for stage in stages for g in stage.spec.get("gates") or []]
+    checks = []
     try:
-        _final_submodules(run, checkpoint, folder)
-        tree = workspace.git(["rev-parse", f"{checkpoint}^{{tree}}"], str(folder)).stdout.decode().strip()
-        current = {"digest": tree, "base": checkpoint, "tree": tree, "entries": [], "changes": [], "excluded": []}
-        manifest_row = Manifest.objects.filter(run=run, digest=tree).order_by("-id").first()
-        # nothing an agent or an earlier gate left reaches it: its own TMPDIR and data folder (and each
-        # check a fresh HOME, _gate_sandbox), beside the clean checkout, removed with it
-        own = folder.parent / f"{folder.name}-scratch"
-        shutil.rmtree(own, ignore_errors=True)
-        env = {**run_env(run, "final"), "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"),
-               "CP_TMP_DIR": str(own / "tmp"), "CP_DATA_DIR": str(own / "data")}
-        pipeline = run.definition["pipeline"]
-        checks = []
-        stages = list(run.stages.order_by("order"))
-        plan_gates = [(stages[0] if stages else None, g) for g in pipeline.get("baseline_checks") or []]
-        plan_gates += [(stage, g) for stage in stages for g in stage.spec.get("gates") or []]
         for stage, gate in plan_gates:
-            check = _run_gate(run, stage, gate, Check.Kind.FINAL, current["digest"], env, should_stop, 1,
+            _final_checkout(run, checkpoint, folder, own)
+            env = {**run_env(run, "final"), "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"),
+                   "CP_TMP_DIR": str(own / "tmp"), "CP_DATA_DIR": str(own / "data")}
+            check = _run_gate(run, stage, gate, Check.Kind.FINAL, tree, env, should_stop, 1,
                               cwd=str(folder), lease=plan["lease"])
             if manifest_row is not None:
                 Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
@@ -341,10 +335,25 @@ def _execute_final(plan: dict, should_stop) -> dict:
                 return {"cancelled": True, "checks": checks}
         return {"checks": checks, "digest": tree}
     finally:
-        # the files first (gates ran agent code there: git must not read what they left), then git's record
-        shutil.rmtree(folder, ignore_errors=True)
-        shutil.rmtree(folder.parent / f"{folder.name}-scratch", ignore_errors=True)
-        workspace.git(["worktree", "prune"], run.repo_path, check=False)
+        _remove_final_checkout(run, folder, own)
+
+
+def _remove_final_checkout(run: Run, folder: Path, own: Path) -> None:
+    """The files first (checks ran agent code there: git must not read what they left), then git's record."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(own, ignore_errors=True)
+    workspace.git(["worktree", "prune"], run.repo_path, check=False)
+
+
+def _final_checkout(run: Run, checkpoint: str, folder: Path, own: Path) -> None:
+    """A fresh detached checkout of ``checkpoint`` at ``folder`` (whatever was there removed without
+    git reading it), its submodules from the starting commit's ``.gitmodules``, and an empty
+    ``own`` folder for its TMPDIR and data folder."""
+    _remove_final_checkout(run, folder, own)
+    workspace.git(["worktree", "add", "--detach", "-q", str(folder), checkpoint], run.repo_path)
+    _final_submodules(run, checkpoint, folder)
+    for sub in ("tmp", "data"):
+        (own / sub).mkdir(parents=True, exist_ok=True)
 
 
 def _final_submodules(run: Run, checkpoint: str, folder: Path) -> None:

@@ -322,3 +322,18 @@ def test_a_path_folder_in_tmp_never_shows_the_hosts_tmp(tmp_path):
         assert SECRET not in out.stdout and secret.name not in out.stdout, out
     finally:
         secret.unlink()
+
+
+def test_a_path_given_through_a_symlink_works_inside(tmp_path):
+    """Binds are of real paths; a tool or folder named through a symlink (a project's .venv linked
+    from elsewhere) finds the same symlink inside the sandbox."""
+    real = tmp_path / "real"
+    (real / "bin").mkdir(parents=True)
+    tool = real / "bin" / "tool"
+    tool.write_text("#!/bin/sh\necho tool-ran\n")
+    tool.chmod(0o755)
+    (tmp_path / "linked").symlink_to(real)
+    argv = sandbox.wrap([str(tmp_path / "linked" / "bin" / "tool")], writable=[str(tmp_path / "w")],
+                        visible=[str(tmp_path / "linked")])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.stdout == "tool-ran\n", out

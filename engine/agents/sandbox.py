@@ -275,6 +275,31 @@ def system_secrets() -> list[str]:
     return [path for path in found if os.path.lexists(path)]
 
 
+def _shown_by(path: str, mounts: dict[str, list[str]]) -> bool:
+    """Whether a bind of the host (not a tmpfs) makes ``path`` appear in the sandbox as on the host."""
+    covering = [real for real in mounts if _inside(path, real)]
+    return bool(covering) and mounts[max(covering, key=len)][0] in ("--ro-bind", "--bind")
+
+
+def _symlinks_to_make(paths: list[str], mounts: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """``(link, target)`` for the symlinks on the way to ``paths`` that the sandbox would lack: the
+    binds are of real paths, so a path given through a symlink (a project's ``.venv`` linked from
+    elsewhere, a symlinked home) must find the same link inside. Outermost first."""
+    found: list[tuple[str, str]] = []
+    for path in paths:
+        if not path or not os.path.isabs(path):
+            continue
+        prefix = "/"
+        for part in os.path.normpath(path).split("/")[1:]:
+            prefix = os.path.join(prefix, part)
+            if os.path.islink(prefix) and not _shown_by(prefix, mounts) and prefix not in (l for l, _ in found):
+                found.append((prefix, os.readlink(prefix)))
+            if not os.path.lexists(prefix):
+                break
+            prefix = os.path.realpath(prefix)
+    return found
+
+
 def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hide: list[str] = (),
          visible: list[str] = (), user_namespace: bool = False, private_tmp: bool = True,
          network: NetworkPolicy | None = None) -> list[str]:
@@ -367,6 +392,11 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
         sandbox += link
     for real in sorted(mounts, key=_depth):  # an enclosing mount first: the deeper one covers it
         sandbox += mounts[real]
+    made = {link[2] for link in links}
+    wanted = [*visible, *writable, *read_only, argv[0] if argv else "", *os.environ.get("PATH", "").split(os.pathsep)]
+    for link, target in _symlinks_to_make(wanted, mounts):
+        if link not in made:
+            sandbox += ["--symlink", target, link]
     sandbox += [arg for real in tmpfs_ro if mounts.get(real, [""])[0] == "--tmpfs" for arg in ("--remount-ro", real)]
     sandbox += ["--remount-ro", "/"]  # the empty root itself: nothing to write there
     command = list(argv)

@@ -85,3 +85,32 @@ def test_the_final_verification_never_fetches_from_an_agents_gitmodules(make_pip
         assert secret not in (Path(settings.VAR_DIR) / check.log_path).read_text()
     assert not Check.objects.filter(run=run, kind="final").exists()
     assert not list(Path(settings.VAR_DIR).rglob("SECRET.txt"))
+
+
+def test_a_final_check_cannot_rewrite_what_the_next_final_check_tests(make_pipeline, tmp_path, sent):
+    """Stage two breaks stage one's result and its code, run by the first final check, rewrites
+    stage one's protected check and leaves an ignored helper: each final check runs on a fresh
+    checkout of the checkpoint, so stage one's check still tests the committed files and the run
+    does not succeed (a fresh-eyes tester had it succeed with the regression)."""
+    repo = make_repo(tmp_path / "origin", {
+        "app.py": "def value():\n    return 1\n", "docs/PLAN.md": "# Plan\n",
+        "check_one.py": "import app\nassert app.value() == 1, app.value()\nprint('check_one ok')\n"})
+    breaker = ("import os\n\ndef value():\n    return 999\n\n"
+               "if os.environ.get('CP_STAGE') == 'final':\n"
+               "    open('check_one.py', 'w').write(\"print('check_one ok (rewritten)')\\n\")\n"
+               "    open('planted.txt', 'w').write('left by an earlier final check')\n")
+    stages = [{"key": "one", "requirement": "r", "scope": ["notes.txt"],
+               "gates": [{"name": "one", "command": "python check_one.py"},
+                         {"name": "clean", "command": "test ! -e planted.txt"}]},
+              {"key": "two", "requirement": "r", "scope": ["app.py"], "gates": [{"name": "two", "command": "true"}]}]
+    scenario = {"stages": {"one": {"implement": [{"write": {"notes.txt": "n\n"}}]},
+                           "two": {"implement": [{"write": {"app.py": breaker}}]}}}
+    pipeline = make_pipeline(stages=stages, scenario=scenario, protected_paths=["check_*.py"],
+                             baseline_checks=[{"name": "smoke", "command": "python -c 'import app'"}])
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status != "succeeded" and run.stop_reason == "final_verification_failed", run.stop_message
+    final = {c.name: c for c in Check.objects.filter(run=run, kind="final")}
+    assert final["smoke"].passed and not final["one"].passed and final["clean"].passed
+    assert "rewritten" not in (Path(settings.VAR_DIR) / final["one"].log_path).read_text()
