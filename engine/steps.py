@@ -778,7 +778,8 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
     (the worktree or the final checkout), the run's TMPDIR and data folder and a fresh HOME of its
     own writable (``gate-home-*``, removed after the check: what one gate's code leaves there, a
     ``.pth`` file in the user site folder or a ``.gitconfig``, never reaches the next gate), its own PID namespace (nothing it starts outlives it) and its own network
-    namespace with no way out: loopback only, where two runs' gates may bind the same port.
+    namespace with no way out: loopback only, where two runs' gates may bind the same port. The
+    run's protected files are bound read-only in ``cwd`` (``_protected_in``).
     ``network``: a gate with ``network_allow`` gets its egress proxy's NetworkPolicy (those hosts only).
 
     Raises boundary.BoundaryNotEnforced when no sandbox can be made, or the self-check finds a
@@ -789,8 +790,25 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
     env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
     visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
-    return env, sandbox.wrap(argv, writable=writable, read_only=[os.path.join(cwd, ".git")],
+    read_only = [os.path.join(cwd, ".git"), *_protected_in(run, cwd)]
+    return env, sandbox.wrap(argv, writable=writable, read_only=read_only,
                              hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible, network=network)
+
+
+def _protected_in(run: Run, cwd: str) -> list[str]:
+    """The run's protected files as they lie in ``cwd``, to be bound read-only while a gate runs:
+    code a gate runs (the agent's) must not rewrite a protected test before the runner reads it
+    (and put it back after, out of the manifests' sight). Regular files only, whose real path is
+    inside ``cwd``: a symlink, or a file reached through one, is never bound (the tamper checks
+    report what changed)."""
+    top = os.path.realpath(cwd)
+    found = []
+    for record in run.protected_files or []:
+        path = os.path.join(top, record["path"])
+        real = os.path.realpath(path)
+        if real == path and real.startswith(top + os.sep) and os.path.isfile(path) and not os.path.islink(path):
+            found.append(path)
+    return found
 
 
 def _execute_verify(plan: dict, should_stop) -> dict:

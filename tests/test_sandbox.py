@@ -337,3 +337,16 @@ def test_a_path_given_through_a_symlink_works_inside(tmp_path):
                         visible=[str(tmp_path / "linked")])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.stdout == "tool-ran\n", out
+
+
+def test_a_chain_of_symlinks_on_the_way_works_inside(tmp_path):
+    real = tmp_path / "real"
+    (real / "bin").mkdir(parents=True)
+    (real / "bin" / "f").write_text("through the chain\n")
+    (tmp_path / "mid").mkdir()
+    (tmp_path / "mid" / "venvlink").symlink_to(real)
+    (tmp_path / "chain").symlink_to(tmp_path / "mid" / "venvlink")
+    argv = sandbox.wrap(["cat", str(tmp_path / "chain" / "bin" / "f")], writable=[str(tmp_path / "w")],
+                        visible=[str(tmp_path / "chain" / "bin")])
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.stdout == "through the chain\n", out

@@ -284,19 +284,28 @@ def _shown_by(path: str, mounts: dict[str, list[str]]) -> bool:
 def _symlinks_to_make(paths: list[str], mounts: dict[str, list[str]]) -> list[tuple[str, str]]:
     """``(link, target)`` for the symlinks on the way to ``paths`` that the sandbox would lack: the
     binds are of real paths, so a path given through a symlink (a project's ``.venv`` linked from
-    elsewhere, a symlinked home) must find the same link inside. Outermost first."""
+    elsewhere, a symlinked home) must find the same links inside, every link of a chain. Outermost
+    first; a link already shown by a bind of the host is left alone."""
     found: list[tuple[str, str]] = []
-    for path in paths:
-        if not path or not os.path.isabs(path):
-            continue
+    pending = [os.path.normpath(path) for path in paths if path and os.path.isabs(path)]
+    hops = 0
+    while pending and hops < 400:
+        hops += 1
+        path = pending.pop(0)
         prefix = "/"
-        for part in os.path.normpath(path).split("/")[1:]:
+        parts = path.split("/")[1:]
+        for index, part in enumerate(parts):
             prefix = os.path.join(prefix, part)
-            if os.path.islink(prefix) and not _shown_by(prefix, mounts) and prefix not in (l for l, _ in found):
-                found.append((prefix, os.readlink(prefix)))
+            if os.path.islink(prefix):
+                target = os.readlink(prefix)
+                if not _shown_by(prefix, mounts) and prefix not in (link for link, _ in found):
+                    found.append((prefix, target))
+                # follow the link one step: its target and the rest of the path, as the host does
+                rest = parts[index + 1:]
+                pending.append(os.path.normpath(os.path.join(os.path.dirname(prefix), target, *rest)))
+                break
             if not os.path.lexists(prefix):
                 break
-            prefix = os.path.realpath(prefix)
     return found
 
 
@@ -384,7 +393,8 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     for item in read_only:
         if os.path.exists(item):
             real = os.path.realpath(item)
-            mounts[real] = ["--ro-bind", real, real]
+            if any(_inside(real, folder) for folder in rw):  # only to protect what lies in a writable folder
+                mounts[real] = ["--ro-bind", real, real]
     if network is not None:
         mounts[NETWORK_DIR] = ["--ro-bind", os.path.realpath(network.socket_dir), NETWORK_DIR]
     sandbox += ["--dev", "/dev", "--proc", "/proc"]

@@ -112,5 +112,32 @@ def test_a_final_check_cannot_rewrite_what_the_next_final_check_tests(make_pipel
     run = drive(run.pk, sent)
     assert run.status != "succeeded" and run.stop_reason == "final_verification_failed", run.stop_message
     final = {c.name: c for c in Check.objects.filter(run=run, kind="final")}
-    assert final["smoke"].passed and not final["one"].passed and final["clean"].passed
-    assert "rewritten" not in (Path(settings.VAR_DIR) / final["one"].log_path).read_text()
+    assert not final["one"].passed and final["clean"].passed
+    # the rewrite itself is refused too: protected files are read-only while a check runs
+    assert "Read-only file system" in (Path(settings.VAR_DIR) / final["smoke"].log_path).read_text()
+    assert "check_one ok (rewritten)" not in (Path(settings.VAR_DIR) / final["one"].log_path).read_text().splitlines()
+
+
+def test_a_gates_own_command_cannot_rewrite_a_protected_test_before_it_runs(make_pipeline, tmp_path, sent):
+    """The gate runs the agent's helper first, which rewrites the protected test to pass and to put
+    itself back once read (out of every manifest's sight): protected files are bound read-only
+    while gates run, so the rewrite fails and the real test fails the gate (a fresh-eyes tester
+    had such a run succeed with a regression)."""
+    original = "from app.core import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+    repo = make_repo(tmp_path / "origin", {"app/__init__.py": "", "app/core.py": "def add(a, b):\n    return a + b\n",
+                                           "tests/test_core.py": original, "docs/PLAN.md": "# Plan\n"})
+    weakened = f"import pathlib; pathlib.Path(__file__).write_text({original!r})\ndef test_add():\n    pass\n"
+    helper = f"import pathlib\npathlib.Path('tests/test_core.py').write_text({weakened!r})\n"
+    step = {"write": {"app/core.py": "def add(a, b):\n    return a - b\n", "app/selfcheck.py": helper}}
+    gate = "python app/selfcheck.py || true; python -m pytest -q -p no:cacheprovider tests/test_core.py"
+    stage = {**QUICK_STAGE, "gates": [{"name": "unit", "command": gate}]}
+    pipeline = make_pipeline(stages=[stage], protected_paths=["tests/test_*.py"],
+                             scenario={"stages": {"answer": {"implement": [step]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status != "succeeded", run.stop_message
+    check = Check.objects.filter(run=run, name="unit").order_by("id").first()
+    log = (Path(settings.VAR_DIR) / check.log_path).read_text()
+    assert not check.passed and "Read-only file system" in log and "1 failed" in log, log
+    assert Path(run.worktree, "tests", "test_core.py").read_text() == original
