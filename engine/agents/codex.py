@@ -386,11 +386,14 @@ def session_record(home: str, thread_id: str) -> Path | None:
     """codex's session record of ``thread_id`` under ``home/sessions`` (rollout-*-<id>.jsonl), or None."""
     if not thread_id or not re.fullmatch(r"[0-9A-Za-z-]+", thread_id):
         return None
+    top = os.path.realpath(home)
     sessions = Path(home) / "sessions"
-    if not sessions.is_dir():
+    if sessions.is_symlink() or not sessions.is_dir():
         return None
     for path in sessions.rglob(f"rollout-*{thread_id}.jsonl"):
-        return path
+        # the HOME was writable to the agent: never a link, never a file outside it
+        if not path.is_symlink() and path.is_file() and os.path.realpath(path).startswith(top + os.sep):
+            return path
     return None
 
 
