@@ -35,6 +35,7 @@ from django.db import connection
 from django.urls import reverse
 
 from engine import operations, runner
+from engine.steps import process_marker_prefix
 from engine.models import Attempt, Check, Decision, Run, RunEvent
 from engine.process import find_marked
 from engine.worker_process import stop_worker, worker_argv
@@ -453,8 +454,20 @@ def test_c06_a_grandchild_holding_the_pipe_at_run_level(on_solo, make_pipeline, 
     assert deadline <= attempt.elapsed_seconds < deadline + 2
     assert "started" in var(attempt.log_path).read_text().splitlines()
     assert find_marked(attempt.marker) == []  # the `sleep 600` included
+    # a `sleep 600` of this run, marked or not (the other suite of CI may run this same test at the
+    # same moment: its sleep carries its own run's marker and is not ours)
+    ours = process_marker_prefix(run)
+
+    def foreign(proc) -> bool:
+        try:
+            marker = proc.environ().get("CP_PROCESS_MARKER", "")
+        except (psutil.Error, OSError):
+            return False
+        return bool(marker) and not marker.startswith(ours)
+
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "600"]
-                 and p.status() != psutil.STATUS_ZOMBIE and p.create_time() >= attempt.started_at.timestamp() - 1]
+                 and p.status() != psutil.STATUS_ZOMBIE and p.create_time() >= attempt.started_at.timestamp() - 1
+                 and not foreign(p)]
     assert leftovers == []
     nxt = operations.create_run(make_pipeline(name="next", stages=QUICK), str(repo), "main")
     assert claimed_within(nxt, 5.0) < 5.0
