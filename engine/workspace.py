@@ -197,6 +197,11 @@ _HARDENED_ENV = {
 }
 
 
+def _git_argv(args: list[str]) -> list[str]:
+    """The one hardened git invocation: ``git <_HARDENED_CONFIG> <args>`` (with ``_git_env``)."""
+    return ["git", *_HARDENED_CONFIG, *args]
+
+
 def _git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _REDIRECTING_ENV and not k.startswith("GIT_CONFIG")}
     env.update(_HARDENED_ENV)
@@ -242,7 +247,7 @@ def git(
         WorkspaceError: ``git_failed`` when ``check`` and git exits non-zero, when git cannot
             be started, or on timeout; the message names the command and quotes git's stderr.
     """
-    cmd = ["git", *_HARDENED_CONFIG, *args]
+    cmd = _git_argv(args)
     try:
         proc = subprocess.run(
             cmd,
@@ -1433,10 +1438,10 @@ def write_patch(worktree: str, base_commit: str, tree: str, out_path: str) -> di
     """
     base = resolve_commit(worktree, base_commit)
     tmp_path = out_path + ".tmp"
-    cmd = ["git", *_HARDENED_CONFIG, "diff", "--binary", "--full-index",
+    cmd = _git_argv(["diff", "--binary", "--full-index",
            "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv",
            "--src-prefix=a/", "--dst-prefix=b/", "--ignore-submodules=none",
-           "--submodule=short", base, tree, "--"]
+           "--submodule=short", base, tree, "--"])
     with open(tmp_path, "wb") as fh:
         proc = subprocess.run(cmd, cwd=worktree, env=_git_env(), stdin=subprocess.DEVNULL,
                               stdout=fh, stderr=subprocess.PIPE, check=False)
