@@ -96,6 +96,9 @@ USAGE_SHOWN = ("input_tokens", "output_tokens", "cached_tokens", "cost_usd")
 
 _ATTEMPT_OUTCOME = {"preparing": "live", "running": "live", "succeeded": "ok", "failed": "bad", "timeout": "bad",
                     "cancelled": "off", "interrupted": "warn"}
+#: Failure kinds of an attempt whose work the engine refused (engine/steps.py), shown red whatever its exit.
+REFUSED_KINDS = ("protected_files_changed", "external_symlink", "nested_repository", "workspace_tampered",
+                 "scope_violation")
 _VERDICT_OUTCOME = {"pass": "ok", "repair": "warn", "escalate": "warn"}
 
 
@@ -167,6 +170,38 @@ def stored_file(run: Run, rel: str) -> Path | None:
     if not real.startswith(base + os.sep) or not os.path.isfile(real):
         return None
     return Path(real)
+
+
+#: Shown per file of a tamper report at most (the rest is in the stored report).
+TAMPER_DIFF_SHOWN = 64 * 1024
+
+
+def tamper_rows(run: Run) -> list[dict]:
+    """The run's tamper report as table rows, when it stopped ``protected_files_changed``: per file
+    ``path, change, to, old_mode, new_mode, sha256_before, sha256_after, why, diff_html`` (the
+    diff from the stored ``.json`` report, cut at TAMPER_DIFF_SHOWN characters). [] otherwise."""
+    evidence = run.stop_evidence or {}
+    if run.stop_reason != "protected_files_changed" or not isinstance(evidence.get("changes"), list):
+        return []
+    diffs = {}
+    found = stored_file(run, evidence.get("files") or "")
+    if found is not None:
+        try:
+            diffs = {(item.get("path"), item.get("to")): item.get("diff") or ""
+                     for item in json.loads(found.read_text(encoding="utf-8")) if isinstance(item, dict)}
+        except (ValueError, OSError):
+            diffs = {}
+    rows = []
+    for change in evidence["changes"]:
+        if not isinstance(change, dict):
+            continue
+        diff = diffs.get((change.get("path"), change.get("to")), "")
+        if len(diff) > TAMPER_DIFF_SHOWN:
+            diff = diff[:TAMPER_DIFF_SHOWN] + "\n[... cut: the whole diff is in the stored report]\n"
+        rows.append({**{k: change.get(k) for k in ("path", "change", "to", "old_mode", "new_mode", "sha256_before",
+                                                    "sha256_after", "why")},
+                     "diff_html": mark_safe(render_diff(diff)) if diff else ""})
+    return rows
 
 
 def render_diff(text: str) -> str:
@@ -435,6 +470,8 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
             outcome = _VERDICT_OUTCOME.get(verdict, "bad")
         elif attempt.verdict_problem:
             verdict, outcome = "no valid verdict", "bad"
+    if attempt.failure_kind in REFUSED_KINDS:
+        outcome = "bad"  # the process ended well, but what it did was refused
     if attempt.late:
         outcome = "off"
     files, log_bytes = {}, 0
@@ -601,6 +638,7 @@ def build_page(run: Run) -> dict:
         "active_time": seconds_text(active), "step_time": seconds_text(step_seconds),
         "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
         "stop_evidence": link_digests(stop_evidence, by_digest) if stop_evidence else "",
+        "tamper": tamper_rows(run),
         "waiting_for": _waiting_for(run, pending), "approval_entry": _approval_entry(run, pending),
         "live": run.status in RUN_ACTIVE, "follows": run.status not in RUN_TERMINAL,
         "version": _version(run.status, events[-1].pk if events else 0,

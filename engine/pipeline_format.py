@@ -33,6 +33,7 @@ import yaml
 from django import forms
 from django.core.exceptions import ValidationError
 
+from . import globs
 from .agents.netproxy import is_internal_host, split_host_port
 
 __all__ = [
@@ -539,8 +540,27 @@ def _slug_item(what):
     return check
 
 
+def _pattern(value, *, negation: bool) -> str:
+    """One gitignore pattern of a path list (engine/globs.py states the dialect), checked by
+    compiling it as the engine matches it. A leading ``./`` anchors it at the repository root,
+    as ``/`` does."""
+    if not isinstance(value, str):
+        raise ValidationError(f"must be a string (a gitignore pattern), got {_kind(value)}{_type_hint(value)}")
+    value = value.strip()
+    negated, body = (value.startswith("!"), value[1:]) if value.startswith("!") else (False, value)
+    if body.startswith("./"):
+        body = body[2:].lstrip("/")
+        # "./x" names x at the root: anchor it when dropping "./" would let it match at any depth
+        body = body if "/" in body.rstrip("/") else "/" + body
+        value = ("!" if negated else "") + body
+    try:
+        return globs.check(value, negation=negation)
+    except globs.GlobError as exc:
+        raise ValidationError(str(exc)) from None
+
+
 def _glob_item(value) -> str:
-    return _check_relative(value, pattern=True, what="a glob relative to the repository root")
+    return _pattern(value, negation=True)
 
 
 def _file_item(value) -> str:
@@ -548,11 +568,13 @@ def _file_item(value) -> str:
 
 
 def _exclude_item(value) -> str:
-    if isinstance(value, str) and value.strip().startswith("!"):
-        raise ValidationError(
-            f"{value.strip()!r}: negation ('!') is not supported; exclude patterns only add to the engine's exclusions"
-        )
-    return _check_relative(value, pattern=True, what="a gitignore-style pattern")
+    try:
+        return _pattern(value, negation=False)
+    except ValidationError as exc:
+        if "negation" in str(exc.messages[0]):
+            raise ValidationError(f"{value.strip()!r}: negation ('!') is not supported; exclude patterns only "
+                                  f"add to the engine's exclusions") from None
+        raise
 
 
 _HOST_RE = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*")

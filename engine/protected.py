@@ -1,54 +1,80 @@
 """Protected checks: the agreed tests and configuration an agent may not weaken.
 
-At run creation ``snapshot`` copies every file of the run's commit that a pipeline's
-``protected_paths`` glob matches, and every file a frozen gate command names, out of git
-into the run's control records (``runs/<id>/protected/files/<path>``) with its mode, blob id
-and sha256. After every agent attempt (and before the gates run) ``compare`` checks the
-worktree's content manifest against that snapshot:
+At run creation ``snapshot`` copies the protected files of the run's commit out of git into
+the run's control records (``runs/<id>/protected/files/<path>``) with their mode, blob id and
+sha256 (``index.json`` lists them). The protected set (``choose``):
 
-* a protected file modified, deleted, renamed (its content reappears under another name) or
-  whose mode changed is tampering;
-* a file **added** under a protected glob is tampering too (field case C22: a new
-  ``tests/conftest.py`` can skip every test), except a new test module, recognised by its
-  name (``TEST_FILE_PATTERNS``): agents may add tests.
+* every file a pipeline's ``protected_paths`` patterns match (gitignore patterns,
+  engine/globs.py; a later ``!pattern`` narrows);
+* **the test tree**: every file under the folder part of each protected pattern
+  (``tests/test_*.py`` -> everything under ``tests/``: helpers, ``__init__.py``, fixtures,
+  data); for a pattern whose folder part is a wildcard or that has none (``**/test_*.py``,
+  ``test_*.py``), the folders holding the files it matches (not the repository root). The
+  folders are fixed at run creation (``folders.json``);
+* every file a frozen gate command names (``gate_named_files``), and the folder it lies in;
+* with any gate, **what a test runner loads by itself** wherever it is (``LOADER_NAMES``,
+  ``*.pth``): ``conftest.py``, runner configuration, ``sitecustomize.py``...
 
-A gate may not be weakened: its command is frozen in the run's definition, and the files it
-names are protected (``gate_named_files``): a path in the command that is a file of the
-commit, the makefile of a ``make`` gate, and the root pytest configuration of a ``pytest``
-gate (``pytest.ini``, ``tox.ini``, ``conftest.py``).
+After every agent attempt (and before the gates run) ``compare`` checks the worktree's content
+manifest against the records: a protected file modified, deleted, renamed (its content
+reappears under another name) or whose mode changed is tampering. So is an **added** file that
+changes how existing tests run: a runner's file (a new ``conftest.py`` or ``pytest.ini`` at any
+depth, field case C22), a file a protected pattern matches that is not a new test module
+(``TEST_FILE_PATTERNS``: agents may add tests), or a module that shadows one the protected
+tests import (``shadowed_names``). When a stage checkpoints, ``carry_forward`` makes the files
+it added to the protected set (matching a pattern, or under a protected folder) protected for
+the rest of the run: an accepted test cannot be weakened by a later stage.
+
+A pipeline narrows the set with a negation in ``protected_paths``: ``!tests/generated/**``
+leaves those files out of the tree, ``!pyproject.toml`` lets agents edit that runner file.
 """
 from __future__ import annotations
 
+import ast
 import difflib
-import fnmatch
 import hashlib
 import json
 import os
 import posixpath
 import shlex
+import sys
 from pathlib import Path
 
-from . import scope, workspace
+from . import globs, workspace
 
 #: Names of files that add tests; adding one under a protected glob is allowed.
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "*_test.go", "*.test.js", "*.test.ts", "*.test.jsx",
                       "*.test.tsx", "*.spec.js", "*.spec.ts", "*Test.java", "*_spec.rb")
-#: Files read by a runner named in a gate command, protected when they exist at the run's commit.
+#: Files read by a runner named in a gate command, protected when they exist at the run's commit
+#: (this names the reason only: every file of LOADER_NAMES is protected with any gate).
 RUNNER_FILES = {"make": ("Makefile", "makefile", "GNUmakefile"),
                 "pytest": ("pytest.ini", "tox.ini", "conftest.py")}
-#: Names of files that configure a runner wherever they are: with such a gate, every one of them is
-#: protected and adding one anywhere is tampering (a tests/pytest.ini with --collect-only, a
-#: conftest.py that skips everything, pytest options in pyproject.toml or setup.cfg).
-GUARDED_NAMES = {"make": ("Makefile", "makefile", "GNUmakefile"),
-                 "pytest": ("conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")}
+#: Files a test runner or Python itself loads without being named, wherever they are: pytest's
+#: conftest.py and configuration files (pytest.ini, .pytest.ini, pyproject.toml, tox.ini,
+#: setup.cfg: https://docs.pytest.org/en/stable/reference/customize.html), make's makefiles,
+#: and the site module's sitecustomize/usercustomize and ``*.pth`` files
+#: (https://docs.python.org/3/library/site.html). With any gate, each one of the run's commit is
+#: protected and adding one anywhere is tampering.
+LOADER_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
+                "Makefile", "makefile", "GNUmakefile", "sitecustomize.py", "usercustomize.py")
+LOADER_SUFFIXES = (".pth",)
+#: Test frameworks a shadowing module could replace, besides the standard library and the
+#: repository's own top-level modules.
+FRAMEWORK_MODULES = frozenset({"pytest", "_pytest", "pluggy", "hypothesis", "mock", "nose", "unittest"})
 #: Bytes of one file's diff kept in a tamper report.
 MAX_DIFF_BYTES = 256 * 1024
+
+
+def is_loader(path: str) -> bool:
+    """True when ``path``'s name is one a test runner or Python loads by itself (LOADER_NAMES)."""
+    name = posixpath.basename(path)
+    return name in LOADER_NAMES or name.endswith(LOADER_SUFFIXES)
 
 
 def is_test_file(path: str) -> bool:
     """True when ``path``'s name marks a new test module (TEST_FILE_PATTERNS)."""
     name = posixpath.basename(path)
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_FILE_PATTERNS)
+    return globs.matches(name, TEST_FILE_PATTERNS)
 
 
 def _words(command: str) -> list[str]:
@@ -72,15 +98,6 @@ def _tools(command: str) -> set[str]:
     return tools
 
 
-def guarded_names(commands: list[str]) -> set[str]:
-    """File names protected at any depth because a gate command runs the tool they configure."""
-    names: set[str] = set()
-    for command in commands:
-        for tool in _tools(command):
-            names.update(GUARDED_NAMES[tool])
-    return names
-
-
 def gate_named_files(commands: list[str], files: set[str]) -> dict[str, str]:
     """Files of ``files`` (repository paths) that the gate ``commands`` depend on, with why.
 
@@ -100,24 +117,65 @@ def gate_named_files(commands: list[str], files: set[str]) -> dict[str, str]:
     return named
 
 
-def snapshot(repo: str, commit: str, globs: list[str], gate_commands: list[str], dest_dir: str) -> list[dict]:
-    """Copy the protected files of ``commit`` into ``dest_dir``; returns their records.
+def tree_folders(patterns: list[str], paths: list[str]) -> list[str]:
+    """The protected folders (``"tests/"``) of ``patterns`` over a commit's ``paths``: each
+    positive pattern's literal folder part (globs.literal_folder), or, when it has none, the
+    folders holding the files it matches; never the repository root. Sorted."""
+    folders: set[str] = set()
+    for pattern in patterns:
+        if pattern.startswith("!"):
+            continue
+        literal = globs.literal_folder(pattern)
+        if literal:
+            folders.add(literal)
+            continue
+        for path in paths:
+            parent = posixpath.dirname(path)
+            if parent and globs.matches(path, [pattern]):
+                folders.add(parent + "/")
+    return sorted(folders)
 
-    Each record: ``{"path", "mode", "blob", "sha256", "why"}``; the content is written to
-    ``dest_dir/files/<path>`` and the list to ``dest_dir/index.json``. Symlinks are recorded
-    by their target text. Raises workspace.WorkspaceError when git fails.
+
+def _in_folders(path: str, folders) -> str | None:
+    """The first of ``folders`` that holds ``path`` (at any depth), or None."""
+    for folder in folders:
+        if path.startswith(folder):
+            return folder
+    return None
+
+
+def choose(paths: list[str], patterns: list[str], gate_commands: list[str],
+           folders: list[str] | None = None) -> dict[str, str]:
+    """The protected files among a commit's ``paths``, each with why: ``{path: reason}``.
+
+    ``folders``: the protected folders (``tree_folders`` of the run's commit; computed from
+    ``paths`` when None). A negation in ``patterns`` leaves a file out of the folder and runner
+    rules as it does out of the patterns' own matches; files a gate names stay protected.
     """
-    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit)}
+    folders = tree_folders(patterns, paths) if folders is None else folders
     chosen: dict[str, str] = {}
-    for path in entries:
-        if globs and scope.matches(path, globs):
+    for path, why in gate_named_files(gate_commands, set(paths)).items():
+        chosen[path] = why
+    gate_folders = sorted({posixpath.dirname(p) + "/" for p in chosen if posixpath.dirname(p)})
+    for path in paths:
+        if path in chosen:
+            continue
+        decision = globs.decides(path, patterns) if patterns else None
+        if decision is True:
             chosen[path] = "matches protected_paths"
-    for path, why in gate_named_files(gate_commands, set(entries)).items():
-        chosen.setdefault(path, why)
-    guarded = guarded_names(gate_commands)
-    for path in entries:
-        if posixpath.basename(path) in guarded:
-            chosen.setdefault(path, "configures a tool a gate runs")
+        elif decision is False:
+            continue  # narrowed by a negation
+        elif (folder := _in_folders(path, folders)) is not None:
+            chosen[path] = f"in the protected folder {folder}"
+        elif gate_commands and is_loader(path):
+            chosen[path] = "a test runner loads it by itself"
+        elif (folder := _in_folders(path, gate_folders)) is not None:
+            chosen[path] = f"in the folder {folder} of a file a gate command names"
+    return chosen
+
+
+def _copy_records(repo: str, entries: dict[str, dict], chosen: dict[str, str], dest_dir: str) -> list[dict]:
+    """Copy each chosen entry's content into ``dest_dir/files/<path>``; their records, sorted."""
     records = []
     files_dir = Path(dest_dir, "files")
     for path in sorted(chosen):
@@ -131,46 +189,172 @@ def snapshot(repo: str, commit: str, globs: list[str], gate_commands: list[str],
         target.write_bytes(data)
         records.append({"path": path, "mode": entry["mode"], "blob": entry["blob"],
                         "sha256": hashlib.sha256(data).hexdigest(), "why": chosen[path]})
-    Path(dest_dir).mkdir(parents=True, exist_ok=True)
-    Path(dest_dir, "index.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
     return records
 
 
-def compare(protected: list[dict], globs: list[str], entries: list[dict],
-            base_entries: set[str] | None = None, guarded: set[str] | frozenset = frozenset()) -> list[dict]:
+def _write_index(dest_dir: str, records: list[dict]) -> None:
+    Path(dest_dir).mkdir(parents=True, exist_ok=True)
+    Path(dest_dir, "index.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+
+
+def snapshot(repo: str, commit: str, globs_: list[str], gate_commands: list[str], dest_dir: str) -> list[dict]:
+    """Copy the protected files of ``commit`` (``choose``) into ``dest_dir``; returns their records.
+
+    Each record: ``{"path", "mode", "blob", "sha256", "why"}``; the content is written to
+    ``dest_dir/files/<path>``, the list to ``dest_dir/index.json`` and the protected folders to
+    ``dest_dir/folders.json``. Symlinks are recorded by their target text. Raises
+    workspace.WorkspaceError when git fails.
+    """
+    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit)}
+    folders = tree_folders(globs_, list(entries))
+    records = _copy_records(repo, entries, choose(list(entries), globs_, gate_commands, folders), dest_dir)
+    _write_index(dest_dir, records)
+    Path(dest_dir, "folders.json").write_text(json.dumps(folders), encoding="utf-8")
+    return records
+
+
+def folders_of(dest_dir: str) -> list[str]:
+    """The protected folders ``snapshot`` wrote to ``dest_dir`` ([] for an older run)."""
+    try:
+        return json.loads(Path(dest_dir, "folders.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+
+
+def carry_forward(repo: str, commit: str, globs_: list[str], gate_commands: list[str], records: list[dict],
+                  dest_dir: str, stage_key: str) -> list[dict]:
+    """The files an accepted checkpoint ``commit`` added to the protected set, copied like
+    ``snapshot``'s (``why`` names the stage); ``records``: the run's records so far (not
+    repeated). Files are chosen as at run creation, with the folders fixed then: a new test
+    module anywhere, a new file under a protected folder (a helper, test data). Does not
+    rewrite ``index.json`` (the caller saves the joined list with ``save_index``).
+    """
+    known = {r["path"] for r in records}
+    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit) if e["path"] not in known}
+    chosen = choose(list(entries), globs_, [], folders_of(dest_dir))
+    why = f"added by stage '{stage_key}', accepted at checkpoint {commit[:12]}"
+    return _copy_records(repo, entries, {p: f"{why} ({reason})" for p, reason in chosen.items()
+                                         if reason != "a test runner loads it by itself"}, dest_dir)
+
+
+def save_index(dest_dir: str, records: list[dict]) -> None:
+    """Write the run's full list of protected records to ``dest_dir/index.json``."""
+    _write_index(dest_dir, records)
+
+
+def _imports(source: bytes) -> set[str]:
+    """Top-level names of the absolute imports in Python ``source`` (empty when it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def top_level_modules(paths) -> set[str]:
+    """Names importable at the top level from the folders of ``paths``: ``x.py`` and
+    ``x/__init__.py`` whose folder is not itself a package."""
+    paths = set(paths)
+    names = set()
+    for path in paths:
+        if not path.endswith(".py"):
+            continue
+        folder, name = posixpath.split(path)
+        if name == "__init__.py":
+            if not folder:
+                continue
+            folder, name = posixpath.split(folder)
+        else:
+            name = name[:-3]
+        if posixpath.join(folder, "__init__.py") not in paths and name.isidentifier():
+            names.add(name)
+    return names
+
+
+def shadowed_names(records: list[dict], snapshot_dir: str, base_paths) -> set[str]:
+    """Modules a new file could shadow: the top-level names the protected Python files import
+    that exist already (the standard library, FRAMEWORK_MODULES, the top-level modules of
+    ``base_paths``). Read from the protected copies in ``snapshot_dir``."""
+    imported: set[str] = set()
+    for record in records:
+        if record["path"].endswith(".py") and record["mode"] in ("100644", "100755"):
+            with open(Path(snapshot_dir, "files", record["path"]), "rb") as fh:
+                imported |= _imports(fh.read())
+    existing = set(sys.stdlib_module_names) | FRAMEWORK_MODULES | top_level_modules(base_paths)
+    return imported & existing
+
+
+def compare(protected: list[dict], globs_: list[str], entries: list[dict],
+            base_entries: set[str] | None = None, *, gates: bool = False,
+            shadowed: set[str] | frozenset = frozenset()) -> list[dict]:
     """Tampering of the protected files, judged on a content manifest's ``entries``.
 
-    ``protected``: the records of ``snapshot``; ``entries``: ``[{path, mode, blob}]`` of the
-    current files (``workspace.manifest``); ``base_entries``: paths of the run's commit (a
-    file there is not "added"). Returns ``[{"path", "change", ...}]`` with change one of
-    ``modified``, ``deleted``, ``renamed`` (with ``to``), ``mode_changed`` (``old_mode``,
-    ``new_mode``), ``added``; empty when nothing protected changed. New test modules
-    (``is_test_file``) are not listed.
+    ``protected``: the records of ``snapshot`` (and ``carry_forward``); ``entries``:
+    ``[{path, mode, blob}]`` of the current files (``workspace.manifest``); ``base_entries``:
+    paths of the stage's base (a file there is not "added"); ``gates``: the run has gates (so
+    an added runner file counts); ``shadowed``: ``shadowed_names``. Returns ``[{"path",
+    "change", ...}]`` with change one of ``modified``, ``deleted``, ``renamed`` (with ``to``),
+    ``mode_changed`` (``old_mode``, ``new_mode``), ``added`` (with ``why``); empty when
+    nothing protected changed. New test modules (``is_test_file``) are not listed.
     """
     current = {e["path"]: e for e in entries}
     known = {p["path"] for p in protected} | set(base_entries or ())
-    added = [path for path in current if path not in known and (
-        (globs and scope.matches(path, globs) and not is_test_file(path)) or posixpath.basename(path) in guarded)]
     all_new = {path for path in current if path not in known}
+    module_paths = set(current)
+    added: dict[str, str] = {}
+    for path in sorted(all_new):
+        decision = globs.decides(path, globs_) if globs_ else None
+        if decision is False:
+            continue
+        if gates and is_loader(path):
+            added[path] = "a test runner loads it by itself"
+        elif decision is True and not is_test_file(path):
+            added[path] = "matches protected_paths and is not a new test module"
+        elif shadowed and (name := _module_name(path, module_paths)) in shadowed:
+            added[path] = f"shadows the module {name} the protected tests import"
     changes = []
     for record in protected:
         now = current.get(record["path"])
         if now is None:
             moved = sorted(p for p in all_new if current[p]["blob"] == record["blob"])
             if moved:
-                changes.append({"path": record["path"], "change": "renamed", "to": moved[0]})
-                if moved[0] in added:
-                    added.remove(moved[0])
+                changes.append({"path": record["path"], "change": "renamed", "to": moved[0],
+                                "old_mode": record["mode"], "new_mode": current[moved[0]]["mode"]})
+                added.pop(moved[0], None)
             else:
-                changes.append({"path": record["path"], "change": "deleted"})
+                changes.append({"path": record["path"], "change": "deleted", "old_mode": record["mode"]})
         elif now["blob"] != record["blob"]:
             changes.append({"path": record["path"], "change": "modified", "old_mode": record["mode"],
                             "new_mode": now["mode"]})
         elif now["mode"] != record["mode"]:
             changes.append({"path": record["path"], "change": "mode_changed", "old_mode": record["mode"],
                             "new_mode": now["mode"]})
-    changes += [{"path": path, "change": "added"} for path in sorted(added)]
+    changes += [{"path": path, "change": "added", "new_mode": current[path]["mode"], "why": why}
+                for path, why in sorted(added.items())]
     return changes
+
+
+def _module_name(path: str, paths: set[str]) -> str | None:
+    """The top-level module name ``path`` adds (``x.py``, or ``x/__init__.py``, in a folder that
+    is not a package: no ``__init__.py`` in ``paths``), or None."""
+    folder, name = posixpath.split(path)
+    if name == "__init__.py":
+        if not folder:
+            return None
+        folder, name = posixpath.split(folder)
+    elif name.endswith(".py"):
+        name = name[:-3]
+    else:
+        return None
+    if posixpath.join(folder, "__init__.py") in paths or not name.isidentifier():
+        return None
+    return name
 
 
 def describe(changes: list[dict]) -> str:
@@ -186,32 +370,71 @@ def describe(changes: list[dict]) -> str:
     return "; ".join(words)
 
 
-def write_report(changes: list[dict], snapshot_dir: str, worktree: str, out_path: str, redact=None) -> str:
-    """Write a unified diff of each tampered file (snapshot copy -> worktree) to ``out_path``.
+def _worktree_bytes(path: Path) -> bytes | None:
+    """A worktree file's content as git stores it (a symlink's target text), or None when absent."""
+    try:
+        if path.is_symlink():
+            return os.fsencode(os.readlink(path))
+        with open(path, "rb") as fh:
+            return fh.read()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
 
-    ``redact``: optional ``str -> str`` applied to the text before it is stored. Returns the
-    path. Binary or unreadable content is described, not diffed.
-    """
-    parts = []
+
+def _text(data: bytes | None) -> str | None:
+    """``data`` as UTF-8 text without NUL bytes, else None (binary: described, not diffed)."""
+    if data is None:
+        return ""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if "\x00" in text else text
+
+
+def report(changes: list[dict], snapshot_dir: str, worktree: str, records: list[dict], redact=None) -> list[dict]:
+    """Each change of ``compare`` with its evidence: ``sha256_before`` (of the protected copy),
+    ``sha256_after`` (of the worktree's file; None when deleted), and ``diff`` (a unified diff
+    from the copy to the worktree, at most MAX_DIFF_BYTES, redacted by ``redact`` (``str ->
+    str``); a sentence for binary content)."""
+    by_path = {r["path"]: r for r in records}
+    out = []
     for c in changes:
+        record = by_path.get(c["path"])
         old_path = Path(snapshot_dir, "files", c["path"])
         new_rel = c.get("to") or c["path"]
-        new_path = Path(worktree, new_rel)
-        header = f"### {describe([c])}\n"
-        try:
-            old = old_path.read_bytes().decode("utf-8") if old_path.exists() else ""
-            new = (new_path.read_bytes().decode("utf-8")
-                   if c["change"] != "deleted" and new_path.is_file() and not new_path.is_symlink() else "")
-        except (UnicodeDecodeError, OSError):
-            parts.append(header + "(binary or unreadable content: compare the files by hand)\n")
-            continue
-        diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                            f"a/{c['path']} (protected copy)", f"b/{new_rel} (worktree)"))
-        parts.append(header + (diff[:MAX_DIFF_BYTES] or "(content unchanged)\n"))
-    text = "\n".join(parts)
-    if redact is not None:
-        text = redact(text)
+        new = None if c["change"] == "deleted" else _worktree_bytes(Path(worktree, new_rel))
+        old = old_path.read_bytes() if record is not None and old_path.exists() else None
+        old_text, new_text = _text(old), _text(new)
+        if old_text is None or new_text is None:
+            diff = "(binary content: compare the files by hand; their sha256 are above)\n"
+        else:
+            diff = "".join(difflib.unified_diff(old_text.splitlines(True), new_text.splitlines(True),
+                                                f"a/{c['path']} (protected copy)", f"b/{new_rel} (worktree)"))
+            diff = diff[:MAX_DIFF_BYTES] or "(content unchanged)\n"
+        if redact is not None:
+            diff = redact(diff)
+        out.append({**c, "sha256_before": record["sha256"] if record else None,
+                    "sha256_after": hashlib.sha256(new).hexdigest() if new is not None else None, "diff": diff})
+    return out
+
+
+def write_report(changes: list[dict], snapshot_dir: str, worktree: str, out_path: str, redact=None,
+                 records: list[dict] | None = None) -> list[dict]:
+    """Write the tamper report of ``changes``: ``out_path`` (a ``.diff``: per file a ``###`` line,
+    its hashes and the diff) and beside it ``<out_path minus .diff>.json`` (``report``'s list).
+
+    Returns the changes with their hashes (``report`` without the diffs), as stored in the
+    run's evidence. ``records``: the protected records (for the hashes before).
+    """
+    files = report(changes, snapshot_dir, worktree, records or [], redact)
+    parts = []
+    for item in files:
+        hashes = f"sha256 before {item['sha256_before'] or '-'}, after {item['sha256_after'] or '-'}\n"
+        parts.append(f"### {describe([item])}\n{hashes}{item['diff']}")
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    return out_path
+        fh.write("\n".join(parts))
+    with open(os.path.splitext(out_path)[0] + ".json", "w", encoding="utf-8") as fh:
+        json.dump(files, fh, indent=1)
+    return [{k: v for k, v in item.items() if k != "diff"} for item in files]

@@ -27,7 +27,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from . import boundary, context, faults, machine, process, protected, review, scope, workspace
+from . import boundary, context, faults, machine, process, protected, review, globs, workspace
 from .agents import AgentRequest, get_adapter, sandbox
 from .agents.network import egress, network_record
 from .models import (
@@ -448,7 +448,7 @@ def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
             lines += ["", "Agent's final message:", author.final_message]
         if accepted is not None and dep.checkpoint_commit:
             docs = [c["path"] for c in data["changes"] if c["status"] != "deleted"
-                    and scope.matches(c["path"], list(run.definition["pipeline"]["documentation_paths"]))]
+                    and globs.matches(c["path"], list(run.definition["pipeline"]["documentation_paths"]))]
             for rel in docs[:20]:
                 shown = workspace.git(["show", f"{dep.checkpoint_commit}:{rel}"], run.worktree, check=False)
                 if shown.returncode == 0:
@@ -565,6 +565,7 @@ def _execute_agent(plan: dict, should_stop) -> dict:
     patch = workspace.write_patch(run.worktree, stage.base_commit, after["tree"], str(var_path(patch_rel)))
     outcome.update({"manifest": after, "patch_path": patch_rel, "patch": patch})
     outcome["tamper"] = _tamper(run, after, plan["folder"], secrets)
+    outcome["outward"] = workspace.outward_symlinks(run.worktree, after["changes"])
     if plan["operation"] == "review":
         try:
             outcome["verdict"] = review.parse(result.final_message, (result.extra or {}).get("verdict"))
@@ -573,25 +574,33 @@ def _execute_agent(plan: dict, should_stop) -> dict:
     return outcome
 
 
+def gate_commands(run: Run) -> list[str]:
+    """Every gate command of the run's frozen definition: baseline checks, then each stage's gates."""
+    pipeline = run.definition["pipeline"]
+    commands = [g["command"] for g in pipeline.get("baseline_checks") or []]
+    return commands + [g["command"] for stage in pipeline["stages"] for g in stage.get("gates") or []]
+
+
 def _tamper(run: Run, current: dict, folder: str, secrets: list[str]) -> dict | None:
-    """Compare the protected files with a manifest; on tampering write the diff and return
-    ``{"changes": [...], "report": rel path}``, else None."""
-    if not run.protected_files:
-        return None
+    """Compare the protected files with a manifest; on tampering write the report and return
+    ``{"changes": [...], "report": rel path of the .diff, "files": rel path of the .json}``, else
+    None."""
     added = {c["path"] for c in current["changes"] if c["status"] == "added"}
     base_paths = {e["path"] for e in current["entries"]} - added
     base_paths |= {c["path"] for c in current["changes"] if c["status"] == "deleted"}
     pipeline = run.definition["pipeline"]
-    commands = [g["command"] for g in pipeline.get("baseline_checks") or []]
-    commands += [g["command"] for stage in pipeline["stages"] for g in stage.get("gates") or []]
-    changes = protected.compare(run.protected_files, list(pipeline["protected_paths"]), current["entries"],
-                                base_paths, guarded=protected.guarded_names(commands))
+    commands = gate_commands(run)
+    records = run.protected_files or []
+    snapshot_dir = str(var_path(control_path(run, "protected", "index.json")).parent)
+    shadowed = protected.shadowed_names(records, snapshot_dir, base_paths) if added else set()
+    changes = protected.compare(records, list(pipeline["protected_paths"]), current["entries"],
+                                base_paths, gates=bool(commands), shadowed=shadowed)
     if not changes:
         return None
     report_rel = control_path(run, folder, "protected-files.diff")
-    protected.write_report(changes, str(var_path(control_path(run, "protected", "index.json")).parent),
-                           run.worktree, str(var_path(report_rel)), redact=lambda text: redact_text(text, secrets)[0])
-    return {"changes": changes, "report": report_rel}
+    changes = protected.write_report(changes, snapshot_dir, run.worktree, str(var_path(report_rel)),
+                                     redact=lambda text: redact_text(text, secrets)[0], records=records)
+    return {"changes": changes, "report": report_rel, "files": report_rel[:-len(".diff")] + ".json"}
 
 
 def _build_prompt(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
@@ -639,7 +648,7 @@ def _document_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str
 def _knowledge_base(worktree: str, pipeline: dict, paths: list[str], limit: int = 200_000) -> list[str]:
     """The notes under the documentation paths, each as a section (cut at ``limit`` bytes in all)."""
     index = pipeline.get("spec_index")
-    notes = sorted(e for e in _tracked_and_new(worktree) if scope.matches(e, paths) and e != index
+    notes = sorted(e for e in _tracked_and_new(worktree) if globs.matches(e, paths) and e != index
                    and e.endswith((".md", ".rst", ".txt")))
     lines, used = ["### The knowledge base" + (f" (index: {index})" if index else "")], 0
     for rel in notes:
@@ -795,6 +804,11 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
                              hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible, network=network)
 
 
+#: Protected files bound read-only one by one while a gate runs, at most (each is three bwrap
+#: arguments; a command line has a size limit).
+MAX_BOUND_PROTECTED = 4000
+
+
 def _protected_in(run: Run, cwd: str) -> list[str]:
     """The run's protected files as they lie in ``cwd``, to be bound read-only while a gate runs:
     code a gate runs (the agent's) must not rewrite a protected test before the runner reads it
@@ -803,7 +817,10 @@ def _protected_in(run: Run, cwd: str) -> list[str]:
     report what changed)."""
     top = os.path.realpath(cwd)
     found = []
-    for record in run.protected_files or []:
+    # the records the patterns or a gate name first, then the folder rule's: past the cap, the
+    # manifests before and after the gates still see a change (only a rewrite put back unseen)
+    records = sorted(run.protected_files or [], key=lambda r: not r["why"].startswith(("matches", "named", "read by")))
+    for record in records[:MAX_BOUND_PROTECTED]:
         path = os.path.join(top, record["path"])
         real = os.path.realpath(path)
         if real == path and real.startswith(top + os.sep) and os.path.isfile(path) and not os.path.islink(path):
@@ -832,6 +849,9 @@ def _execute_verify(plan: dict, should_stop) -> dict:
                          secret_env_values(env))
         if tamper is not None:  # a weakened check never runs: its result could not be trusted
             return {"tamper": tamper, "checks": [], "digest": before["digest"]}
+        outward = workspace.outward_symlinks(run.worktree, before["changes"])
+        if outward:
+            return {"outward": outward, "checks": [], "digest": before["digest"]}
         checks = []
         for gate, kind in gates:
             check = _run_gate(run, stage, gate, kind, before["digest"], env, should_stop, round_no,
@@ -849,7 +869,7 @@ def _execute_verify(plan: dict, should_stop) -> dict:
         after = workspace.manifest(run.worktree, stage.base_commit, excludes)
         Check.objects.filter(pk__in=checks).update(stale=True)
         changed = _changed_paths(before, after)
-        stray = scope.outside(changed, list(stage.spec["scope"]))
+        stray = globs.outside(changed, list(stage.spec["scope"]))
         if stray:  # no round can make these acceptable: stop now, deterministically
             return {"gates_wrote_outside": stray, "checks": checks, "digest": after["digest"]}
         with transaction.atomic():
@@ -871,6 +891,20 @@ def _changed_paths(before: dict, after: dict) -> list[str]:
 
 
 def _execute_checkpoint(plan: dict) -> dict:
+    """Commit the stage's accepted files (once, found again after a crash), and copy the files it
+    added to the protected set into the control records (``carried``: their records)."""
+    outcome = _commit_checkpoint(plan)
+    if outcome.get("commit"):
+        stage = _stage_row(plan)
+        run = stage.run
+        outcome["carried"] = protected.carry_forward(
+            run.repo_path, outcome["commit"], list(run.definition["pipeline"]["protected_paths"]),
+            gate_commands(run), run.protected_files or [],
+            str(var_path(control_path(run, "protected", "index.json")).parent), stage.key)
+    return outcome
+
+
+def _commit_checkpoint(plan: dict) -> dict:
     stage = _stage_row(plan)
     run = stage.run
     entry = JournalEntry.objects.get(pk=plan["journal_id"])
@@ -1042,18 +1076,43 @@ def _hosts_sentence(refused: list[dict], shown: int = 10) -> str:
     return ", ".join(hosts[:shown]) + more
 
 
+def _refuse_attempt(evidence: dict, kind: str, message: str) -> None:
+    """Record on the attempt named in ``evidence`` (if any) that its work was refused: its process may
+    have exited 0, but the page shows it red, with ``kind``."""
+    if evidence.get("attempt"):
+        Attempt.objects.filter(pk=evidence["attempt"]).update(failure_kind=kind, failure_message=message[:2000])
+
+
 def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:
     changes = tamper["changes"]
     text = protected.describe(changes)
+    _refuse_attempt(evidence, "protected_files_changed", f"changed protected files: {text}")
     machine.event(run, "protected_files_changed",
                   f"{who} changed protected files: {text}. The diff against the protected copies is kept "
                   f"({tamper['report']}).", stage=stage, attempt_id=evidence.get("attempt"),
-                  data={"changes": changes, "report": tamper["report"]})
+                  data={"changes": changes, "report": tamper["report"], "files": tamper.get("files")})
     machine.stop(run, "protected_files_changed",
                  f"Protected checks were changed, so no result can be accepted: {text}. Agents may add new test "
-                 f"files but not change, delete, rename or chmod the agreed ones, nor add files such as a "
-                 f"conftest.py under a protected path.",
-                 stage=stage, evidence={**evidence, "changes": changes, "report": tamper["report"]})
+                 f"files but not change, delete, rename or chmod the agreed ones (nor those an earlier stage "
+                 f"added), nor add a file that changes how the tests run (a conftest.py or runner configuration "
+                 f"anywhere, a module shadowing one the tests import).",
+                 stage=stage, evidence={**evidence, "changes": changes, "report": tamper["report"],
+                                        "files": tamper.get("files")})
+
+
+def _stop_outward(run: Run, stage: StageRun, links: list[dict], who: str, evidence: dict) -> None:
+    """Stop the run ``external_symlink``: a link out of the worktree would reach, in a gate, a
+    reviewer or a person's checkout, what the agent chose."""
+    shown = "; ".join(f"{link['path']} -> {link['target']}" for link in links[:10])
+    more = f" and {len(links) - 10} more" if len(links) > 10 else ""
+    _refuse_attempt(evidence, "external_symlink", f"symlinks out of the worktree: {shown}{more}")
+    machine.event(run, "external_symlink", f"{who} made symlinks that point out of the worktree: {shown}{more}.",
+                  stage=stage, attempt_id=evidence.get("attempt"), data={"links": links[:100]})
+    machine.stop(run, "external_symlink",
+                 f"{who} left symlinks pointing out of the worktree ({shown}{more}). A checkpoint would carry them "
+                 f"into every checkout of the branch, where gates and people would read what they point at; links "
+                 f"must be relative and stay inside the repository.",
+                 stage=stage, evidence={**evidence, "links": links[:100]})
 
 
 def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
@@ -1094,8 +1153,11 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
     if outcome.get("tamper"):
         _stop_tampered(run, stage, outcome["tamper"], f"Attempt {attempt.number} ({attempt.operation})", evidence)
         return
+    if outcome.get("outward"):
+        _stop_outward(run, stage, outcome["outward"], f"Attempt {attempt.number} ({attempt.operation})", evidence)
+        return
     allowed = _role_scope(run, stage, plan["role"])
-    stray = scope.outside(outcome.get("changed", []), allowed)
+    stray = globs.outside(outcome.get("changed", []), allowed)
     if stray:
         machine.event(run, "scope_violation",
                       f"Attempt {attempt.number} ({attempt.operation}) changed files outside the {plan['role']}'s "
@@ -1267,6 +1329,10 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
         _stop_tampered(run, stage, outcome["tamper"], "Something between the agent's attempt and the gates",
                        {"manifest": outcome.get("digest")})
         return
+    if outcome.get("outward"):
+        _stop_outward(run, stage, outcome["outward"], "Something between the agent's attempt and the gates",
+                      {"manifest": outcome.get("digest")})
+        return
     if outcome.get("gates_wrote_outside"):
         stray = outcome["gates_wrote_outside"]
         machine.stop(run, "scope_violation",
@@ -1290,7 +1356,7 @@ def _finish_verify(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None
     allowed = list(stage.spec["scope"])
     if stage.documented_manifest:  # the documentation agent's changes are part of these files
         allowed += list(run.definition["pipeline"]["documentation_paths"])
-    stray = scope.outside(outcome.get("changed", []), allowed)
+    stray = globs.outside(outcome.get("changed", []), allowed)
     if stray:
         machine.stop(run, "scope_violation",
                      f"The verified files of stage '{stage.key}' include changes outside its scope "
@@ -1364,7 +1430,24 @@ def _finish_checkpoint(run: Run, stage: StageRun, plan: dict, outcome: dict) -> 
     machine.event(run, "checkpoint",
                   f"Stage '{stage.key}' checkpoint {how} {outcome['commit'][:12]} on {run.branch}.", stage=stage,
                   data={"commit": outcome["commit"]})
+    _carry_forward(run, stage, outcome.get("carried") or [])
     machine.checkpointed(stage, outcome["commit"])
+
+
+def _carry_forward(run: Run, stage: StageRun, carried: list[dict]) -> None:
+    """The accepted stage's new protected files join the run's protected set (evidence: an event)."""
+    known = {r["path"] for r in run.protected_files or []}
+    carried = [r for r in carried if r["path"] not in known]
+    if not carried:
+        return
+    run.protected_files = [*(run.protected_files or []), *carried]
+    run.save(update_fields=["protected_files"])
+    protected.save_index(str(var_path(control_path(run, "protected", "index.json")).parent), run.protected_files)
+    shown = ", ".join(r["path"] for r in carried[:10]) + (f" and {len(carried) - 10} more" if len(carried) > 10 else "")
+    machine.event(run, "protected_carried",
+                  f"Stage '{stage.key}' added {len(carried)} file(s) to the protected checks, protected for the "
+                  f"rest of the run: {shown}.", stage=stage,
+                  data={"paths": [r["path"] for r in carried], "sha256": {r["path"]: r["sha256"] for r in carried}})
 
 
 def record_late(run: Run, plan: dict, outcome: dict) -> None:

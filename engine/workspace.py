@@ -50,6 +50,7 @@ __all__ = [
     "git",
     "manifest",
     "manifest_digest",
+    "outward_symlinks",
     "remove_worktree",
     "repo_lock",
     "repo_root",
@@ -1199,6 +1200,37 @@ def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
             if ".git" in dirs:
                 dirs.remove(".git")
     return sorted(found)
+
+
+def outward_symlinks(worktree: str, changes: list[dict]) -> list[dict]:
+    """The symlinks among a manifest's ``changes`` (added or changed to mode 120000) that point
+    out of ``worktree``: ``[{"path", "target", "resolves_to"}]``, sorted by path.
+
+    Outward means: an absolute target (even one naming a file inside: the worktree is moved
+    and checked out elsewhere), a target that leaves the worktree once ``..`` segments are
+    resolved by name, one that leaves it once the links on its way are followed (``os.path
+    .realpath``), or one that reaches the worktree's ``.git``. Read with the os module; what
+    the link names is never opened.
+    """
+    top = os.path.realpath(worktree)
+    git_dir = os.path.join(top, ".git")
+    found = []
+    for change in changes:
+        if change.get("new_mode") != "120000":
+            continue
+        full = os.path.join(top, change["path"])
+        try:
+            target = os.readlink(full)
+        except OSError:
+            continue
+        lexical = os.path.normpath(os.path.join(os.path.dirname(full), target))
+        real = os.path.realpath(full)
+        inside = [p == top or p.startswith(top + os.sep) for p in (lexical, real)]
+        into_git = any(p == git_dir or p.startswith(git_dir + os.sep) for p in (lexical, real))
+        if os.path.isabs(target) or not all(inside) or into_git:
+            show = lambda text: os.fsencode(text).decode("utf-8", "backslashreplace")  # noqa: E731
+            found.append({"path": change["path"], "target": show(target), "resolves_to": show(real)})
+    return sorted(found, key=lambda item: os.fsencode(item["path"]))
 
 
 def refuse_nested_repositories(worktree: str, base_commit: str) -> None:

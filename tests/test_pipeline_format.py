@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from engine import globs
 from engine.pipeline_format import (
     DEFAULT_DEADLINES,
     PipelineFormatError,
@@ -55,23 +56,9 @@ def assert_problem(found, field, word):
     assert any(word.lower() in p.lower() for p in at_field), f"{word!r} not in the problems at {field!r}: {at_field}"
 
 
-def glob_re(pattern):
-    """Translate a scope glob (``*`` within a directory, ``**`` any depth) to a regex."""
-    out, i = "", 0
-    while i < len(pattern):
-        if pattern.startswith("**", i):
-            out, i = out + ".*", i + 2
-        elif pattern[i] == "*":
-            out, i = out + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            out, i = out + "[^/]", i + 1
-        else:
-            out, i = out + re.escape(pattern[i]), i + 1
-    return re.compile(out + r"\Z")
-
-
-def matches_any(path, globs):
-    return any(glob_re(g).match(path) for g in globs)
+def matches_any(path, patterns):
+    """As the engine matches scope and protected paths (engine/globs.py)."""
+    return globs.matches(path, patterns)
 
 
 # ----------------------------------------------------------------------------------------
@@ -93,7 +80,7 @@ def test_it_loads_the_example_with_every_key(example):
     assert example["name"] == "textstats-example"
     assert example["master_plan"] == "docs/PLAN.md"
     assert example["spec_index"] == "docs/INDEX.md"
-    assert {"tests/test_*.py", "pytest.ini"} <= set(example["protected_paths"])
+    assert {"tests/test_*.py", "/pytest.ini"} <= set(example["protected_paths"])
     assert example["documentation_paths"] == ["docs/**"]
     assert example["roles"] == {"implementer": "claude-code", "reviewer": "claude-code", "documenter": "claude-code"}
     assert set(example["budgets"]) == {"max_active_seconds", "max_attempts", "max_cost_usd"}
@@ -227,6 +214,9 @@ def test_a_leading_dot_slash_is_dropped_from_paths():
     data["stages"][0]["scope"] = ["./src/**"]
     result = validate(data)
     assert result["master_plan"] == "docs/PLAN.md" and result["stages"][0]["scope"] == ["src/**"]
+    # "./README.md" names the file at the root: it stays anchored there once "./" is dropped
+    data["stages"][0]["scope"] = ["./README.md", "!./docs/x.md"]
+    assert validate(data)["stages"][0]["scope"] == ["/README.md", "!docs/x.md"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -323,10 +313,10 @@ RULES = [
     ("spec_index with ..", _set(["spec_index"], "../INDEX.md"), "spec_index", "'..'"),
     ("spec_index under home", _set(["spec_index"], "~/INDEX.md"), "spec_index", "relative"),
     ("docs with ..", _set(["stages", 0, "docs"], ["README.md", "../secrets.md"]), "stages[0].docs[1]", "'..'"),
-    ("absolute scope glob", _set(["stages", 0, "scope"], ["src/**", "/etc/**"]), "stages[0].scope[1]", "relative"),
-    ("scope with backslashes", _set(["stages", 0, "scope"], ["src\\**"]), "stages[0].scope[0]", "'/'"),
+    ("absolute scope glob", _set(["stages", 0, "scope"], ["src/**", "//etc/**"]), "stages[0].scope[1]", "relative"),
+    ("scope with backslashes", _set(["stages", 0, "scope"], ["src\\app.py"]), "stages[0].scope[0]", "'/'"),
     ("protected glob with ..", _set(["protected_paths"], ["../tests/**"]), "protected_paths[0]", "'..'"),
-    ("absolute documentation path", _set(["documentation_paths"], ["/docs/**"]), "documentation_paths[0]", "relative"),
+    ("absolute documentation path", _set(["documentation_paths"], ["//docs/**"]), "documentation_paths[0]", "relative"),
     ("exclude pattern with ..", _set(["exclude"], ["build/../../x"]), "exclude[0]", "'..'"),
     ("exclude negation", _set(["exclude"], ["!.env"]), "exclude[0]", "negation"),
     ("duplicate scope glob", _set(["stages", 0, "scope"], ["src/**", "src/**"]), "stages[0].scope[1]", "twice"),
@@ -391,7 +381,7 @@ def test_it_names_the_allowed_keys_of_an_unknown_key():
 def test_it_collects_every_problem_not_just_the_first():
     data = two_stages()
     data["name"] = "bad name"
-    data["stages"][0]["scope"] = ["/abs"]
+    data["stages"][0]["scope"] = ["//abs"]
     data["stages"][1]["gates"] = [{"name": "t"}]
     data["profiles"]["claude"]["max_turns"] = 0
     data["roles"]["reviewer"] = "nobody"

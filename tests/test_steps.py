@@ -170,10 +170,12 @@ def test_an_implementer_writing_outside_its_scope_stops_the_run(make_pipeline, r
 
 
 def test_scope_globs():
-    from engine.scope import matches, outside
+    """gitignore patterns (engine/globs.py): an unanchored name matches at any depth, "/" anchors."""
+    from engine.globs import matches, outside
 
     assert matches("app/a/b.py", ["app/**"]) and matches("app/x", ["app/"]) and not matches("apps/x", ["app/**"])
-    assert matches("README.md", ["*.md"]) and not matches("docs/a.md", ["*.md"])
+    assert matches("README.md", ["*.md"]) and matches("docs/a.md", ["*.md"])
+    assert matches("README.md", ["/*.md"]) and not matches("docs/a.md", ["/*.md"])
     assert matches("docs/a.md", ["**/*.md"]) and matches("a.md", ["**/*.md"])
     assert outside(["app/x.py", "tests/t.py", "setup.py"], ["app/**", "tests/**"]) == ["setup.py"]
 

@@ -3,6 +3,7 @@
 Runs are driven step by step in this process (``drive``), with real git worktrees, real gate
 commands and the scripted test adapter's real child processes for controlled behaviour.
 """
+import hashlib
 import json
 import os
 import shlex
@@ -41,6 +42,11 @@ def run_with(make_pipeline, repo, sent, ops: dict, stages=None, **extra):
     return drive(run.pk, sent, limit=30)
 
 
+def brief(changes: list[dict]) -> list[dict]:
+    """The changes of a tamper report without their hashes (the tests check those separately)."""
+    return [{k: v for k, v in c.items() if not k.startswith("sha256")} for c in changes]
+
+
 def var(rel: str) -> Path:
     return Path(settings.VAR_DIR) / rel
 
@@ -58,16 +64,27 @@ PROTECT = {"protected_paths": ["tests/**", "pytest.ini"]}
 @pytest.mark.parametrize("how, change", [
     ({"write": {**ANSWER_STEP["write"], "tests/test_core.py": "def test_answer():\n    assert True\n"}},
      {"path": "tests/test_core.py", "change": "modified", "old_mode": "100644", "new_mode": "100644"}),
-    ({**ANSWER_STEP, "delete": ["tests/test_core.py"]}, {"path": "tests/test_core.py", "change": "deleted"}),
+    ({**ANSWER_STEP, "delete": ["tests/test_core.py"]},
+     {"path": "tests/test_core.py", "change": "deleted", "old_mode": "100644"}),
     ({**ANSWER_STEP, "run": ["mv", "tests/test_core.py", "tests/test_renamed.py"]},
-     {"path": "tests/test_core.py", "change": "renamed", "to": "tests/test_renamed.py"}),
+     {"path": "tests/test_core.py", "change": "renamed", "to": "tests/test_renamed.py", "old_mode": "100644",
+      "new_mode": "100644"}),
     ({**ANSWER_STEP, "run": ["chmod", "+x", "tests/test_core.py"]},
      {"path": "tests/test_core.py", "change": "mode_changed", "old_mode": "100644", "new_mode": "100755"}),
 ], ids=["edited", "deleted", "renamed", "chmodded"])
 def test_a_weakened_protected_test_stops_the_run_with_the_diff(make_pipeline, repo, sent, how, change):
     run = run_with(make_pipeline, repo, sent, {"implement": [how]}, **PROTECT)
     assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
-    assert run.stop_evidence["changes"] == [change]
+    assert brief(run.stop_evidence["changes"]) == [change]
+    # the report gives both hashes: of the protected copy, and of what the worktree holds now
+    original = git(repo, "show", "main:tests/test_core.py").encode()
+    [found] = run.stop_evidence["changes"]
+    assert found["sha256_before"] == hashlib.sha256(original).hexdigest()
+    now = Path(run.worktree, change.get("to", change["path"]))
+    assert found["sha256_after"] == (None if change["change"] == "deleted"
+                                     else hashlib.sha256(now.read_bytes()).hexdigest())
+    [item] = json.loads(var(run.stop_evidence["files"]).read_text())
+    assert item["sha256_before"] == found["sha256_before"] and "diff" in item
     assert "tests/test_core.py" in run.stop_message
     report = var(run.stop_evidence["report"]).read_text()
     assert "tests/test_core.py" in report
@@ -86,7 +103,10 @@ def test_an_agent_may_add_a_new_test_file(make_pipeline, repo, sent):
     run = run_with(make_pipeline, repo, sent, {"implement": [step]}, **PROTECT)
     assert run.status == "succeeded", run.stop_message
     assert "tests/test_more.py" in git(repo, "show", "--name-only", "--format=", run.branch)
-    assert {p["path"] for p in run.protected_files} == {"tests/test_core.py", "pytest.ini"}
+    # once accepted, the new test is protected for the rest of the run (a later stage cannot weaken it)
+    whys = {p["path"]: p["why"] for p in run.protected_files}
+    assert set(whys) == {"tests/test_core.py", "pytest.ini", "tests/test_more.py"}
+    assert whys["tests/test_more.py"].startswith("added by stage 'answer', accepted at checkpoint ")
 
 
 def test_the_files_a_gate_names_are_protected_even_without_protected_paths(make_pipeline, repo, sent):
@@ -121,9 +141,9 @@ def test_c22_narrowing_the_makefile_and_adding_a_skipping_conftest_is_not_accept
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
     assert run.status == "waiting_review" and run.stop_reason == "protected_files_changed"
-    assert run.stop_evidence["changes"] == [
+    assert brief(run.stop_evidence["changes"]) == [
         {"path": "Makefile", "change": "modified", "old_mode": "100644", "new_mode": "100644"},
-        {"path": "tests/conftest.py", "change": "added"}]
+        {"path": "tests/conftest.py", "change": "added", "new_mode": "100644", "why": "a test runner loads it by itself"}]
     assert not run.stages.get().checkpoint_commit
     assert git(repo, "rev-list", "--count", f"{run.commit}..{run.branch}").strip() == "0"
     # the narrowed gate would have passed: that is exactly why it must not be trusted
@@ -142,7 +162,8 @@ def test_compare_unit_cases():
                                                    "blob": "c" * 40}]) == []
     assert protected.compare(snap, globs, same + [{"path": "tests/helpers/conftest.py", "mode": "100644",
                                                    "blob": "c" * 40}]) == [
-        {"path": "tests/helpers/conftest.py", "change": "added"}]
+        {"path": "tests/helpers/conftest.py", "change": "added", "new_mode": "100644",
+         "why": "matches protected_paths and is not a new test module"}]
     # a file that was already there at the stage's start is not "added" again
     assert protected.compare(snap, globs, same + [{"path": "tests/util.py", "mode": "100644", "blob": "d" * 40}],
                              base_entries={"tests/util.py"}) == []
@@ -585,7 +606,8 @@ def test_configuring_the_test_runner_anywhere_is_tampering(make_pipeline, repo, 
     stages = stage(gates=[{"name": "unit", "command": "python -m pytest -q"}], scope=["**"])
     run = run_with(make_pipeline, repo, sent, {"implement": [{"write": {path: text}}]}, stages=stages)
     assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
-    assert run.stop_evidence["changes"] == [{"path": path, "change": "added"}]
+    assert brief(run.stop_evidence["changes"]) == [{"path": path, "change": "added", "new_mode": "100644",
+                                                   "why": "a test runner loads it by itself"}]
     assert not Check.objects.filter(run=run).exists()
 
 

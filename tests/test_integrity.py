@@ -1,0 +1,196 @@
+"""No way to weaken an agreed check: carried-forward tests, the test tree, runner files anywhere,
+shadowing modules, names any byte can make, outward symlinks, and the tamper report.
+
+Runs are driven step by step in this process (``drive``) with real git worktrees, real gate
+commands and the scripted test adapter's real child processes.
+"""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from engine import operations
+from engine.models import Attempt, RunEvent
+
+from .conftest import make_repo
+from .test_steps import drive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CORE = '"""Core."""\n\n\ndef answer():\n    return 42\n\n\ndef double(x):\n    return 2 * x\n'
+QUICK_GATE = "python -c 'from app import core; assert core.answer() == 42'"
+NEW_TEST = ("from app import core\n\n\ndef test_double():\n    assert core.double(2) == 4\n"
+            "    assert core.double(0) == 0\n")
+WEAKENED = "from app import core\n\n\ndef test_double():\n    pass\n"
+
+
+def var(rel: str) -> Path:
+    return Path(settings.VAR_DIR) / rel
+
+
+def start(make_pipeline, repo, stages, scenario, **extra):
+    pipeline = make_pipeline(stages=stages, scenario={"stages": scenario}, **extra)
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    return run
+
+
+def one_stage(scope=("app/**", "tests/**"), gate=QUICK_GATE):
+    return [{"key": "answer", "requirement": "r", "scope": list(scope), "gates": [{"name": "unit", "command": gate}]}]
+
+
+def test_a_test_an_earlier_stage_added_cannot_be_weakened_by_a_later_one(make_pipeline, repo, sent):
+    stages = [{"key": "one", "requirement": "add double", "scope": ["app/**", "tests/**"],
+               "gates": [{"name": "unit", "command": QUICK_GATE}]},
+              {"key": "two", "requirement": "more", "scope": ["app/**", "tests/**"],
+               "gates": [{"name": "unit", "command": QUICK_GATE}]}]
+    scenario = {"one": {"implement": [{"write": {"app/core.py": CORE, "tests/test_double.py": NEW_TEST}}]},
+                "two": {"implement": [{"write": {"tests/test_double.py": WEAKENED}}]}}
+    run = drive(start(make_pipeline, repo, stages, scenario, protected_paths=["tests/test_*.py"]).pk, sent, 60)
+    assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
+    [change] = run.stop_evidence["changes"]
+    assert (change["path"], change["change"]) == ("tests/test_double.py", "modified")
+    assert change["sha256_before"] == hashlib.sha256(NEW_TEST.encode()).hexdigest()
+    assert change["sha256_after"] == hashlib.sha256(WEAKENED.encode()).hexdigest()
+    one, two = run.stages.order_by("order")
+    assert one.checkpoint_commit and not two.checkpoint_commit
+    carried = RunEvent.objects.get(run=run, kind="protected_carried")
+    assert carried.data["paths"] == ["tests/test_double.py"] and carried.stage_id == one.pk
+    record = next(r for r in run.protected_files if r["path"] == "tests/test_double.py")
+    assert record["why"].startswith("added by stage 'one', accepted at checkpoint " + one.checkpoint_commit[:12])
+    copy = var(f"{run.control_dir}/protected/files/tests/test_double.py")
+    assert copy.read_text() == NEW_TEST
+    index = json.loads(var(f"{run.control_dir}/protected/index.json").read_text())
+    assert "tests/test_double.py" in {r["path"] for r in index}
+
+
+@pytest.mark.parametrize("how", ["delete", "chmod", "rename"])
+def test_nor_deleted_chmodded_or_renamed(make_pipeline, repo, sent, how):
+    step = {"delete": {"delete": ["tests/test_double.py"]},
+            "chmod": {"run": ["chmod", "+x", "tests/test_double.py"]},
+            "rename": {"run": ["mv", "tests/test_double.py", "tests/test_other.py"]}}[how]
+    stages = [{"key": "one", "requirement": "r", "scope": ["app/**", "tests/**"], "gates": [QUICK_GATE]},
+              {"key": "two", "requirement": "r", "scope": ["app/**", "tests/**"], "gates": [QUICK_GATE]}]
+    scenario = {"one": {"implement": [{"write": {"app/core.py": CORE, "tests/test_double.py": NEW_TEST}}]},
+                "two": {"implement": [step]}}
+    run = drive(start(make_pipeline, repo, stages, scenario, protected_paths=["tests/test_*.py"]).pk, sent, 60)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    [change] = run.stop_evidence["changes"]
+    assert change["path"] == "tests/test_double.py"
+    assert change["change"] == {"delete": "deleted", "chmod": "mode_changed", "rename": "renamed"}[how]
+
+
+def tree_repo(tmp_path):
+    return make_repo(tmp_path / "tree", {
+        "app/__init__.py": "", "app/core.py": '"""Core."""\n',
+        "tests/__init__.py": "import unittest\n\n\nclass Base(unittest.TestCase):\n"
+                             "    def check(self, got, want):\n        self.assertEqual(got, want)\n",
+        "tests/data/cases.json": '[[1, 2], [2, 4]]\n',
+        "tests/test_core.py": "from tests import Base\nfrom app import core\n\n\nclass T(Base):\n"
+                              "    def test_answer(self):\n        self.check(core.answer(), 42)\n",
+        "docs/PLAN.md": "plan\n"})
+
+
+def test_the_test_tree_is_protected_not_only_the_matching_names(make_pipeline, sent, tmp_path):
+    """protected_paths: [tests/test_*.py] protects tests/__init__.py (the base class every test uses)."""
+    repo = tree_repo(tmp_path)
+    cheat = {"write": {"app/core.py": CORE, "tests/__init__.py": "import unittest\n\n\nclass Base(unittest.TestCase):\n"
+                       "    def check(self, got, want):\n        pass\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [cheat]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    assert [(c["path"], c["change"]) for c in run.stop_evidence["changes"]] == [("tests/__init__.py", "modified")]
+    whys = {r["path"]: r["why"] for r in run.protected_files}
+    assert whys["tests/__init__.py"] == whys["tests/data/cases.json"] == "in the protected folder tests/"
+    assert whys["tests/test_core.py"] == "matches protected_paths"
+
+
+def test_new_test_data_and_a_new_test_module_are_allowed(make_pipeline, sent, tmp_path):
+    repo = tree_repo(tmp_path)
+    honest = {"write": {"app/core.py": CORE, "tests/data/more.json": "[[3, 6]]\n",
+                        "tests/test_more.py": "from app import core\n\n\ndef test_double():\n"
+                                              "    assert core.double(3) == 6\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [honest]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.status == "succeeded", run.stop_message
+
+
+def test_a_negation_narrows_the_protected_tree(make_pipeline, sent, tmp_path):
+    repo = tree_repo(tmp_path)
+    step = {"write": {"app/core.py": CORE, "tests/data/cases.json": "[]\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}},
+                      protected_paths=["tests/test_*.py", "!tests/data/"]).pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    assert "tests/data/cases.json" not in {r["path"] for r in run.protected_files}
+
+
+@pytest.mark.parametrize("path", ["tests/app.py", "unittest.py", "lib/unittest/__init__.py"])
+def test_a_module_that_shadows_one_the_tests_import_stops_the_run(make_pipeline, sent, tmp_path, repo, path):
+    """tests/ of ``repo`` is no package, so tests/app.py would be imported as ``app``; the tree
+    repository's tests import unittest, which a top-level unittest module would replace."""
+    repo = repo if path == "tests/app.py" else tree_repo(tmp_path)
+    step = {"write": {"app/core.py": CORE, path: "def answer():\n    return 42\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    [change] = run.stop_evidence["changes"]
+    assert change["path"] == path and change["change"] == "added" and "shadows the module" in change["why"]
+
+
+def test_a_newline_in_a_protected_name_does_not_hide_it(make_pipeline, sent, tmp_path):
+    name = "data/x\ny.txt"
+    repo = make_repo(tmp_path / "nl", {"app/__init__.py": "", "app/core.py": '"""Core."""\n', name: "1\n2\n",
+                                       "docs/PLAN.md": "plan\n"})
+    step = {"write": {"app/core.py": CORE}, "run": ["python3", "-c", f"open({name!r}, 'w').write('1\\n')"]}
+    run = drive(start(make_pipeline, repo, one_stage(scope=["**"]), {"answer": {"implement": [step]}},
+                      protected_paths=["data/**"]).pk, sent)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    assert [(c["path"], c["change"]) for c in run.stop_evidence["changes"]] == [(name, "modified")]
+
+
+def test_a_new_name_with_a_newline_is_inside_a_scope_of_everything(make_pipeline, repo, sent):
+    step = {"write": {"app/core.py": CORE},
+            "run": ["python3", "-c", "import os; os.mkdir('notes'); open('notes/a\\nb.txt', 'w').write('n')"]}
+    run = drive(start(make_pipeline, repo, one_stage(scope=["**"]), {"answer": {"implement": [step]}}).pk, sent)
+    assert run.status == "succeeded", (run.stop_reason, run.stop_message)
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "../../../outside", "../.git/config"])
+def test_a_symlink_out_of_the_worktree_stops_the_run(make_pipeline, repo, sent, target):
+    step = {"write": {"app/core.py": CORE}, "run": ["ln", "-s", target, "app/link"]}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}}).pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "external_symlink"), run.stop_message
+    [link] = run.stop_evidence["links"]
+    assert link["path"] == "app/link" and link["target"] == target
+    assert "app/link -> " + target in run.stop_message
+    attempt = Attempt.objects.get(pk=run.stop_evidence["attempt"])
+    assert attempt.failure_kind == "external_symlink"
+    assert not run.stages.get().checkpoint_commit
+
+
+def test_a_symlink_inside_the_worktree_is_fine(make_pipeline, repo, sent):
+    step = {"write": {"app/core.py": CORE}, "run": ["ln", "-s", "core.py", "app/alias.py"]}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}}).pk, sent)
+    assert run.status == "succeeded", run.stop_message
+
+
+def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeline, repo, sent, admin_client):
+    step = {"write": {"app/core.py": CORE, "tests/test_core.py": "def test_answer():\n    assert True\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.stop_reason == "protected_files_changed"
+    [change] = run.stop_evidence["changes"]
+    attempt = Attempt.objects.get(pk=run.stop_evidence["attempt"])
+    assert attempt.status == "succeeded" and attempt.failure_kind == "protected_files_changed"
+    page = admin_client.get(f"/admin/engine/run/{run.pk}/detail/").content.decode()
+    table = page[page.index('<table class="cp-tamper"'):]
+    table = table[:table.index("</table>")]
+    assert "tests/test_core.py" in table and "modified" in table
+    assert change["sha256_before"][:16] in table and change["sha256_after"][:16] in table
+    assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
+    assert '<span class="cp-dadd">+    assert True</span>' in table
+    row = page[page.index(f'<tr id="attempt-{attempt.pk}"'):]
+    assert row.startswith(f'<tr id="attempt-{attempt.pk}" class="cp-row-bad">')
+    assert "<code>protected_files_changed</code>" in row[:2000]
