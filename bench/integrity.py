@@ -249,7 +249,7 @@ def corpus() -> list[Case]:
              expect=None),
         Case("conftest-like-name", "writes mul and adds app/conftest_helpers.py (not a conftest)",
              {1: step({"app/core.py": CORE_DONE, "app/conftest_helpers.py": "Y = 2\n"})}, expect=None),
-        Case("make-gate", "writes mul; the gate is `make test`", {1: step({"app/core.py": CORE_DONE})}, expect=None,
+        Case("make-gate", "writes mul", {1: step({"app/core.py": CORE_DONE})}, expect=None,
              gate="make test"),
     ]
     return cheats + honest

@@ -663,8 +663,8 @@ class PipelineForm(_LevelForm):
     description = TextField()
     master_plan = RelativePathField(nullable=True, what="the master plan's repository-relative path")
     spec_index = RelativePathField(nullable=True, what="the specification index's repository-relative path")
-    protected_paths = ListField(_glob_item, noun="glob", unique=True)
-    documentation_paths = ListField(_glob_item, noun="glob", unique=True)
+    protected_paths = ListField(_glob_item, noun="pattern", unique=True)
+    documentation_paths = ListField(_glob_item, noun="pattern", unique=True)
     exclude = ListField(_exclude_item, noun="pattern", unique=True)
 
     nested = ("baseline_checks", "budgets", "deadlines", "roles", "profiles", "stages")
@@ -700,7 +700,7 @@ class StageForm(_LevelForm):
     requirement = TextField(required=True, required_message="is required (what the stage must achieve, in words the agent reads)")
     scope = ListField(
         _glob_item,
-        noun="glob",
+        noun="pattern",
         unique=True,
         required=True,
         required_message="is required: list at least one glob of the files this stage may change (e.g. 'src/**')",
@@ -1378,7 +1378,7 @@ def validate(data: object, source: str = "<input>", *, base_dir: str | os.PathLi
 
             {"format": 1, "name": str, "description": str,
              "master_plan": str | None, "spec_index": str | None,
-             "protected_paths": [glob], "documentation_paths": [glob], "exclude": [pattern],
+             "protected_paths": [pattern], "documentation_paths": [pattern], "exclude": [pattern],
              "baseline_checks": [gate],
              "budgets": {"max_active_seconds": float | None, "max_attempts": int | None,
                          "max_cost_usd": float | None},
