@@ -15,16 +15,25 @@ docs/pipeline-format.md:
   path decides.
 
 Patterns are translated to regular expressions by pathspec (``GitIgnoreSpecPattern``, the
-well-kept implementation of git's rules, pinned in pyproject.toml), then compiled here with
-``re.DOTALL`` and ``\\Z`` as the end anchor: pathspec 1.1.1 compiles without DOTALL (so ``**``
-misses a folder whose name holds a newline; fixed upstream in cpburnz/python-pathspec pull
-request 139, not yet released) and ends with ``$`` (which also matches before a final newline,
-so ``x.md`` matched a file named ``x.md<LF>``). With both, every byte a name can hold
-(newline, tab, non-ASCII letters, brackets) matches as git matches it, which
-tests/test_globs.py checks against ``git ls-files --exclude-from`` itself.
+well-kept implementation of git's rules, pinned in pyproject.toml), then made git's here:
+
+* pattern and path are matched as **bytes** (UTF-8, one latin-1 character per byte), as git's
+  wildmatch does: a ``?`` or a class member is one byte;
+* compiled with ``re.DOTALL`` and ``\\Z`` as the end anchor: pathspec 1.1.1 compiles without
+  DOTALL (``**`` missed a folder whose name holds a newline; fixed upstream in
+  cpburnz/python-pathspec pull request 139, not yet released) and ends with ``$`` (which also
+  matches before a final newline: ``x.md`` matched a file named ``x.md<LF>``);
+* a negated class never matches ``/``; a regex pathspec leaves unanchored (``*/``) is searched;
+* white space Python's ``str.rstrip`` would take off a pattern's end but git keeps (a tab, and
+  bytes 0x85 and 0xA0, which end many UTF-8 letters) is carried through pathspec as a stand-in.
+
+``check`` refuses what pathspec and git would read differently (classes with backslashes or
+``[:alpha:]``, ``**`` inside a name, white space at either end...). tests/test_globs.py checks
+every pattern kind against ``git ls-files --exclude-from`` itself.
 """
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from typing import Iterable
@@ -45,8 +54,10 @@ class GlobError(ValueError):
     says why in a sentence)."""
 
 
-def _end_anchors(regex: str) -> str:
-    """``regex`` with every end-of-string ``$`` (outside a character class, unescaped) as ``\\Z``."""
+def _fix_regex(regex: str) -> str:
+    """pathspec's ``regex`` made git's: every end-of-string ``$`` (outside a character class,
+    unescaped) as ``\\Z``, and ``/`` out of every negated class (``[!x]``, ``[^x]``: git's classes
+    never match a ``/``)."""
     out, i, in_class = [], 0, False
     while i < len(regex):
         ch = regex[i]
@@ -55,9 +66,25 @@ def _end_anchors(regex: str) -> str:
             i += 2
             continue
         if in_class:
-            in_class = ch != "]" or regex[i - 1] == "["
-        elif ch == "[":
-            in_class = True
+            if ch == "]" and not class_start:
+                in_class = False
+            elif ch == "[":
+                ch = "\\["  # a literal "[" in a class (unescaped, Python warns of a nested set)
+            class_start = False
+            out.append(ch)
+            i += 1
+            continue
+        if ch == "[":
+            in_class, class_start = True, True
+            if regex.startswith("[^]", i):  # "]" first in a negated class is a member
+                out.append("[^/\\]")
+                i += 3
+                class_start = False
+                continue
+            if regex.startswith("[^", i):
+                out.append("[^/")
+                i += 2
+                continue
         elif ch == "$":
             ch = r"\Z"
         out.append(ch)
@@ -65,18 +92,48 @@ def _end_anchors(regex: str) -> str:
     return "".join(out)
 
 
+#: Characters Python's ``str.rstrip`` (used by pathspec) would take off a pattern's end although git
+#: keeps them, each with the stand-in the pattern carries through pathspec (control characters the
+#: validator refuses in patterns, so none is ever meant literally).
+_KEPT_AT_END = {"\t": "\x01", "\x0b": "\x02", "\x0c": "\x03", "\x85": "\x04", "\xa0": "\x05"}
+
+
+def _as_bytes_text(text: str) -> str:
+    """``text`` (a pattern or a path) as git sees it, bytes, one character per byte (latin-1):
+    a ``?`` then matches one byte, as in git. Names that are not UTF-8 (surrogate escapes from
+    ``os.fsdecode``) keep their bytes."""
+    return os.fsencode(text).decode("latin-1")
+
+
 @lru_cache(maxsize=2048)
 def _compile(pattern: str) -> tuple[re.Pattern | None, bool | None]:
-    """``(regex, include)`` of one pattern; ``(None, None)`` for a blank line or comment.
+    """``(regex, include)`` of one pattern, for paths given by ``_as_bytes_text``; ``(None, None)``
+    for a blank line, a comment, or a pattern git discards (an unclosed ``[``).
 
-    Raises GlobError for a pattern git would discard (an invalid range, for example)."""
+    Raises GlobError for a pattern no regular expression can express (a reversed range)."""
+    text = _as_bytes_text(pattern)
+    for kept, stand_in in _KEPT_AT_END.items():
+        text = text.replace(kept, stand_in)
     try:
-        text, include = GitIgnoreSpecPattern.pattern_to_regex(pattern)
+        regex, include = GitIgnoreSpecPattern.pattern_to_regex(text)
     except (GitIgnorePatternError, ValueError) as exc:
         raise GlobError(f"{pattern!r} is not a valid gitignore pattern: {exc}") from None
-    if text is None or include is None:
+    if regex is None or include is None:
         return None, None
-    return re.compile(_end_anchors(text), re.DOTALL), include
+    regex = _fix_regex(regex)
+    for kept, stand_in in _KEPT_AT_END.items():
+        regex = regex.replace(stand_in, re.escape(kept))
+    try:
+        return re.compile(regex, re.DOTALL), include
+    except re.error as exc:
+        raise GlobError(f"{pattern!r} is not a valid gitignore pattern: {exc.msg} (a range goes upwards: "
+                        f"[a-z], [0-9])") from None
+
+
+def _hit(regex: re.Pattern, path: str) -> bool:
+    # pathspec anchors with "^" where a pattern is rooted; one without (a bare "*/") may match
+    # anywhere in the path
+    return bool(regex.match(path) if regex.pattern.startswith("^") else regex.search(path))
 
 
 def decides(path: str, patterns: Iterable[str]) -> bool | None:
@@ -84,9 +141,10 @@ def decides(path: str, patterns: Iterable[str]) -> bool | None:
     last pattern that matches it is a positive one, False when it is a ``!`` negation, None
     when none matches."""
     decision = None
+    text = _as_bytes_text(path)
     for pattern in patterns:
         regex, include = _compile(pattern)
-        if regex is not None and regex.match(path):
+        if regex is not None and _hit(regex, text):
             decision = include
     return decision
 
@@ -122,15 +180,38 @@ def check(pattern: str, *, negation: bool = True) -> str:
         raise GlobError(f"{pattern!r}: negation ('!') is not supported here")
     if pattern.startswith("#"):
         raise GlobError(f"{pattern!r} would be a comment; write '\\#' for a name starting with '#'")
-    i = 0
+    if any(ord(ch) < 0x20 and ch != "\t" or ord(ch) == 0x7F for ch in pattern):
+        raise GlobError(f"{pattern!r} must not hold control characters (a name holding one is matched by '?')")
+    if pattern != pattern.strip() and not pattern.endswith("\\ "):
+        raise GlobError(f"{pattern!r} must not start or end with white space: git would drop a trailing space "
+                        f"(write '\\ ' for a space that ends a name, '?' for any other)")
+    i, in_class = 0, False
     while i < len(body):
-        if body[i] == "\\":
+        ch = body[i]
+        if in_class:
+            if ch == "\\":
+                raise GlobError(f"{pattern!r}: no backslash inside [...] (put ']' first to include it, '-' "
+                                f"first or last)")
+            if body.startswith("[:", i):
+                raise GlobError(f"{pattern!r}: character classes such as [:alpha:] are not supported; "
+                                f"write the range ([a-zA-Z])")
+            if ch == "]" and i > class_open + 1 and not (i == class_open + 2 and body[class_open + 1] in "!^"):
+                in_class = False
+            i += 1
+            continue
+        if ch == "\\":
             if i + 1 >= len(body) or body[i + 1] not in _ESCAPABLE:
                 raise GlobError(f"{pattern!r}: a backslash escapes one of * ? [ ] ! # space or \\; "
                                 f"folders are separated by '/', not '\\'")
             i += 2
             continue
+        if ch == "[" and "]" in body[i + 2:]:  # an unclosed "[" is literal for git too: checked below
+            in_class, class_open = True, i
         i += 1
+    for segment in body.split("/"):
+        if "***" in segment or ("**" in segment and segment != "**"):
+            raise GlobError(f"{pattern!r}: '**' must be a whole folder segment (a/**/b, **/x, x/**); "
+                            f"'*' matches within a name")
     segments = body.strip("/").split("/")
     if not body.strip("/"):
         raise GlobError(f"{pattern!r} must name something inside the repository")

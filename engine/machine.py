@@ -100,9 +100,32 @@ def _set_stage(stage: StageRun, status: str, phase: str | None = None) -> None:
     stage.save()
 
 
+def storable(value):
+    """``value`` as the database can store it: every NUL character replaced by U+FFFD (PostgreSQL
+    stores no NUL in text or JSON), and every lone surrogate (a path byte that is not UTF-8, as
+    ``os.fsdecode`` gives it) written as ``\\xNN``; strings, lists and dicts are walked (keys
+    too), anything else is returned as is."""
+    if isinstance(value, str):
+        value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            value = value.encode("utf-8", "backslashreplace").decode("utf-8")  # other lone surrogates
+        return value
+    if isinstance(value, list):
+        return [storable(item) for item in value]
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    return value
+
+
 def event(run: Run, kind: str, message: str, **refs) -> RunEvent:
-    """Append a sentence to the run's story; ``refs`` may name stage, attempt, gate_check, decision, data."""
-    return RunEvent.objects.create(run=run, kind=kind, message=message, **refs)
+    """Append a sentence to the run's story; ``refs`` may name stage, attempt, gate_check, decision, data
+    (``message`` and ``data`` pass through ``storable``)."""
+    if "data" in refs:
+        refs["data"] = storable(refs["data"])
+    return RunEvent.objects.create(run=run, kind=kind, message=storable(message), **refs)
 
 
 # ----------------------------------------------------------------------------- compare-and-swap moves
@@ -390,8 +413,8 @@ def stop(run: Run, reason: str, message: str, *, stage: StageRun | None = None, 
     """
     _set_run_status(run, status)
     run.stop_reason = reason
-    run.stop_message = message
-    run.stop_evidence = evidence or {}
+    run.stop_message = storable(message)
+    run.stop_evidence = storable(evidence or {})
     run.save()
     decision = None
     if stage is not None:

@@ -546,7 +546,8 @@ def _pattern(value, *, negation: bool) -> str:
     as ``/`` does."""
     if not isinstance(value, str):
         raise ValidationError(f"must be a string (a gitignore pattern), got {_kind(value)}{_type_hint(value)}")
-    value = value.strip()
+    # not stripped: white space at either end is refused by globs.check (git would keep a leading
+    # space and drop a trailing one; a silent strip would change what the pattern means)
     negated, body = (value.startswith("!"), value[1:]) if value.startswith("!") else (False, value)
     if body.startswith("./"):
         body = body[2:].lstrip("/")
@@ -572,7 +573,7 @@ def _exclude_item(value) -> str:
         return _pattern(value, negation=False)
     except ValidationError as exc:
         if "negation" in str(exc.messages[0]):
-            raise ValidationError(f"{value.strip()!r}: negation ('!') is not supported; exclude patterns only "
+            raise ValidationError(f"{value!r}: negation ('!') is not supported; exclude patterns only "
                                   f"add to the engine's exclusions") from None
         raise
 

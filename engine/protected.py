@@ -65,6 +65,16 @@ FRAMEWORK_MODULES = frozenset({"pytest", "_pytest", "pluggy", "hypothesis", "moc
 MAX_DIFF_BYTES = 256 * 1024
 
 
+def shown(path: str) -> str:
+    """``path`` as records store it: a byte that is not UTF-8 (a surrogate escape of
+    ``os.fsdecode``) written as ``\\xNN``; any other path unchanged."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def is_loader(path: str) -> bool:
     """True when ``path``'s name is one a test runner or Python loads by itself (LOADER_NAMES)."""
     name = posixpath.basename(path)
@@ -184,10 +194,10 @@ def _copy_records(repo: str, entries: dict[str, dict], chosen: dict[str, str], d
             data = entry["blob"].encode()
         else:
             data = workspace.git(["cat-file", "blob", entry["blob"]], repo).stdout
-        target = files_dir / path
+        target = files_dir / shown(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-        records.append({"path": path, "mode": entry["mode"], "blob": entry["blob"],
+        records.append({"path": shown(path), "mode": entry["mode"], "blob": entry["blob"],
                         "sha256": hashlib.sha256(data).hexdigest(), "why": chosen[path]})
     return records
 
@@ -230,7 +240,7 @@ def carry_forward(repo: str, commit: str, globs_: list[str], gate_commands: list
     rewrite ``index.json`` (the caller saves the joined list with ``save_index``).
     """
     known = {r["path"] for r in records}
-    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit) if e["path"] not in known}
+    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit) if shown(e["path"]) not in known}
     chosen = choose(list(entries), globs_, [], folders_of(dest_dir))
     why = f"added by stage '{stage_key}', accepted at checkpoint {commit[:12]}"
     return _copy_records(repo, entries, {p: f"{why} ({reason})" for p, reason in chosen.items()
@@ -290,9 +300,29 @@ def shadowed_names(records: list[dict], snapshot_dir: str, base_paths) -> set[st
     return imported & existing
 
 
+def loads_plugins(source: bytes) -> bool:
+    """True when Python ``source`` assigns ``pytest_plugins`` at its top level: pytest loads the
+    plugins a test module names (https://docs.pytest.org/en/stable/how-to/plugins.html,
+    "Requiring plugins"), and a plugin's hooks reach every test. Unparseable source counts as
+    False (pytest fails to collect it)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        if any(isinstance(t, ast.Name) and t.id == "pytest_plugins" for t in targets):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                (alias.asname or alias.name) == "pytest_plugins" for alias in node.names):
+            return True
+    return False
+
+
 def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             base_entries: set[str] | None = None, *, gates: bool = False,
-            shadowed: set[str] | frozenset = frozenset()) -> list[dict]:
+            shadowed: set[str] | frozenset = frozenset(), worktree: str | None = None) -> list[dict]:
     """Tampering of the protected files, judged on a content manifest's ``entries``.
 
     ``protected``: the records of ``snapshot`` (and ``carry_forward``); ``entries``:
@@ -301,10 +331,11 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     an added runner file counts); ``shadowed``: ``shadowed_names``. Returns ``[{"path",
     "change", ...}]`` with change one of ``modified``, ``deleted``, ``renamed`` (with ``to``),
     ``mode_changed`` (``old_mode``, ``new_mode``), ``added`` (with ``why``); empty when
-    nothing protected changed. New test modules (``is_test_file``) are not listed.
+    nothing protected changed. New test modules (``is_test_file``) are not listed, except one
+    that loads pytest plugins (read from ``worktree`` when given).
     """
-    current = {e["path"]: e for e in entries}
-    known = {p["path"] for p in protected} | set(base_entries or ())
+    current = {shown(e["path"]): e for e in entries}
+    known = {p["path"] for p in protected} | {shown(p) for p in base_entries or ()}
     all_new = {path for path in current if path not in known}
     module_paths = set(current)
     added: dict[str, str] = {}
@@ -318,6 +349,8 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             added[path] = "matches protected_paths and is not a new test module"
         elif shadowed and (name := _module_name(path, module_paths)) in shadowed:
             added[path] = f"shadows the module {name} the protected tests import"
+        elif worktree and gates and path.endswith(".py") and is_test_file(path) and _loads_plugins_at(worktree, path):
+            added[path] = "a new test module that loads pytest plugins (pytest_plugins)"
     changes = []
     for record in protected:
         now = current.get(record["path"])
@@ -338,6 +371,18 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     changes += [{"path": path, "change": "added", "new_mode": current[path]["mode"], "why": why}
                 for path, why in sorted(added.items())]
     return changes
+
+
+def _loads_plugins_at(worktree: str, path: str) -> bool:
+    """``loads_plugins`` of the regular file ``worktree/path`` (a symlink or unreadable file: False;
+    a symlink is judged by its own rules)."""
+    full = os.path.join(worktree, path)
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        return loads_plugins(fh.read(4 * 1024 * 1024))
 
 
 def _module_name(path: str, paths: set[str]) -> str | None:
@@ -392,7 +437,8 @@ def _text(data: bytes | None) -> str | None:
     return None if "\x00" in text else text
 
 
-def report(changes: list[dict], snapshot_dir: str, worktree: str, records: list[dict], redact=None) -> list[dict]:
+def report(changes: list[dict], snapshot_dir: str, worktree: str, records: list[dict], redact=None,
+           real_paths: dict | None = None) -> list[dict]:
     """Each change of ``compare`` with its evidence: ``sha256_before`` (of the protected copy),
     ``sha256_after`` (of the worktree's file; None when deleted), and ``diff`` (a unified diff
     from the copy to the worktree, at most MAX_DIFF_BYTES, redacted by ``redact`` (``str ->
@@ -403,7 +449,8 @@ def report(changes: list[dict], snapshot_dir: str, worktree: str, records: list[
         record = by_path.get(c["path"])
         old_path = Path(snapshot_dir, "files", c["path"])
         new_rel = c.get("to") or c["path"]
-        new = None if c["change"] == "deleted" else _worktree_bytes(Path(worktree, new_rel))
+        real = (real_paths or {}).get(new_rel, new_rel)
+        new = None if c["change"] == "deleted" else _worktree_bytes(Path(worktree, real))
         old = old_path.read_bytes() if record is not None and old_path.exists() else None
         old_text, new_text = _text(old), _text(new)
         if old_text is None or new_text is None:
@@ -420,14 +467,15 @@ def report(changes: list[dict], snapshot_dir: str, worktree: str, records: list[
 
 
 def write_report(changes: list[dict], snapshot_dir: str, worktree: str, out_path: str, redact=None,
-                 records: list[dict] | None = None) -> list[dict]:
+                 records: list[dict] | None = None, real_paths: dict | None = None) -> list[dict]:
     """Write the tamper report of ``changes``: ``out_path`` (a ``.diff``: per file a ``###`` line,
     its hashes and the diff) and beside it ``<out_path minus .diff>.json`` (``report``'s list).
 
     Returns the changes with their hashes (``report`` without the diffs), as stored in the
-    run's evidence. ``records``: the protected records (for the hashes before).
+    run's evidence. ``records``: the protected records (for the hashes before); ``real_paths``: the
+    worktree path of each path as ``shown`` (for names that are not UTF-8).
     """
-    files = report(changes, snapshot_dir, worktree, records or [], redact)
+    files = report(changes, snapshot_dir, worktree, records or [], redact, real_paths)
     parts = []
     for item in files:
         hashes = f"sha256 before {item['sha256_before'] or '-'}, after {item['sha256_after'] or '-'}\n"

@@ -594,12 +594,14 @@ def _tamper(run: Run, current: dict, folder: str, secrets: list[str]) -> dict | 
     snapshot_dir = str(var_path(control_path(run, "protected", "index.json")).parent)
     shadowed = protected.shadowed_names(records, snapshot_dir, base_paths) if added else set()
     changes = protected.compare(records, list(pipeline["protected_paths"]), current["entries"],
-                                base_paths, gates=bool(commands), shadowed=shadowed)
+                                base_paths, gates=bool(commands), shadowed=shadowed, worktree=run.worktree)
     if not changes:
         return None
     report_rel = control_path(run, folder, "protected-files.diff")
+    real_paths = {protected.shown(e["path"]): e["path"] for e in current["entries"]}
     changes = protected.write_report(changes, snapshot_dir, run.worktree, str(var_path(report_rel)),
-                                     redact=lambda text: redact_text(text, secrets)[0], records=records)
+                                     redact=lambda text: redact_text(text, secrets)[0], records=records,
+                                     real_paths=real_paths)
     return {"changes": changes, "report": report_rel, "files": report_rel[:-len(".diff")] + ".json"}
 
 
@@ -796,7 +798,11 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
     """
     boundary.self_check()
     home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=Path(scratch_dirs(run.pk)["tmp"]).parent))
-    env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
+    # Python reads and writes bytecode in the gate's own HOME, never in the worktree's __pycache__
+    # (excluded from manifests, so unseen): a crafted .pyc whose header matches a protected
+    # helper's size and mtime would otherwise be run in its place
+    env = {**env, "HOME": str(home), "PYTHONPYCACHEPREFIX": str(home / "pycache"),
+           **(network.env() if network is not None else {})}
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
     visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
     read_only = [os.path.join(cwd, ".git"), *_protected_in(run, cwd)]
@@ -1016,16 +1022,8 @@ def _finish_final(run: Run, plan: dict, outcome: dict) -> None:
     machine.succeed(run)
 
 
-def storable(value):
-    """``value`` with every NUL character replaced by U+FFFD (PostgreSQL stores no NUL in text or
-    JSON); strings, lists and dicts are walked, anything else is returned as is."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [storable(item) for item in value]
-    if isinstance(value, dict):
-        return {storable(key): storable(item) for key, item in value.items()}
-    return value
+#: Kept for callers of this module: engine/machine.py decides what a stored value may hold.
+storable = machine.storable
 
 
 def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:

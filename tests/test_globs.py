@@ -15,10 +15,15 @@ from .conftest import git, make_repo
 
 NAMES = ["a.md", "docs/a.md", "x.md\n", "do\ncs/a.md", "data/x\ny.txt", "data/\ttab", "data/caf\u00e9.csv",
          "a[b].txt", "ab.txt", "[x]", "caf\u00e9.md", "dir\u00e9/f.py", "tests/test_a.py", "tests/sub/test_b.py",
-         "src/tests/test_c.py", "README.md", "docs/README.md", "b*c", "x\n", "d\n/y", "tab\there/z.py"]
+         "src/tests/test_c.py", "README.md", "docs/README.md", "b*c", "x\n", "d\n/y", "tab\there/z.py",
+         "notes/caf\u00e9.md", "notes/cafe\u0301.md", "a/b", "axb", "]", "\u00e9", "e\u0301", "trail\t", "nbsp\u00a0",
+         "\u00e0"]
 PATTERNS = ["*.md", "docs/*.md", "/*.md", "data/**", "**/test_*.py", "tests/**", "tests/", "a[b].txt",
             "a\\[b\\].txt", "[x]", "\\[x\\]", "README.md", "/README.md", "**", "*", "caf\u00e9.md", "x.md", "x", "d",
-            "b\\*c", "tests/*.py", "data/x?y.txt", "tab?here/**", "d?/y", "data/*"]
+            "b\\*c", "tests/*.py", "data/x?y.txt", "tab?here/**", "d?/y", "data/*",
+            # one byte per "?" and per class member, as git: a non-ASCII letter is two or more bytes
+            "notes/caf?.md", "notes/caf??.md", "notes/cafe??.md", "?", "??", "e?", "[\u00e9]", "[!x]", "[^x]",
+            "a[!x]b", "[]]", "[!]]", "*/", "**/", "/**/", "/*/", "trail\t", "nbsp\u00a0", "\u00e0", "*\u00a0"]
 
 
 def git_matches(repo, pattern: str) -> set[str]:
@@ -94,6 +99,9 @@ def test_scope_protection_documentation_exclusion_and_the_validator_agree(tmp_pa
 @pytest.mark.parametrize("pattern, word", [
     ("src\\app.py", "'/'"), ("a\nb", "single line"), ("//etc/**", "relative"), ("../x", "'..'"),
     ("a//b", "empty folder"), ("#x", "comment"), ("!", "inside the repository"), ("/", "inside the repository"),
+    ("[z-a]", "range"), ("notes/[9-0].txt", "range"), ("[[:alpha:]]", "[a-zA-Z]"), ("[\\]]", "inside [...]"),
+    ("[x\\]", "inside [...]"), ("foo/***/baz", "whole folder segment"), ("foo**/baz", "whole folder segment"),
+    (" lead.txt", "white space"), ("data/*\t", "white space"), ("*.md\u00a0", "white space"), ("a\x01b", "control"),
 ])
 def test_the_validator_names_the_problem(pattern, word):
     doc = {"name": "p", "roles": {"implementer": "s", "reviewer": "s", "documenter": "s"},

@@ -194,3 +194,45 @@ def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeli
     row = page[page.index(f'<tr id="attempt-{attempt.pk}"'):]
     assert row.startswith(f'<tr id="attempt-{attempt.pk}" class="cp-row-bad">')
     assert "<code>protected_files_changed</code>" in row[:2000]
+
+
+def test_a_new_test_module_that_loads_plugins_is_told_apart():
+    from engine.protected import loads_plugins
+
+    assert loads_plugins(b"pytest_plugins = ['app.skipper']\n")
+    assert loads_plugins(b"pytest_plugins: list = ['x']\n") and loads_plugins(b"pytest_plugins += ['x']\n")
+    assert loads_plugins(b"from app.plugins import pytest_plugins\n")
+    assert not loads_plugins(b"def test_x():\n    pytest_plugins = ['x']\n")  # a local name: pytest never sees it
+    assert not loads_plugins(b"def test_x(:\n")
+
+
+def test_gates_never_read_the_worktrees_bytecode(make_pipeline, repo, sent):
+    """A gate's Python writes and reads .pyc files in the gate's own HOME (PYTHONPYCACHEPREFIX)."""
+    gate = ('python -c "import sys, os; p = sys.pycache_prefix; '
+            'assert p and not p.startswith(os.getcwd()), p; print(p)"')
+    step = {"write": {"app/core.py": CORE}}
+    run = drive(start(make_pipeline, repo, one_stage(gate=gate), {"answer": {"implement": [step]}}).pk, sent)
+    assert run.status == "succeeded", run.stop_message
+
+
+NOT_UTF8 = "import os; os.makedirs(b'{folder}', exist_ok=True); open(b'{folder}/\\xff.json', 'wb').write(b'1')"
+
+
+def test_a_name_that_is_not_utf8_outside_the_scope_stops_the_run_cleanly(make_pipeline, repo, sent):
+    step = {"write": {"app/core.py": CORE}, "run": ["python3", "-c", NOT_UTF8.format(folder="notes")]}
+    run = drive(start(make_pipeline, repo, one_stage(scope=["app/**"]), {"answer": {"implement": [step]}}).pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "scope_violation"), run.stop_message
+    assert "notes/\\xff.json" in run.stop_message
+
+
+def test_a_name_that_is_not_utf8_under_the_protected_tree_is_carried_and_then_protected(make_pipeline, repo, sent):
+    stages = [{"key": "one", "requirement": "r", "scope": ["app/**", "tests/**"], "gates": [QUICK_GATE]},
+              {"key": "two", "requirement": "r", "scope": ["app/**", "tests/**"], "gates": [QUICK_GATE]}]
+    scenario = {"one": {"implement": [{"write": {"app/core.py": CORE},
+                                       "run": ["python3", "-c", NOT_UTF8.format(folder="tests/data")]}]},
+                "two": {"implement": [{"run": ["python3", "-c", "open(b'tests/data/\\xff.json', 'wb').write(b'2')"]}]}}
+    run = drive(start(make_pipeline, repo, stages, scenario, protected_paths=["tests/test_*.py"]).pk, sent, 60)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    [change] = run.stop_evidence["changes"]
+    assert (change["path"], change["change"]) == ("tests/data/\\xff.json", "modified")
+    assert change["sha256_after"] == hashlib.sha256(b"2").hexdigest()
