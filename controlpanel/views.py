@@ -385,6 +385,7 @@ class AttemptRow:
     log_bytes: int = 0
     manifest_html: str = ""
     findings: list = field(default_factory=list)
+    refused: bool = False
 
 
 @dataclass
@@ -470,7 +471,8 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
             outcome = _VERDICT_OUTCOME.get(verdict, "bad")
         elif attempt.verdict_problem:
             verdict, outcome = "no valid verdict", "bad"
-    if attempt.failure_kind in REFUSED_KINDS:
+    refused = attempt.failure_kind in REFUSED_KINDS
+    if refused:
         outcome = "bad"  # the process ended well, but what it did was refused
     if attempt.late:
         outcome = "off"
@@ -483,7 +485,7 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
                 log_bytes = found.stat().st_size
     row = AttemptRow(obj=attempt, outcome=outcome, elapsed=seconds_text(seconds), live=live, verdict=verdict,
                      usage=usage_text(add_usage(empty_usage(), attempt.usage)), files=files,
-                     exit=exit_text(attempt.exit_code, attempt.signal), log_bytes=log_bytes)
+                     exit=exit_text(attempt.exit_code, attempt.signal), log_bytes=log_bytes, refused=refused)
     if isinstance(attempt.verdict, dict):
         row.findings = [f for f in attempt.verdict.get("findings") or [] if isinstance(f, dict)]
     if attempt.result_manifest_id:

@@ -18,12 +18,14 @@ sha256 (``index.json`` lists them). The protected set (``choose``):
 After every agent attempt (and before the gates run) ``compare`` checks the worktree's content
 manifest against the records: a protected file modified, deleted, renamed (its content
 reappears under another name) or whose mode changed is tampering. So is an **added** file that
-changes how existing tests run: a runner's file (a new ``conftest.py`` or ``pytest.ini`` at any
-depth, field case C22), a file a protected pattern matches that is not a new test module
-(``TEST_FILE_PATTERNS``: agents may add tests), or a module that shadows one the protected
-tests import (``shadowed_names``). When a stage checkpoints, ``carry_forward`` makes the files
-it added to the protected set (matching a pattern, or under a protected folder) protected for
-the rest of the run: an accepted test cannot be weakened by a later stage.
+changes how existing tests run: a runner's file (``is_loader``: a new ``conftest.py`` or
+``pytest.ini`` at any depth, field case C22), a file a protected pattern matches that is not a
+new test module (``TEST_FILE_PATTERNS``: agents may add tests), an ``__init__.py`` in a folder
+of protected files, a new top-level module that shadows another where the tests import from
+(``shadowed_names``, ``import_roots``), and a new test module naming ``pytest_plugins``. When a
+stage checkpoints, ``carry_forward`` makes the files it added (a new test module anywhere, a new
+file under a protected folder) protected for the rest of the run: an accepted test cannot be
+weakened by a later stage.
 
 A pipeline narrows the set with a negation in ``protected_paths``: ``!tests/generated/**``
 leaves those files out of the tree, ``!pyproject.toml`` lets agents edit that runner file.
@@ -32,11 +34,15 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
+import importlib.machinery
 import hashlib
 import json
 import os
 import posixpath
+import pkgutil
 import shlex
+import site
 import sys
 from pathlib import Path
 
@@ -55,9 +61,15 @@ RUNNER_FILES = {"make": ("Makefile", "makefile", "GNUmakefile"),
 #: and the site module's sitecustomize/usercustomize and ``*.pth`` files
 #: (https://docs.python.org/3/library/site.html). With any gate, each one of the run's commit is
 #: protected and adding one anywhere is tampering.
-LOADER_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                "Makefile", "makefile", "GNUmakefile", "sitecustomize.py", "usercustomize.py")
+LOADER_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
+                "pyproject.toml", "sitecustomize.py", "usercustomize.py")
 LOADER_SUFFIXES = (".pth",)
+#: Read by ``make`` in the folder it runs in: the repository root's only (a ``docs/Makefile`` is
+#: no gate's unless a gate names it, and then it is protected as a named file).
+ROOT_LOADER_NAMES = ("Makefile", "makefile", "GNUmakefile")
+#: Folders of installed-package metadata: their ``entry_points.txt`` can make pytest load a
+#: plugin (group ``pytest11``) from wherever the folder lies on ``sys.path``.
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
 #: Test frameworks a shadowing module could replace, besides the standard library and the
 #: repository's own top-level modules.
 FRAMEWORK_MODULES = frozenset({"pytest", "_pytest", "pluggy", "hypothesis", "mock", "nose", "unittest"})
@@ -76,9 +88,13 @@ def shown(path: str) -> str:
 
 
 def is_loader(path: str) -> bool:
-    """True when ``path``'s name is one a test runner or Python loads by itself (LOADER_NAMES)."""
+    """True when a test runner or Python loads ``path`` by itself: a name of LOADER_NAMES or
+    LOADER_SUFFIXES anywhere, ROOT_LOADER_NAMES at the root, anything in a package metadata
+    folder (METADATA_SUFFIXES)."""
     name = posixpath.basename(path)
-    return name in LOADER_NAMES or name.endswith(LOADER_SUFFIXES)
+    if name in LOADER_NAMES or name.endswith(LOADER_SUFFIXES) or (path in ROOT_LOADER_NAMES):
+        return True
+    return any(part.endswith(METADATA_SUFFIXES) for part in path.split("/")[:-1])
 
 
 def is_test_file(path: str) -> bool:
@@ -231,20 +247,26 @@ def folders_of(dest_dir: str) -> list[str]:
         return []
 
 
-def carry_forward(repo: str, commit: str, globs_: list[str], gate_commands: list[str], records: list[dict],
+def carry_forward(repo: str, commit: str, base_commit: str, globs_: list[str], records: list[dict],
                   dest_dir: str, stage_key: str) -> list[dict]:
-    """The files an accepted checkpoint ``commit`` added to the protected set, copied like
-    ``snapshot``'s (``why`` names the stage); ``records``: the run's records so far (not
-    repeated). Files are chosen as at run creation, with the folders fixed then: a new test
-    module anywhere, a new file under a protected folder (a helper, test data). Does not
-    rewrite ``index.json`` (the caller saves the joined list with ``save_index``).
+    """The files an accepted checkpoint ``commit`` added since the run's ``base_commit`` that join
+    the protected set, copied like ``snapshot``'s (``why`` names the stage); ``records``: the
+    run's records so far (not repeated). Chosen: a new test module anywhere
+    (``is_test_file``, unless a negation in ``globs_`` leaves it out), and what ``choose`` takes
+    with the folders fixed at run creation (a new helper or data file under a protected folder).
+    Does not rewrite ``index.json`` (the caller saves the joined list with ``save_index``).
     """
     known = {r["path"] for r in records}
-    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit) if shown(e["path"]) not in known}
-    chosen = choose(list(entries), globs_, [], folders_of(dest_dir))
+    at_base = {e["path"] for e in workspace._tree_entries(repo, base_commit)}
+    entries = {e["path"]: e for e in workspace._tree_entries(repo, commit)
+               if shown(e["path"]) not in known and e["path"] not in at_base}
+    chosen = {p: r for p, r in choose(list(entries), globs_, [], folders_of(dest_dir)).items()
+              if r != "a test runner loads it by itself"}
+    for path in entries:
+        if path not in chosen and is_test_file(path) and globs.decides(path, globs_) is not False:
+            chosen[path] = "a new test module"
     why = f"added by stage '{stage_key}', accepted at checkpoint {commit[:12]}"
-    return _copy_records(repo, entries, {p: f"{why} ({reason})" for p, reason in chosen.items()
-                                         if reason != "a test runner loads it by itself"}, dest_dir)
+    return _copy_records(repo, entries, {p: f"{why} ({reason})" for p, reason in chosen.items()}, dest_dir)
 
 
 def save_index(dest_dir: str, records: list[dict]) -> None:
@@ -287,17 +309,45 @@ def top_level_modules(paths) -> set[str]:
     return names
 
 
+@functools.lru_cache(maxsize=1)
+def installed_modules() -> frozenset[str]:
+    """Top-level module names of the packages installed beside the engine (its site-packages
+    folders): the test runner's own (pytest, pluggy, iniconfig...) among them."""
+    folders = [p for p in site.getsitepackages() + [site.getusersitepackages()] if os.path.isdir(p)]
+    return frozenset(m.name for m in pkgutil.iter_modules(folders))
+
+
 def shadowed_names(records: list[dict], snapshot_dir: str, base_paths) -> set[str]:
-    """Modules a new file could shadow: the top-level names the protected Python files import
-    that exist already (the standard library, FRAMEWORK_MODULES, the top-level modules of
-    ``base_paths``). Read from the protected copies in ``snapshot_dir``."""
+    """Module names a new top-level module may not take: the standard library's, the test
+    frameworks' (FRAMEWORK_MODULES), the installed packages' (``installed_modules``: what the
+    runner imports while it starts), and the top-level modules of ``base_paths`` that the
+    protected Python files import (read from their copies in ``snapshot_dir``)."""
     imported: set[str] = set()
     for record in records:
         if record["path"].endswith(".py") and record["mode"] in ("100644", "100755"):
-            with open(Path(snapshot_dir, "files", record["path"]), "rb") as fh:
-                imported |= _imports(fh.read())
-    existing = set(sys.stdlib_module_names) | FRAMEWORK_MODULES | top_level_modules(base_paths)
-    return imported & existing
+            try:
+                with open(Path(snapshot_dir, "files", record["path"]), "rb") as fh:
+                    imported |= _imports(fh.read())
+            except OSError:
+                continue
+    return (set(sys.stdlib_module_names) | FRAMEWORK_MODULES | installed_modules()
+            | (imported & top_level_modules(base_paths)))
+
+
+def import_roots(paths) -> set[str]:
+    """Folders (``""`` for the root, else ``"a/b"``) a pytest gate puts on ``sys.path``: the root
+    (``python -m`` and pytest's rootdir) and, for each test module, the first folder up from it
+    that is no package (pytest's default "prepend" import mode)."""
+    paths = set(paths)
+    roots = {""}
+    for path in paths:
+        if not is_test_file(path):
+            continue
+        folder = posixpath.dirname(path)
+        while folder and posixpath.join(folder, "__init__.py") in paths:
+            folder = posixpath.dirname(folder)
+        roots.add(folder)
+    return roots
 
 
 def loads_plugins(source: bytes) -> bool:
@@ -338,6 +388,10 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     known = {p["path"] for p in protected} | {shown(p) for p in base_entries or ()}
     all_new = {path for path in current if path not in known}
     module_paths = set(current)
+    roots = import_roots(module_paths) if shadowed else set()
+    # an __init__.py added to a folder of protected files turns it into a package: pytest then
+    # imports those tests under other names, from another sys.path folder
+    protected_folders = {posixpath.dirname(p["path"]) for p in protected if posixpath.dirname(p["path"])}
     added: dict[str, str] = {}
     for path in sorted(all_new):
         decision = globs.decides(path, globs_) if globs_ else None
@@ -347,8 +401,10 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             added[path] = "a test runner loads it by itself"
         elif decision is True and not is_test_file(path):
             added[path] = "matches protected_paths and is not a new test module"
-        elif shadowed and (name := _module_name(path, module_paths)) in shadowed:
-            added[path] = f"shadows the module {name} the protected tests import"
+        elif posixpath.basename(path) == "__init__.py" and posixpath.dirname(path) in protected_folders:
+            added[path] = "makes a folder of protected tests a package (pytest imports them otherwise)"
+        elif shadowed and (name := _module_name(path, module_paths, roots)) in shadowed:
+            added[path] = f"shadows the module {name} (a new top-level module where the tests import from)"
         elif worktree and gates and path.endswith(".py") and is_test_file(path) and _loads_plugins_at(worktree, path):
             added[path] = "a new test module that loads pytest plugins (pytest_plugins)"
     changes = []
@@ -385,19 +441,25 @@ def _loads_plugins_at(worktree: str, path: str) -> bool:
         return loads_plugins(fh.read(4 * 1024 * 1024))
 
 
-def _module_name(path: str, paths: set[str]) -> str | None:
-    """The top-level module name ``path`` adds (``x.py``, or ``x/__init__.py``, in a folder that
-    is not a package: no ``__init__.py`` in ``paths``), or None."""
+#: File name endings Python imports a module from (``x.py``, ``x.cpython-311-x86_64-linux-gnu.so``...).
+MODULE_SUFFIXES = tuple(sorted(set(importlib.machinery.SOURCE_SUFFIXES + importlib.machinery.EXTENSION_SUFFIXES),
+                               key=len, reverse=True))
+
+
+def _module_name(path: str, paths: set[str], roots: set[str]) -> str | None:
+    """The top-level module name ``path`` adds (``x.py``, an extension module ``x.*.so``, or a
+    package ``x/__init__.py``) in a folder of ``roots`` (``import_roots``), or None."""
     folder, name = posixpath.split(path)
     if name == "__init__.py":
         if not folder:
             return None
         folder, name = posixpath.split(folder)
-    elif name.endswith(".py"):
-        name = name[:-3]
     else:
-        return None
-    if posixpath.join(folder, "__init__.py") in paths or not name.isidentifier():
+        suffix = next((s for s in MODULE_SUFFIXES if name.endswith(s)), None)
+        if suffix is None:
+            return None
+        name = name[:-len(suffix)]
+    if folder not in roots or not name.isidentifier():
         return None
     return name
 

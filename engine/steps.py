@@ -904,8 +904,8 @@ def _execute_checkpoint(plan: dict) -> dict:
         stage = _stage_row(plan)
         run = stage.run
         outcome["carried"] = protected.carry_forward(
-            run.repo_path, outcome["commit"], list(run.definition["pipeline"]["protected_paths"]),
-            gate_commands(run), run.protected_files or [],
+            run.repo_path, outcome["commit"], run.commit, list(run.definition["pipeline"]["protected_paths"]),
+            run.protected_files or [],
             str(var_path(control_path(run, "protected", "index.json")).parent), stage.key)
     return outcome
 
@@ -1122,6 +1122,7 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
                       f"Attempt {attempt.number} ({attempt.operation}) left a git repository in the worktree "
                       f"({shown}); the engine ran no git on it.", stage=stage, attempt=attempt,
                       data={"paths": outcome["nested"]})
+        _refuse_attempt({"attempt": attempt.pk}, "nested_repository", f"made a git repository in the worktree: {shown}")
         machine.stop(run, "nested_repository",
                      f"Attempt {attempt.number} ({attempt.operation}) made a git repository inside the worktree "
                      f"({shown}). The engine runs no git on what an agent made there (git would read that "
@@ -1161,6 +1162,7 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
                       f"Attempt {attempt.number} ({attempt.operation}) changed files outside the {plan['role']}'s "
                       f"scope ({', '.join(allowed)}): {', '.join(stray[:20])}. The diff is kept with the attempt.",
                       stage=stage, attempt=attempt, data={"outside": stray})
+        _refuse_attempt(evidence, "scope_violation", f"changed files outside its scope: {', '.join(stray[:10])}")
         machine.stop(run, "scope_violation",
                      f"The {plan['role']} changed {len(stray)} file(s) outside its scope: {', '.join(stray[:10])}.",
                      stage=stage, evidence={**evidence, "outside": stray})

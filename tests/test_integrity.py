@@ -126,11 +126,13 @@ def test_a_negation_narrows_the_protected_tree(make_pipeline, sent, tmp_path):
     assert "tests/data/cases.json" not in {r["path"] for r in run.protected_files}
 
 
-@pytest.mark.parametrize("path", ["tests/app.py", "unittest.py", "lib/unittest/__init__.py"])
+@pytest.mark.parametrize("path", ["tests/app.py", "unittest.py", "tests/pluggy/__init__.py", "iniconfig.py",
+                                  "tests/app.cpython-311-x86_64-linux-gnu.so"])
 def test_a_module_that_shadows_one_the_tests_import_stops_the_run(make_pipeline, sent, tmp_path, repo, path):
-    """tests/ of ``repo`` is no package, so tests/app.py would be imported as ``app``; the tree
-    repository's tests import unittest, which a top-level unittest module would replace."""
-    repo = repo if path == "tests/app.py" else tree_repo(tmp_path)
+    """tests/ of ``repo`` is no package, so pytest puts it on sys.path: tests/app.py would be
+    imported as ``app``; a top-level unittest, pluggy or iniconfig would replace what the tests or
+    the runner import (the tree repository's tests/ is a package, its root is on sys.path)."""
+    repo = repo if path.startswith("tests/") else tree_repo(tmp_path)
     step = {"write": {"app/core.py": CORE, path: "def answer():\n    return 42\n"}}
     run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}},
                       protected_paths=["tests/test_*.py"]).pk, sent)
@@ -191,6 +193,8 @@ def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeli
     assert change["sha256_before"][:16] in table and change["sha256_after"][:16] in table
     assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
     assert '<span class="cp-dadd">+    assert True</span>' in table
+    # red on the timeline too: its box links to the attempt's row
+    assert f'<a class="cp-step cp-bad" href="#attempt-{attempt.pk}"' in page
     row = page[page.index(f'<tr id="attempt-{attempt.pk}"'):]
     assert row.startswith(f'<tr id="attempt-{attempt.pk}" class="cp-row-bad">')
     assert "<code>protected_files_changed</code>" in row[:2000]
@@ -236,3 +240,36 @@ def test_a_name_that_is_not_utf8_under_the_protected_tree_is_carried_and_then_pr
     [change] = run.stop_evidence["changes"]
     assert (change["path"], change["change"]) == ("tests/data/\\xff.json", "modified")
     assert change["sha256_after"] == hashlib.sha256(b"2").hexdigest()
+
+
+@pytest.mark.parametrize("path", ["scripts/helpers.py", "examples/app.py", "docs/Makefile", "tests/unit/__init__.py",
+                                  "app/json.py"])
+def test_a_module_or_makefile_no_gate_loads_is_not_tampering(make_pipeline, sent, repo, path):
+    """scripts/ and examples/ are on no sys.path of the tests; make reads the root's Makefile; a new
+    package folder of tests (tests/unit/) changes no existing test; app/json.py is app.json."""
+    step = {"write": {"app/core.py": CORE, path: "X = 1\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(scope=["**"]), {"answer": {"implement": [step]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.status == "succeeded", run.stop_message
+
+
+@pytest.mark.parametrize("path", ["pytest.toml", ".pytest.toml", "calc_evil-0.dist-info/entry_points.txt",
+                                  "Makefile", "tests/__init__.py"])
+def test_runner_files_package_metadata_and_a_new_package_of_tests_are_tampering(make_pipeline, sent, repo, path):
+    step = {"write": {"app/core.py": CORE, path: "[pytest11]\nevil = app.evil\n"}}
+    run = drive(start(make_pipeline, repo, one_stage(scope=["**"]), {"answer": {"implement": [step]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    assert [c["path"] for c in run.stop_evidence["changes"]] == [path]
+
+
+def test_a_test_module_an_earlier_stage_added_outside_the_protected_tree_is_carried(make_pipeline, repo, sent):
+    stages = [{"key": "one", "requirement": "r", "scope": ["**"], "gates": [QUICK_GATE]},
+              {"key": "two", "requirement": "r", "scope": ["**"], "gates": [QUICK_GATE]}]
+    scenario = {"one": {"implement": [{"write": {"app/core.py": CORE, "app/test_double.py": NEW_TEST}}]},
+                "two": {"implement": [{"write": {"app/test_double.py": WEAKENED}}]}}
+    run = drive(start(make_pipeline, repo, stages, scenario, protected_paths=["tests/test_*.py"]).pk, sent, 60)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    assert [(c["path"], c["change"]) for c in run.stop_evidence["changes"]] == [("app/test_double.py", "modified")]
+    record = next(r for r in run.protected_files if r["path"] == "app/test_double.py")
+    assert record["why"].endswith("(a new test module)")
