@@ -982,7 +982,7 @@ def finish(run: Run, plan: dict, outcome: dict) -> None:
         if plan.get("attempt_id"):
             Attempt.objects.filter(pk=plan["attempt_id"]).update(
                 status=AttemptStatus.FAILED, failure_kind=outcome["failure_kind"],
-                failure_message=outcome["failure_message"], ended_at=timezone.now())
+                failure_message=storable(outcome["failure_message"]), ended_at=timezone.now())
         if outcome.get("stop_reason"):
             machine.stop(run, outcome["stop_reason"], f"The {plan['kind']} step of stage '{stage.key}' was refused: "
                          f"{outcome['failure_message']}", stage=stage)
@@ -1078,7 +1078,8 @@ def _refuse_attempt(evidence: dict, kind: str, message: str) -> None:
     """Record on the attempt named in ``evidence`` (if any) that its work was refused: its process may
     have exited 0, but the page shows it red, with ``kind``."""
     if evidence.get("attempt"):
-        Attempt.objects.filter(pk=evidence["attempt"]).update(failure_kind=kind, failure_message=message[:2000])
+        Attempt.objects.filter(pk=evidence["attempt"]).update(failure_kind=kind,
+                                                              failure_message=machine.storable(message[:2000]))
 
 
 def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:

@@ -17,7 +17,9 @@ from engine.models import Attempt, RunEvent
 from .conftest import make_repo
 from .test_steps import drive
 
-pytestmark = pytest.mark.django_db(transaction=True)
+#: Every test here but the last drives a run with real subprocesses (gates, the sandboxed scripted
+#: adapter): slow, run by `make test` (make test-fast keeps to what needs no subprocess).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 CORE = '"""Core."""\n\n\ndef answer():\n    return 42\n\n\ndef double(x):\n    return 2 * x\n'
 QUICK_GATE = "python -c 'from app import core; assert core.answer() == 42'"
