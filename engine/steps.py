@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import contextlib
 import os
 import shutil
 import socket
@@ -798,11 +799,8 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
     """
     boundary.self_check()
     home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=Path(scratch_dirs(run.pk)["tmp"]).parent))
-    # Python reads and writes bytecode in the gate's own HOME, never in the worktree's __pycache__
-    # (excluded from manifests, so unseen): a crafted .pyc whose header matches a protected
-    # helper's size and mtime would otherwise be run in its place
-    env = {**env, "HOME": str(home), "PYTHONPYCACHEPREFIX": str(home / "pycache"),
-           **(network.env() if network is not None else {})}
+    remove_bytecode(cwd)
+    env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
     visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
     read_only = [os.path.join(cwd, ".git"), *_protected_in(run, cwd)]
@@ -813,6 +811,36 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
 #: Protected files bound read-only one by one while a gate runs, at most (each is three bwrap
 #: arguments; a command line has a size limit).
 MAX_BOUND_PROTECTED = 4000
+
+
+def remove_bytecode(top: str) -> int:
+    """Remove every ``__pycache__`` folder and ``*.pyc``/``*.pyo`` file under ``top`` (not in its
+    ``.git``, following no symlink); returns how many were removed.
+
+    Called before every gate: bytecode is excluded from manifests (never a deliverable, never
+    seen by the tamper checks), and Python runs a ``.pyc`` whose header matches a source file's
+    size and mtime instead of that source, or a sourceless ``x.pyc`` as module ``x``: an agent
+    (or an earlier gate's code) could plant one for a protected helper.
+    """
+    removed = 0
+    for folder, dirs, files in os.walk(top, followlinks=False):
+        if folder == top and ".git" in dirs:
+            dirs.remove(".git")
+        for name in list(dirs):
+            if name == "__pycache__":
+                dirs.remove(name)
+                path = os.path.join(folder, name)
+                if os.path.islink(path):
+                    os.unlink(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+        for name in files:
+            if name.endswith((".pyc", ".pyo")) or name == "__pycache__":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
+                removed += 1
+    return removed
 
 
 def _protected_in(run: Run, cwd: str) -> list[str]:

@@ -212,11 +212,13 @@ def test_a_new_test_module_that_loads_plugins_is_told_apart():
     assert not loads_plugins(b"def test_x(:\n")
 
 
-def test_gates_never_read_the_worktrees_bytecode(make_pipeline, repo, sent):
-    """A gate's Python writes and reads .pyc files in the gate's own HOME (PYTHONPYCACHEPREFIX)."""
-    gate = ('python -c "import sys, os; p = sys.pycache_prefix; '
-            'assert p and not p.startswith(os.getcwd()), p; print(p)"')
-    step = {"write": {"app/core.py": CORE}}
+def test_gates_never_run_bytecode_an_agent_left(make_pipeline, repo, sent):
+    """Bytecode is excluded from manifests, so no tamper check sees it: before each gate the
+    engine removes every __pycache__ folder and .pyc file of the worktree."""
+    plant = ("import os; os.makedirs('tests/__pycache__'); open('tests/__pycache__/x.cpython-311.pyc', 'wb').write(b'1');"
+             " open('app/core.pyc', 'wb').write(b'2')")
+    gate = "test ! -e tests/__pycache__ && test ! -e app/core.pyc && " + QUICK_GATE
+    step = {"write": {"app/core.py": CORE}, "run": ["python3", "-c", plant]}
     run = drive(start(make_pipeline, repo, one_stage(gate=gate), {"answer": {"implement": [step]}}).pk, sent)
     assert run.status == "succeeded", run.stop_message
 
