@@ -33,6 +33,7 @@ leaves those files out of the tree, ``!pyproject.toml`` lets agents edit that ru
 from __future__ import annotations
 
 import ast
+import configparser
 import difflib
 import functools
 import importlib.machinery
@@ -44,9 +45,10 @@ import pkgutil
 import shlex
 import site
 import sys
+import tomllib
 from pathlib import Path
 
-from . import globs, workspace
+from . import gate_files, globs, workspace
 
 #: Names of files that add tests; adding one under a protected glob is allowed.
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "*_test.go", "*.test.js", "*.test.ts", "*.test.jsx",
@@ -54,7 +56,7 @@ TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "*_test.go", "*.test.js", "*.tes
 #: Files read by a runner named in a gate command, protected when they exist at the run's commit
 #: (this names the reason only: every file of LOADER_NAMES is protected with any gate).
 RUNNER_FILES = {"make": ("Makefile", "makefile", "GNUmakefile"),
-                "pytest": ("pytest.ini", "tox.ini", "conftest.py")}
+                "pytest": ("pytest.ini", "tox.ini", "conftest.py"), "npm": ("package.json",)}
 #: Files a test runner or Python itself loads without being named, wherever they are: pytest's
 #: conftest.py and configuration files (pytest.ini, .pytest.ini, pyproject.toml, tox.ini,
 #: setup.cfg: https://docs.pytest.org/en/stable/reference/customize.html), make's makefiles,
@@ -62,17 +64,30 @@ RUNNER_FILES = {"make": ("Makefile", "makefile", "GNUmakefile"),
 #: (https://docs.python.org/3/library/site.html). With any gate, each one of the run's commit is
 #: protected and adding one anywhere is tampering.
 LOADER_NAMES = ("conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
-                "pyproject.toml", "sitecustomize.py", "usercustomize.py")
+                "pyproject.toml", "sitecustomize.py", "usercustomize.py", ".gitattributes", ".mocharc.js", ".mocharc.json",
+                ".mocharc.yml", ".mocharc.yaml", ".mocharc.cjs")
+#: ``.gitattributes`` is among them: its filters and ``eol`` settings change the bytes a checkout
+#: writes without changing what git records, so a protected file would look unchanged.
 LOADER_SUFFIXES = (".pth",)
-#: Read by ``make`` in the folder it runs in: the repository root's only (a ``docs/Makefile`` is
-#: no gate's unless a gate names it, and then it is protected as a named file).
+#: Runner configuration names with any ending (``jest.config.js``, ``vitest.config.ts``...).
+LOADER_PREFIXES = ("jest.config.", "vitest.config.", "vitest.workspace.")
+#: Read by ``make`` in the folder it runs in, with a gate that runs make: the root's (a gate's
+#: ``make -C DIR`` makes DIR's a named file, engine/gate_files.py).
 ROOT_LOADER_NAMES = ("Makefile", "makefile", "GNUmakefile")
+#: With a gate that runs a JavaScript package manager, its manifest (the ``scripts`` it runs).
+JS_MANIFESTS = ("package.json",)
+#: Configuration files whose other parts an agent may change (a dependency, a linter's options):
+#: only the sections a runner reads are compared (``runner_sections``).
+SECTIONED = ("pyproject.toml", "setup.cfg", "tox.ini")
 #: Folders of installed-package metadata: their ``entry_points.txt`` can make pytest load a
 #: plugin (group ``pytest11``) from wherever the folder lies on ``sys.path``.
 METADATA_SUFFIXES = (".dist-info", ".egg-info")
 #: Test frameworks a shadowing module could replace, besides the standard library and the
 #: repository's own top-level modules.
 FRAMEWORK_MODULES = frozenset({"pytest", "_pytest", "pluggy", "hypothesis", "mock", "nose", "unittest"})
+#: Subfolders of a new test module's folder whose new files are its data (carried with it).
+DATA_FOLDER_NAMES = frozenset({"data", "fixtures", "snapshots", "__snapshots__", "testdata", "test_data",
+                               "cassettes", "golden", "expected", "resources"})
 #: Bytes of one file's diff kept in a tamper report.
 MAX_DIFF_BYTES = 256 * 1024
 
@@ -87,14 +102,59 @@ def shown(path: str) -> str:
         return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def is_loader(path: str) -> bool:
-    """True when a test runner or Python loads ``path`` by itself: a name of LOADER_NAMES or
-    LOADER_SUFFIXES anywhere, ROOT_LOADER_NAMES at the root, anything in a package metadata
-    folder (METADATA_SUFFIXES)."""
+def is_loader(path: str, tools: set[str] | frozenset = frozenset()) -> bool:
+    """True when a test runner or Python loads ``path`` by itself: a name of LOADER_NAMES,
+    LOADER_SUFFIXES or LOADER_PREFIXES anywhere, anything in a package metadata folder
+    (METADATA_SUFFIXES); with a ``make`` gate (``tools``: ``gate_tools``) ROOT_LOADER_NAMES at
+    the root, with an ``npm`` gate a ``package.json``."""
     name = posixpath.basename(path)
-    if name in LOADER_NAMES or name.endswith(LOADER_SUFFIXES) or (path in ROOT_LOADER_NAMES):
+    if name in LOADER_NAMES or name.endswith(LOADER_SUFFIXES) or name.startswith(LOADER_PREFIXES):
+        return True
+    if ("make" in tools and path in ROOT_LOADER_NAMES) or ("npm" in tools and name in JS_MANIFESTS):
         return True
     return any(part.endswith(METADATA_SUFFIXES) for part in path.split("/")[:-1])
+
+
+def gate_tools(commands: list[str]) -> set[str]:
+    """The runners the gate ``commands`` start: ``make``, ``pytest``, ``npm`` (npm, yarn, pnpm, npx)."""
+    tools: set[str] = set()
+    for command in commands:
+        tools |= _tools(command)
+    return tools
+
+
+def runner_sections(path: str, data: bytes) -> object:
+    """What a test runner reads of a SECTIONED file, comparable with ``==``; None when the file
+    does not parse (a broken file is judged as a whole).
+
+    ``pyproject.toml``: everything but ``[project]``'s own fields (its ``entry-points``, which
+    can name a pytest plugin, stay) and the linters' ``[tool.*]`` tables (ruff, black, isort,
+    mypy, pylint, pyright, flake8). ``setup.cfg`` and ``tox.ini``: every section but
+    ``metadata``, ``options`` (its ``options.entry_points`` stays) and the linters'.
+    """
+    name = posixpath.basename(path)
+    try:
+        text = data.decode("utf-8")
+        if name == "pyproject.toml":
+            doc = tomllib.loads(text)
+            project = doc.pop("project", {})
+            doc["project.entry-points"] = project.get("entry-points") if isinstance(project, dict) else project
+            tool = doc.get("tool")
+            if isinstance(tool, dict):
+                doc["tool"] = {k: v for k, v in tool.items() if k not in _LINTERS}
+            return doc
+        parser = configparser.RawConfigParser(interpolation=None, strict=False)
+        parser.optionxform = str
+        parser.read_string(text)
+        return {section: dict(parser.items(section)) for section in parser.sections()
+                if section not in ("metadata", "options") and section.split(":")[0] not in _LINTERS
+                and not section.startswith(("mypy", "mypy-"))}
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, configparser.Error, ValueError):
+        return None
+
+
+_LINTERS = frozenset({"ruff", "black", "isort", "mypy", "pylint", "pyright", "flake8", "pycodestyle", "pydocstyle",
+                      "codespell", "bandit", "bumpversion", "bdist_wheel", "egg_info", "sdist"})
 
 
 def is_test_file(path: str) -> bool:
@@ -121,21 +181,22 @@ def _tools(command: str) -> set[str]:
             tools.add("make")
         elif name in ("pytest", "py.test") or (word == "pytest" and i > 0 and words[i - 1] == "-m"):
             tools.add("pytest")
+        elif name in ("npm", "yarn", "pnpm", "npx"):
+            tools.add("npm")
     return tools
 
 
-def gate_named_files(commands: list[str], files: set[str]) -> dict[str, str]:
-    """Files of ``files`` (repository paths) that the gate ``commands`` depend on, with why.
+def gate_named_files(commands: list[str], files: set[str], read=None) -> dict[str, str]:
+    """Files of ``files`` (repository paths) that the gate ``commands`` run or read, with why.
 
-    Returns ``{path: "named by gate command `...`"}``. Words that are not paths of the commit
-    are ignored; an unparseable command (unbalanced quotes) is split on whitespace.
+    Returns ``{path: "named by the gate command `...`"}`` and the like: the words that are
+    files, the makefiles a ``make`` reads and the programs its recipes and the shell scripts
+    found run (engine/gate_files.py; followed only where ``read(path) -> bytes | None`` gives
+    their content), and the root pytest configuration of a ``pytest`` gate. Words that are not
+    paths of the commit are ignored; an unparseable command is split on whitespace.
     """
-    named: dict[str, str] = {}
+    named = gate_files.gate_files(commands, set(files), read or (lambda path: None))
     for command in commands:
-        for word in _words(command):
-            candidate = posixpath.normpath(word)
-            if candidate in files:
-                named.setdefault(candidate, f"named by the gate command `{command}`")
         for tool in sorted(_tools(command)):
             for path in RUNNER_FILES[tool]:
                 if path in files:
@@ -171,7 +232,7 @@ def _in_folders(path: str, folders) -> str | None:
 
 
 def choose(paths: list[str], patterns: list[str], gate_commands: list[str],
-           folders: list[str] | None = None) -> dict[str, str]:
+           folders: list[str] | None = None, read=None) -> dict[str, str]:
     """The protected files among a commit's ``paths``, each with why: ``{path: reason}``.
 
     ``folders``: the protected folders (``tree_folders`` of the run's commit; computed from
@@ -179,8 +240,9 @@ def choose(paths: list[str], patterns: list[str], gate_commands: list[str],
     rules as it does out of the patterns' own matches; files a gate names stay protected.
     """
     folders = tree_folders(patterns, paths) if folders is None else folders
+    tools = gate_tools(gate_commands)
     chosen: dict[str, str] = {}
-    for path, why in gate_named_files(gate_commands, set(paths)).items():
+    for path, why in gate_named_files(gate_commands, set(paths), read).items():
         chosen[path] = why
     gate_folders = sorted({posixpath.dirname(p) + "/" for p in chosen if posixpath.dirname(p)})
     for path in paths:
@@ -193,7 +255,7 @@ def choose(paths: list[str], patterns: list[str], gate_commands: list[str],
             continue  # narrowed by a negation
         elif (folder := _in_folders(path, folders)) is not None:
             chosen[path] = f"in the protected folder {folder}"
-        elif gate_commands and is_loader(path):
+        elif gate_commands and is_loader(path, tools):
             chosen[path] = "a test runner loads it by itself"
         elif (folder := _in_folders(path, gate_folders)) is not None:
             chosen[path] = f"in the folder {folder} of a file a gate command names"
@@ -233,7 +295,14 @@ def snapshot(repo: str, commit: str, globs_: list[str], gate_commands: list[str]
     """
     entries = {e["path"]: e for e in workspace._tree_entries(repo, commit)}
     folders = tree_folders(globs_, list(entries))
-    records = _copy_records(repo, entries, choose(list(entries), globs_, gate_commands, folders), dest_dir)
+
+    def read(path: str) -> bytes | None:
+        entry = entries.get(path)
+        if entry is None or entry["mode"] not in ("100644", "100755"):
+            return None
+        return workspace.git(["cat-file", "blob", entry["blob"]], repo).stdout
+
+    records = _copy_records(repo, entries, choose(list(entries), globs_, gate_commands, folders, read), dest_dir)
     _write_index(dest_dir, records)
     Path(dest_dir, "folders.json").write_text(json.dumps(folders), encoding="utf-8")
     return records
@@ -265,6 +334,20 @@ def carry_forward(repo: str, commit: str, base_commit: str, globs_: list[str], r
     for path in entries:
         if path not in chosen and is_test_file(path) and globs.decides(path, globs_) is not False:
             chosen[path] = "a new test module"
+    # what a new test module reads beside it: the data files of its folder (not its Python
+    # modules: the code under test may live there), and what its data subfolders hold
+    test_folders = sorted({posixpath.dirname(p) for p, r in chosen.items() if r == "a new test module"} - {""})
+    for path in entries:
+        if path in chosen or globs.decides(path, globs_) is False:
+            continue
+        for folder in test_folders:
+            if not path.startswith(folder + "/"):
+                continue
+            parts = path[len(folder) + 1:].split("/")
+            if (len(parts) == 1 and not parts[0].endswith(MODULE_SUFFIXES)) or (
+                    len(parts) > 1 and parts[0] in DATA_FOLDER_NAMES):
+                chosen[path] = f"test data beside a new test module in {folder}/"
+                break
     why = f"added by stage '{stage_key}', accepted at checkpoint {commit[:12]}"
     return _copy_records(repo, entries, {p: f"{why} ({reason})" for p, reason in chosen.items()}, dest_dir)
 
@@ -372,7 +455,8 @@ def loads_plugins(source: bytes) -> bool:
 
 def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             base_entries: set[str] | None = None, *, gates: bool = False,
-            shadowed: set[str] | frozenset = frozenset(), worktree: str | None = None) -> list[dict]:
+            shadowed: set[str] | frozenset = frozenset(), worktree: str | None = None,
+            tools: set[str] | frozenset = frozenset(), snapshot_dir: str | None = None) -> list[dict]:
     """Tampering of the protected files, judged on a content manifest's ``entries``.
 
     ``protected``: the records of ``snapshot`` (and ``carry_forward``); ``entries``:
@@ -382,13 +466,18 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     "change", ...}]`` with change one of ``modified``, ``deleted``, ``renamed`` (with ``to``),
     ``mode_changed`` (``old_mode``, ``new_mode``), ``added`` (with ``why``); empty when
     nothing protected changed. New test modules (``is_test_file``) are not listed, except one
-    that loads pytest plugins (read from ``worktree`` when given).
+    that loads pytest plugins (read from ``worktree`` when given). ``tools``: ``gate_tools``.
+    A SECTIONED file protected only as a runner's counts as modified when the sections a runner
+    reads changed (``runner_sections``, the copy read from ``snapshot_dir``).
     """
     current = {shown(e["path"]): e for e in entries}
     known = {p["path"] for p in protected} | {shown(p) for p in base_entries or ()}
     all_new = {path for path in current if path not in known}
     module_paths = set(current)
     roots = import_roots(module_paths) if shadowed else set()
+    # a script a gate runs imports from its own folder first
+    roots |= {posixpath.dirname(p["path"]) for p in protected
+              if p["path"].endswith(".py") and p.get("why", "").startswith(("named by the gate", "run by"))}
     # an __init__.py added to a folder of protected files turns it into a package: pytest then
     # imports those tests under other names, from another sys.path folder
     protected_folders = {posixpath.dirname(p["path"]) for p in protected if posixpath.dirname(p["path"])}
@@ -397,7 +486,8 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
         decision = globs.decides(path, globs_) if globs_ else None
         if decision is False:
             continue
-        if gates and is_loader(path):
+        if gates and is_loader(path, tools) and not (
+                worktree and posixpath.basename(path) in SECTIONED and not _has_runner_sections(worktree, path)):
             added[path] = "a test runner loads it by itself"
         elif decision is True and not is_test_file(path):
             added[path] = "matches protected_paths and is not a new test module"
@@ -405,7 +495,8 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             added[path] = "makes a folder of protected tests a package (pytest imports them otherwise)"
         elif shadowed and (name := _module_name(path, module_paths, roots)) in shadowed:
             added[path] = f"shadows the module {name} (a new top-level module where the tests import from)"
-        elif worktree and gates and path.endswith(".py") and is_test_file(path) and _loads_plugins_at(worktree, path):
+        elif worktree and gates and path.endswith(".py") and is_test_file(path) and _loads_plugins_at(
+                worktree, path, import_roots(module_paths)):
             added[path] = "a new test module that loads pytest plugins (pytest_plugins)"
     changes = []
     for record in protected:
@@ -419,6 +510,8 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             else:
                 changes.append({"path": record["path"], "change": "deleted", "old_mode": record["mode"]})
         elif now["blob"] != record["blob"]:
+            if _only_other_sections(record, worktree, snapshot_dir):
+                continue
             changes.append({"path": record["path"], "change": "modified", "old_mode": record["mode"],
                             "new_mode": now["mode"]})
         elif now["mode"] != record["mode"]:
@@ -429,16 +522,82 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     return changes
 
 
-def _loads_plugins_at(worktree: str, path: str) -> bool:
-    """``loads_plugins`` of the regular file ``worktree/path`` (a symlink or unreadable file: False;
-    a symlink is judged by its own rules)."""
-    full = os.path.join(worktree, path)
+def _only_other_sections(record: dict, worktree: str | None, snapshot_dir: str | None) -> bool:
+    """True when ``record`` (a SECTIONED file protected only as a runner's) changed outside the
+    sections a runner reads (``runner_sections``), so the change is not tampering."""
+    if not (worktree and snapshot_dir) or posixpath.basename(record["path"]) not in SECTIONED:
+        return False
+    if record.get("why") != "a test runner loads it by itself" or record["mode"] not in ("100644", "100755"):
+        return False
+    new = _worktree_bytes(Path(worktree, record["path"]))
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+        old = Path(snapshot_dir, "files", record["path"]).read_bytes()
     except OSError:
         return False
-    with os.fdopen(fd, "rb") as fh:
-        return loads_plugins(fh.read(4 * 1024 * 1024))
+    if new is None or os.path.islink(os.path.join(worktree, record["path"])):
+        return False
+    before, after = runner_sections(record["path"], old), runner_sections(record["path"], new)
+    return before is not None and before == after
+
+
+def _has_runner_sections(worktree: str, path: str) -> bool:
+    """Whether the new SECTIONED file ``worktree/path`` holds anything a runner reads (a file that
+    does not parse, or is a symlink, counts as holding it)."""
+    if os.path.islink(os.path.join(worktree, path)):
+        return True
+    sections = runner_sections(path, _worktree_bytes(Path(worktree, path)) or b"")
+    if sections is None:
+        return True
+    return any(value for value in sections.values())
+
+
+def _regular_inside(worktree: str, path: str) -> str | None:
+    """The real path of ``worktree/path`` when it is (or links to) a regular file inside the worktree."""
+    top = os.path.realpath(worktree)
+    real = os.path.realpath(os.path.join(top, path))
+    return real if real.startswith(top + os.sep) and os.path.isfile(real) else None
+
+
+def _read_source(worktree: str, path: str) -> bytes:
+    real = _regular_inside(worktree, path)
+    if real is None:
+        return b""
+    try:
+        with open(real, "rb") as fh:
+            return fh.read(4 * 1024 * 1024)
+    except OSError:
+        return b""
+
+
+def _loads_plugins_at(worktree: str, path: str, roots: set[str]) -> bool:
+    """``loads_plugins`` of ``worktree/path`` (through a symlink inside the worktree too), or of a
+    repository module it star-imports (``from x.y import *`` copies ``pytest_plugins``), found
+    under the folders of ``roots``."""
+    source = _read_source(worktree, path)
+    if loads_plugins(source):
+        return True
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    folder = posixpath.dirname(path)
+    for node in tree.body:
+        if not (isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names)):
+            continue
+        parts = (node.module or "").split(".") if node.module else []
+        if node.level:
+            base = folder
+            for _ in range(node.level - 1):
+                base = posixpath.dirname(base)
+            bases = [base]
+        else:
+            bases = sorted(roots)
+        for base in bases:
+            stem = posixpath.join(base, *parts) if parts else base
+            for candidate in (stem + ".py", posixpath.join(stem, "__init__.py")):
+                if loads_plugins(_read_source(worktree, candidate)):
+                    return True
+    return False
 
 
 #: File name endings Python imports a module from (``x.py``, ``x.cpython-311-x86_64-linux-gnu.so``...).

@@ -595,7 +595,8 @@ def _tamper(run: Run, current: dict, folder: str, secrets: list[str]) -> dict | 
     snapshot_dir = str(var_path(control_path(run, "protected", "index.json")).parent)
     shadowed = protected.shadowed_names(records, snapshot_dir, base_paths) if added else set()
     changes = protected.compare(records, list(pipeline["protected_paths"]), current["entries"],
-                                base_paths, gates=bool(commands), shadowed=shadowed, worktree=run.worktree)
+                                base_paths, gates=bool(commands), shadowed=shadowed, worktree=run.worktree,
+                                tools=protected.gate_tools(commands), snapshot_dir=snapshot_dir)
     if not changes:
         return None
     report_rel = control_path(run, folder, "protected-files.diff")

@@ -247,10 +247,10 @@ def test_a_name_that_is_not_utf8_under_the_protected_tree_is_carried_and_then_pr
 
 
 @pytest.mark.parametrize("path", ["scripts/helpers.py", "examples/app.py", "docs/Makefile", "tests/unit/__init__.py",
-                                  "app/json.py"])
+                                  "app/json.py", "Makefile"])
 def test_a_module_or_makefile_no_gate_loads_is_not_tampering(make_pipeline, sent, repo, path):
-    """scripts/ and examples/ are on no sys.path of the tests; make reads the root's Makefile; a new
-    package folder of tests (tests/unit/) changes no existing test; app/json.py is app.json."""
+    """scripts/ and examples/ are on no sys.path of the tests; no gate runs make; a new package
+    folder of tests (tests/unit/) changes no existing test; app/json.py is app.json."""
     step = {"write": {"app/core.py": CORE, path: "X = 1\n"}}
     run = drive(start(make_pipeline, repo, one_stage(scope=["**"]), {"answer": {"implement": [step]}},
                       protected_paths=["tests/test_*.py"]).pk, sent)
@@ -258,7 +258,7 @@ def test_a_module_or_makefile_no_gate_loads_is_not_tampering(make_pipeline, sent
 
 
 @pytest.mark.parametrize("path", ["pytest.toml", ".pytest.toml", "calc_evil-0.dist-info/entry_points.txt",
-                                  "Makefile", "tests/__init__.py"])
+                                  ".gitattributes", "tests/__init__.py"])
 def test_runner_files_package_metadata_and_a_new_package_of_tests_are_tampering(make_pipeline, sent, repo, path):
     step = {"write": {"app/core.py": CORE, path: "[pytest11]\nevil = app.evil\n"}}
     run = drive(start(make_pipeline, repo, one_stage(scope=["**"]), {"answer": {"implement": [step]}},
