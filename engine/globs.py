@@ -70,6 +70,8 @@ def _fix_regex(regex: str) -> str:
                 in_class = False
             elif ch == "[":
                 ch = "\\["  # a literal "[" in a class (unescaped, Python warns of a nested set)
+            elif ch in "-&~|" and out and out[-1] == ch:
+                ch = "\\" + ch  # "--", "&&", "~~", "||": literal, not a set operation to come
             class_start = False
             out.append(ch)
             i += 1
@@ -208,6 +210,9 @@ def check(pattern: str, *, negation: bool = True) -> str:
         if ch == "[" and "]" in body[i + 2:]:  # an unclosed "[" is literal for git too: checked below
             in_class, class_open = True, i
         i += 1
+    if body.rstrip("/").endswith("/**") and body.endswith("/") and body.strip("/") != "**":
+        raise GlobError(f"{pattern!r}: write {body[:-4]}/ for everything under that folder, or {body[:-4]}/*/** "
+                        f"for what its subfolders hold ('**/' at the end reads differently in git and here)")
     for segment in body.split("/"):
         if "***" in segment or ("**" in segment and segment != "**"):
             raise GlobError(f"{pattern!r}: '**' must be a whole folder segment (a/**/b, **/x, x/**); "

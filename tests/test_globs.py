@@ -23,7 +23,8 @@ PATTERNS = ["*.md", "docs/*.md", "/*.md", "data/**", "**/test_*.py", "tests/**",
             "b\\*c", "tests/*.py", "data/x?y.txt", "tab?here/**", "d?/y", "data/*",
             # one byte per "?" and per class member, as git: a non-ASCII letter is two or more bytes
             "notes/caf?.md", "notes/caf??.md", "notes/cafe??.md", "?", "??", "e?", "[\u00e9]", "[!x]", "[^x]",
-            "a[!x]b", "[]]", "[!]]", "*/", "**/", "/**/", "/*/", "trail\t", "nbsp\u00a0", "\u00e0", "*\u00a0"]
+            "a[!x]b", "[]]", "[!]]", "*/", "**/", "/**/", "/*/", "trail\t", "nbsp\u00a0", "\u00e0", "*\u00a0",
+            "[%--]", "tests/*/"]
 
 
 def git_matches(repo, pattern: str) -> set[str]:
@@ -101,7 +102,7 @@ def test_scope_protection_documentation_exclusion_and_the_validator_agree(tmp_pa
     ("a//b", "empty folder"), ("#x", "comment"), ("!", "inside the repository"), ("/", "inside the repository"),
     ("[z-a]", "range"), ("notes/[9-0].txt", "range"), ("[[:alpha:]]", "[a-zA-Z]"), ("[\\]]", "inside [...]"),
     ("[x\\]", "inside [...]"), ("foo/***/baz", "whole folder segment"), ("foo**/baz", "whole folder segment"),
-    (" lead.txt", "white space"), ("data/*\t", "white space"), ("*.md\u00a0", "white space"), ("a\x01b", "control"),
+    ("tests/**/", "subfolders"), (" lead.txt", "white space"), ("data/*\t", "white space"), ("*.md\u00a0", "white space"), ("a\x01b", "control"),
 ])
 def test_the_validator_names_the_problem(pattern, word):
     doc = {"name": "p", "roles": {"implementer": "s", "reviewer": "s", "documenter": "s"},
