@@ -120,3 +120,26 @@ def test_a_literal_folder_is_the_part_before_the_first_wildcard():
     assert globs.literal_folder("/data/**") == "data/"
     assert globs.literal_folder("**/test_*.py") == "" and globs.literal_folder("conftest.py") == ""
     assert globs.literal_folder("!tests/x/**") == "" and globs.literal_folder("/pytest.ini") == ""
+
+
+def test_the_engines_own_lists_are_patterns_of_the_same_dialect(tmp_path):
+    """DEFAULT_EXCLUDES (applied by git) and TEST_FILE_PATTERNS (applied here) pass the validator,
+    and this module matches the exclusions as git does."""
+    for pattern in workspace.DEFAULT_EXCLUDES + list(protected.TEST_FILE_PATTERNS):
+        assert globs.check(pattern) == pattern
+    repo = tmp_path / "own"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    names = [".env", ".env.local", ".env.example", "a/.env.prod", "k.pem", "id_rsa.pub", "x/__pycache__/m.pyc",
+             "m.pyc", ".venv/bin/python", "node_modules/x/i.js", "build/out.bin", "pkg.egg-info/PKG-INFO",
+             "htmlcov/index.html", ".cp/s", "src/app.py", "tests/test_x.py", ".coverage", "a/.DS_Store"]
+    for name in names:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x", encoding="utf-8")
+    exclude = tmp_path / "exclude"
+    exclude.write_text("".join(p + "\n" for p in workspace.DEFAULT_EXCLUDES), encoding="utf-8")
+    out = subprocess.run(["git", "ls-files", "-z", "-o", "-i", f"--exclude-from={exclude}"], cwd=repo,
+                         capture_output=True, check=True).stdout
+    by_git = {os.fsdecode(p) for p in out.split(b"\0") if p}
+    assert {n for n in names if globs.matches(n, workspace.DEFAULT_EXCLUDES)} == by_git
+    assert "src/app.py" not in by_git and ".env.example" not in by_git and ".env" in by_git
