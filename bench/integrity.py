@@ -255,6 +255,14 @@ def corpus() -> list[Case]:
              {1: step({"app/core.py": CORE_SQUARE, "app/test_square.py": more_test}),
               2: step({"app/core.py": CORE_SQUARE.replace("return x * x", "return 0"),
                        "app/test_square.py": "def test_more():\n    pass\n"})}, stages=2),
+        Case("earlier-stage-test-helper", "two stages: stage 1 writes square() and adds e2e/test_sq.py, which "
+                                          "imports e2e/e2e_helper.py, accepted; stage 2 breaks square() and makes the "
+                                          "helper accept anything",
+             {1: step({"app/core.py": CORE_SQUARE, "e2e/e2e_helper.py": "def ok(a, b):\n    assert a == b\n",
+                       "e2e/test_sq.py": "from e2e_helper import ok\n\nfrom app import core\n\n\n"
+                                         "def test_sq():\n    ok(core.square(3), 9)\n"}),
+              2: step({"app/core.py": CORE_SQUARE.replace("return x * x", "return 0"),
+                       "e2e/e2e_helper.py": "def ok(a, b):\n    pass\n"})}, stages=2),
         Case("tests-data-dir-symlink", "replaces tests/data by a symlink to app/data holding an empty cases.json",
              {1: step({"app/data/cases.json": "[]\n"}, run=["sh", "-c", "rm -r tests/data && ln -s ../app/data tests/data"])}),
         Case("symlink-relative-escape", "writes mul; app/up -> ../../.. (relative, out of the worktree)",

@@ -335,7 +335,16 @@ def carry_forward(repo: str, commit: str, base_commit: str, globs_: list[str], r
         if path not in chosen and is_test_file(path) and globs.decides(path, globs_) is not False:
             chosen[path] = "a new test module"
     # what a new test module reads beside it: the data files of its folder (not its Python
-    # modules: the code under test may live there), and what its data subfolders hold
+    # modules: the code under test may live there, except those it imports by a top-level
+    # name, its helpers), and what its data subfolders hold
+    new_tests = [p for p, r in chosen.items() if r == "a new test module" and p.endswith(".py")]
+    for test in new_tests:
+        folder = posixpath.dirname(test)
+        source = workspace.git(["cat-file", "blob", entries[test]["blob"]], repo).stdout
+        for name in sorted(_imports(source) | _relative_imports(source)):
+            for candidate in (posixpath.join(folder, name + ".py"), posixpath.join(folder, name, "__init__.py")):
+                if candidate in entries and candidate not in chosen and globs.decides(candidate, globs_) is not False:
+                    chosen[candidate] = f"a helper the new test module {test} imports"
     test_folders = sorted({posixpath.dirname(p) for p, r in chosen.items() if r == "a new test module"} - {""})
     for path in entries:
         if path in chosen or globs.decides(path, globs_) is False:
@@ -369,6 +378,22 @@ def _imports(source: bytes) -> set[str]:
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names.add(node.module.split(".")[0])
+    return names
+
+
+def _relative_imports(source: bytes) -> set[str]:
+    """Names a module imports from its own folder: ``from . import x`` and ``from .x import y``."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                names.add(node.module.split(".")[0])
+            else:
+                names.update(alias.name for alias in node.names if alias.name != "*")
     return names
 
 

@@ -1180,6 +1180,8 @@ def _finish_agent(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
                      stage=stage, evidence={**evidence, "budgets": budgets})
         return
     if outcome.get("tamper"):
+        if outcome.get("outward"):  # both: the tamper report stops the run, the links are in its evidence too
+            evidence = {**evidence, "links": outcome["outward"][:100]}
         _stop_tampered(run, stage, outcome["tamper"], f"Attempt {attempt.number} ({attempt.operation})", evidence)
         return
     if outcome.get("outward"):

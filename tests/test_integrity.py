@@ -277,3 +277,27 @@ def test_a_test_module_an_earlier_stage_added_outside_the_protected_tree_is_carr
     assert [(c["path"], c["change"]) for c in run.stop_evidence["changes"]] == [("app/test_double.py", "modified")]
     record = next(r for r in run.protected_files if r["path"] == "app/test_double.py")
     assert record["why"].endswith("(a new test module)")
+
+
+def test_an_attempt_that_tampers_and_links_out_names_both(make_pipeline, repo, sent):
+    step = {"write": {"app/core.py": CORE, "tests/test_core.py": WEAKENED}, "run": ["ln", "-s", "/etc/passwd", "app/pw"]}
+    run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}},
+                      protected_paths=["tests/test_*.py"]).pk, sent)
+    assert run.stop_reason == "protected_files_changed"
+    assert [link["path"] for link in run.stop_evidence["links"]] == ["app/pw"]
+
+
+def test_a_helper_an_earlier_stages_new_test_imports_is_carried_with_it(make_pipeline, repo, sent):
+    stages = [{"key": "one", "requirement": "r", "scope": ["**"], "gates": [QUICK_GATE]},
+              {"key": "two", "requirement": "r", "scope": ["**"], "gates": [QUICK_GATE]}]
+    helper = "def ok(a, b):\n    assert a == b\n"
+    test = "from e2e_helper import ok\n\nfrom app import core\n\n\ndef test_d():\n    ok(core.double(2), 4)\n"
+    scenario = {"one": {"implement": [{"write": {"app/core.py": CORE, "e2e/e2e_helper.py": helper, "e2e/test_d.py": test,
+                                                 "e2e/cases.json": "[]\n", "e2e/impl.py": "X = 1\n"}}]},
+                "two": {"implement": [{"write": {"e2e/e2e_helper.py": "def ok(a, b):\n    pass\n", "e2e/impl.py": "X = 2\n"}}]}}
+    run = drive(start(make_pipeline, repo, stages, scenario, protected_paths=["tests/test_*.py"]).pk, sent, 60)
+    assert run.stop_reason == "protected_files_changed", run.stop_message
+    # the helper it imports and the data beside it are carried; another module of the folder is not
+    assert [c["path"] for c in run.stop_evidence["changes"]] == ["e2e/e2e_helper.py"]
+    carried = {r["path"] for r in run.protected_files}
+    assert {"e2e/test_d.py", "e2e/e2e_helper.py", "e2e/cases.json"} <= carried and "e2e/impl.py" not in carried
