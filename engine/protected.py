@@ -341,7 +341,7 @@ def carry_forward(repo: str, commit: str, base_commit: str, globs_: list[str], r
     for test in new_tests:
         folder = posixpath.dirname(test)
         source = workspace.git(["cat-file", "blob", entries[test]["blob"]], repo).stdout
-        for name in sorted(_imports(source) | _relative_imports(source)):
+        for name in sorted(_imports(source) | _imports(source, relative=True)):
             for candidate in (posixpath.join(folder, name + ".py"), posixpath.join(folder, name, "__init__.py")):
                 if candidate in entries and candidate not in chosen and globs.decides(candidate, globs_) is not False:
                     chosen[candidate] = f"a helper the new test module {test} imports"
@@ -366,33 +366,22 @@ def save_index(dest_dir: str, records: list[dict]) -> None:
     _write_index(dest_dir, records)
 
 
-def _imports(source: bytes) -> set[str]:
-    """Top-level names of the absolute imports in Python ``source`` (empty when it does not parse)."""
+def _imports(source: bytes, relative: bool = False) -> set[str]:
+    """Top-level names of the absolute imports in Python ``source``; with ``relative``, the names it
+    imports from its own folder instead (``from . import x``, ``from .x import y``). Empty when it
+    does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()
     names = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Import) and not relative:
             names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def _relative_imports(source: bytes) -> set[str]:
-    """Names a module imports from its own folder: ``from . import x`` and ``from .x import y``."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
+        elif isinstance(node, ast.ImportFrom) and node.level == (1 if relative else 0):
             if node.module:
                 names.add(node.module.split(".")[0])
-            else:
+            elif relative:
                 names.update(alias.name for alias in node.names if alias.name != "*")
     return names
 
