@@ -42,7 +42,7 @@ ENV_NAMES = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "COLORTERM", "NO_COLOR")
 ENV_PREFIXES = ("LC_",)
 #: The credential variables of each adapter's CLI, passed to its agents only (never to gates).
 #: Sources: Claude Code reads ANTHROPIC_API_KEY / ANTHROPIC_AUTH_TOKEN / CLAUDE_CODE_OAUTH_TOKEN;
-#: codex exec reads CODEX_API_KEY / OPENAI_API_KEY (shared/design/agent-cli-facts.md).
+#: codex exec reads CODEX_API_KEY / OPENAI_API_KEY (each CLI's documentation on authentication).
 CREDENTIALS = {
     "claude-code": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
     "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),

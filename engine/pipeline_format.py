@@ -80,7 +80,7 @@ _GLOB_CHARS = set("*?[")
 # role may do (reviewers read-only, writers inside their scope), so a profile cannot add
 # them: the engine chooses them per role (docs/agents.md). The others carry the prompt,
 # model and output the adapter parses. Checked against Claude Code 2.1.197 and Codex CLI
-# 0.171.0 `--help` (see /work/shared/design/agent-cli-facts.md).
+# 0.171.0 `--help` (tests/test_claude_adapter.py and tests/test_codex_adapter.py run the real binaries).
 _PERMISSION_ARGS = {
     "claude-code": (
         "--dangerously-skip-permissions",

@@ -1,8 +1,8 @@
 """Supervised subprocesses: own session, deadline, streamed capture, redaction, tree kill.
 
 The Run Engine starts agent CLIs and gate commands through :func:`run_supervised`.  It
-owns everything the field cases in ``/work/shared/cases/field-cases.md`` (C06, C08, C10,
-C11, C12, C14) ask of a child process:
+owns everything the field cases C06, C08, C10, C11, C12 and C14 ask of a child process (each a
+test named after its id, in tests/test_process.py and tests/test_steps.py):
 
 * the child gets its own session (``start_new_session=True``), ``stdin`` from
   ``/dev/null`` and ``GIT_TERMINAL_PROMPT=0`` / ``GIT_ASKPASS=`` (C10), so a prompt

@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import machine, process, workspace
-from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, Check, JournalEntry, Run, RunStatus, StartRequest
+from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, Check, JournalEntry, Run, RunEvent, RunStatus, StartRequest
 from .steps import var_path
 
 log = logging.getLogger("engine.reconcile")
@@ -53,14 +53,33 @@ def reconcile() -> dict:
     for entry in JournalEntry.objects.filter(state=JournalEntry.State.INTENT).select_related("run"):
         if entry.run.status == RunStatus.RUNNING:
             continue
-        commit = workspace.find_commit_with_trailer(entry.run.repo_path, entry.run.branch, "Control-Panel-Journal",
-                                                    str(entry.uid))
+        try:
+            commit = workspace.find_commit_with_trailer(entry.run.repo_path, entry.run.branch, "Control-Panel-Journal",
+                                                        str(entry.uid))
+        except workspace.WorkspaceError as exc:
+            # the run's repository is gone or broken: say so on the run once, settle the other entries
+            _journal_unresolved(entry, exc)
+            continue
         if commit and JournalEntry.objects.filter(pk=entry.pk, state=JournalEntry.State.INTENT).update(
                 state=JournalEntry.State.DONE, commit=commit):
             counts["journal_done"] += 1
     if any(counts.values()):
         log.info("reconcile: %s", counts)
     return counts
+
+
+def _journal_unresolved(entry: JournalEntry, exc: "workspace.WorkspaceError") -> None:
+    """Record once on the entry's run that its checkpoint journal entry cannot be settled (the
+    repository cannot be read); the entry stays an intent, settled by a later pass if the
+    repository comes back."""
+    if RunEvent.objects.filter(run_id=entry.run_id, kind="journal_unresolved", data__journal=entry.pk).exists():
+        return
+    machine.event(entry.run, "journal_unresolved",
+                  f"The checkpoint journal entry {entry.uid} of this run cannot be settled: its repository "
+                  f"{entry.run.repo_path} cannot be read ({exc.code}: {exc.message}). It stays an intent; "
+                  f"reconciliation settles it once the repository is back.",
+                  stage=entry.stage, data={"journal": entry.pk, "code": exc.code})
+    log.warning("reconcile: journal entry %s of run %s unresolved: %s", entry.uid, entry.run_id, exc.code)
 
 
 def _enqueue_on_commit(run_id: int, token: str | None) -> None:

@@ -9,8 +9,8 @@ binaries are proven end to end against this server. It speaks just enough of two
 - the **OpenAI Responses API** subset that ``codex exec`` 0.171.0 uses with a custom provider
   (``POST /v1/responses``, SSE ``response.created`` … ``response.completed``).
 
-Both shapes were checked against those CLI versions (shared/design/agent-cli-facts.md §4, §5,
-and tests/test_scripted_endpoint.py, which runs the real binaries).
+Both shapes were checked against those CLI versions (tests/test_scripted_endpoint.py, which runs
+the real binaries).
 
 Scenario format (a mapping, e.g. loaded from YAML; a bare list is taken as ``turns``)::
 
@@ -45,7 +45,7 @@ Which turn answers a request: the number of assistant turns already in the reque
 fallback get the same turn, and ``--resume`` continues the scenario. When the scenario has no
 turn left, the answer is a final text saying so (which ends the CLI's loop). Tool ids are fresh
 random ids on every answer: claude loops forever when an id repeats within a session
-(agent-cli-facts.md §4). Anthropic requests with ``tools: []`` are side calls (claude's
+(seen with the real binary). Anthropic requests with ``tools: []`` are side calls (claude's
 session-title generation): they get ``side_text`` and do not consume a turn.
 
 No Django imports: the demo runs this as a process (``python -m engine.scripted_endpoint``).

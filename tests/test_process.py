@@ -32,7 +32,7 @@ from engine.process import (
 
 PY = sys.executable
 GRACE = 1.0
-SLACK = 2.0  # allowed on top of deadline + grace (field-cases conventions)
+SLACK = 2.0  # allowed on top of deadline + grace (the field cases' convention: 2 s of slack)
 
 
 @pytest.fixture

@@ -138,3 +138,36 @@ def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pi
     assert 'data-cp-action="fail"' in text
     assert 'data-cp-action="recover"' not in text and 'data-cp-action="recheck"' not in text
     assert "budget is exhausted" in text and "requires a new run" in text
+
+
+def test_a_missing_repository_never_stops_a_reconcile_pass(make_pipeline, repo, sent, tmp_path):
+    """A finished run whose repository is gone, with a journal entry still an intent: the pass
+    records the fact on that run once and settles the other runs' entries."""
+    import shutil
+
+    from engine.models import JournalEntry, RunEvent
+
+    from .conftest import make_repo
+    from .test_steps import drive
+
+    runs = []
+    for name in ("gone", "kept"):
+        origin = make_repo(tmp_path / name, {"app/__init__.py": "", "app/core.py": '"""Core."""\n',
+                                              "docs/PLAN.md": "plan\n"})
+        stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "gates": [{"name": "unit", "command": "true"}]}]
+        run = operations.create_run(make_pipeline(name=f"p-{name}", stages=stages), str(origin), "main")
+        operations.request_start(run, requested_by="t", source="test")
+        run = drive(run.pk, sent)
+        assert run.status == "succeeded", run.stop_message
+        entry = JournalEntry.objects.filter(run=run).order_by("-id").first()
+        JournalEntry.objects.filter(pk=entry.pk).update(state=JournalEntry.State.INTENT, commit="")
+        runs.append((run, entry, origin))
+    (gone, gone_entry, gone_origin), (kept, kept_entry, _) = runs
+    shutil.rmtree(gone_origin)
+    first = reconcile.reconcile()
+    second = reconcile.reconcile()
+    assert first["journal_done"] == 1 and second["journal_done"] == 0
+    assert JournalEntry.objects.get(pk=kept_entry.pk).state == "done"
+    assert JournalEntry.objects.get(pk=gone_entry.pk).state == "intent"
+    [event] = RunEvent.objects.filter(run=gone, kind="journal_unresolved")
+    assert event.data["journal"] == gone_entry.pk and "cannot be read" in event.message

@@ -315,7 +315,7 @@ def run_cli(argv: list[str], cwd: Path, env: dict) -> tuple[int, str, str, float
     try:
         out, err = proc.communicate(timeout=CLI_DEADLINE)
     except subprocess.TimeoutExpired:
-        # SIGINT first: claude 2.1.197 then takes its tool shells down too (agent-cli-facts.md §7)
+        # SIGINT first: claude 2.1.197 then takes its tool shells down too (seen with the real binary)
         proc.send_signal(signal.SIGINT)
         try:
             out, err = proc.communicate(timeout=5)
@@ -363,7 +363,7 @@ def test_claude_writes_a_file_and_reports_the_scripted_usage(agent_bin, endpoint
     assert result["result"] == "DONE: scripted final answer."
     assert {key: result["usage"][key] for key in usage1} == {key: usage1[key] + usage2[key] for key in usage1}
     assert result["total_cost_usd"] > 0
-    # claude 2.1.197 prices its default model (opus) at $5 / $25 / $0.50 / $6.25 per M tokens (agent-cli-facts.md §2)
+    # claude 2.1.197 prices its default model (opus) at $5 / $25 / $0.50 / $6.25 per M tokens (seen in its own cost report)
     u = result["usage"]
     assert result["total_cost_usd"] == pytest.approx(
         (u["input_tokens"] * 5 + u["output_tokens"] * 25 + u["cache_read_input_tokens"] * 0.5
@@ -414,7 +414,7 @@ def test_claude_with_read_only_tools_cannot_write_edit_or_run(agent_bin, endpoin
 def codex(agent_bin: Path, ep: ScriptedEndpoint, repo: Path, home: Path) -> tuple[int, list[dict], str, float]:
     """Run the real ``codex exec`` against ``ep`` as a custom provider; returns (rc, JSONL events, stderr, seconds).
 
-    The provider settings are the ones verified in agent-cli-facts.md §5 (codex 0.171.0), plus
+    The provider settings are the ones codex 0.171.0 takes for a custom provider, plus
     zero retries so that a failure ends at once instead of reconnecting 5 times.
     """
     env = base_env(home) | {"SCRIPTED_KEY": "dummy-key-for-tests"}

@@ -1,7 +1,7 @@
 """The Claude Code adapter: runs the real ``claude`` CLI headless for one attempt.
 
-Checked on ``claude`` 2.1.197 (shared/design/agent-cli-facts.md §2-§4, and
-tests/test_scripted_endpoint.py against the real binary):
+Checked on ``claude`` 2.1.197 (tests/test_claude_adapter.py and tests/test_scripted_endpoint.py,
+against the real binary):
 
 * argument array ``claude -p --output-format stream-json --verbose --max-turns N
   [--model M] <role flags> --settings FILE --setting-sources user``; the prompt comes on

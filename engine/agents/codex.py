@@ -1,8 +1,7 @@
 """The Codex adapter: runs the real ``codex exec`` CLI headless for one attempt.
 
 Every fact below was checked on ``codex-cli 0.171.0`` (``codex --version``) by running the
-binary from tools/agents against engine/scripted_endpoint.py (see also
-shared/design/agent-cli-facts.md §5 and §7, and tests/test_codex_adapter.py):
+binary from tools/agents against engine/scripted_endpoint.py (tests/test_codex_adapter.py):
 
 * argument array (the prompt is not in it: ``-`` makes ``codex exec`` read the
   instructions from stdin, which is the saved prompt file and so ends in EOF)::

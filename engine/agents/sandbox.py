@@ -258,7 +258,7 @@ class NetworkPolicy:
     def env(self) -> dict[str, str]:
         """``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and lower-case) = the bridge; loopback direct
         (``NO_PROXY``), where the bridge's forwards listen. Claude Code honours ``HTTPS_PROXY``
-        (shared/design/agent-cli-facts.md §4); codex's HTTP client (reqwest) reads the same names."""
+        (its documentation on proxies); codex's HTTP client (reqwest) reads the same names."""
         url = f"http://127.0.0.1:{PROXY_PORT}"
         env = {}
         for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
