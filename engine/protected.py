@@ -262,6 +262,11 @@ def choose(paths: list[str], patterns: list[str], gate_commands: list[str],
     return chosen
 
 
+def _blob(repo: str, oid: str) -> bytes:
+    """The content of blob ``oid`` of ``repo`` (through the engine's one hardened git invocation)."""
+    return workspace.git(["cat-file", "blob", oid], repo).stdout
+
+
 def _copy_records(repo: str, entries: dict[str, dict], chosen: dict[str, str], dest_dir: str) -> list[dict]:
     """Copy each chosen entry's content into ``dest_dir/files/<path>``; their records, sorted."""
     records = []
@@ -271,7 +276,7 @@ def _copy_records(repo: str, entries: dict[str, dict], chosen: dict[str, str], d
         if entry["mode"] == "160000":  # a submodule: its commit id is what is protected
             data = entry["blob"].encode()
         else:
-            data = workspace.git(["cat-file", "blob", entry["blob"]], repo).stdout
+            data = _blob(repo, entry["blob"])
         target = files_dir / shown(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
@@ -300,7 +305,7 @@ def snapshot(repo: str, commit: str, globs_: list[str], gate_commands: list[str]
         entry = entries.get(path)
         if entry is None or entry["mode"] not in ("100644", "100755"):
             return None
-        return workspace.git(["cat-file", "blob", entry["blob"]], repo).stdout
+        return _blob(repo, entry["blob"])
 
     records = _copy_records(repo, entries, choose(list(entries), globs_, gate_commands, folders, read), dest_dir)
     _write_index(dest_dir, records)
@@ -340,7 +345,7 @@ def carry_forward(repo: str, commit: str, base_commit: str, globs_: list[str], r
     new_tests = [p for p, r in chosen.items() if r == "a new test module" and p.endswith(".py")]
     for test in new_tests:
         folder = posixpath.dirname(test)
-        source = workspace.git(["cat-file", "blob", entries[test]["blob"]], repo).stdout
+        source = _blob(repo, entries[test]["blob"])
         for name in sorted(_imports(source) | _imports(source, relative=True)):
             for candidate in (posixpath.join(folder, name + ".py"), posixpath.join(folder, name, "__init__.py")):
                 if candidate in entries and candidate not in chosen and globs.decides(candidate, globs_) is not False:

@@ -181,7 +181,7 @@ def test_a_symlink_inside_the_worktree_is_fine(make_pipeline, repo, sent):
 
 
 def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeline, repo, sent, admin_client):
-    step = {"write": {"app/core.py": CORE, "tests/test_core.py": "def test_answer():\n    assert True\n"}}
+    step = {"write": {"app/core.py": CORE, "tests/test_core.py": "def test_answer():\n    pass\n"}}
     run = drive(start(make_pipeline, repo, one_stage(), {"answer": {"implement": [step]}},
                       protected_paths=["tests/test_*.py"]).pk, sent)
     assert run.stop_reason == "protected_files_changed"
@@ -194,7 +194,7 @@ def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeli
     assert "tests/test_core.py" in table and "modified" in table
     assert change["sha256_before"][:16] in table and change["sha256_after"][:16] in table
     assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
-    assert '<span class="cp-dadd">+    assert True</span>' in table
+    assert '<span class="cp-dadd">+    pass</span>' in table
     # red on the timeline too: its box links to the attempt's row
     assert f'<a class="cp-step cp-bad" href="#attempt-{attempt.pk}"' in page
     row = page[page.index(f'<tr id="attempt-{attempt.pk}"'):]

@@ -4,8 +4,9 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: A citation of a document outside the repository (the project's shared folders or a machine path).
-OUTSIDE = re.compile(r"(?<![\w.])(/work/|\.\./shared/|shared/(design|spec|cases)/)|agent-cli-facts|field-cases\.md")
+#: A citation of a document outside the repository: the project's shared folders, by any path
+#: (relative or absolute), or their documents by name.
+OUTSIDE = re.compile(r"(\.\./shared/|shared/(design|spec|cases)/)|agent-cli-facts|field-cases\.md")
 
 
 def tracked() -> list[str]:
