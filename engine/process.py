@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -918,6 +918,69 @@ def run_supervised(
     The call returns within ``deadline_seconds + grace_seconds + ~2 s`` even if some
     process outside our reach keeps the output pipe open.
     """
+    plan = _plan(argv, cwd, env, marker, redactor)
+    result = ProcessResult(argv=plan.argv, cwd=plan.cwd, marker=plan.marker)
+    log_fd, raw_fd = _open_outputs(log_path, raw_path)
+
+    result.started_at = time.time()
+    t0 = time.monotonic()
+    try:
+        proc, read_fd = _launch(plan, stdin_path)
+    except _StartFailed as failed:
+        return _start_failed(result, failed.error, t0, log_fd, raw_fd)
+
+    capture = _Capture(read_fd, log_fd, raw_fd, plan.redactor, max_output_bytes)
+    supervision = _Supervision.started(proc, result, plan.marker, grace_seconds, t0, deadline_seconds)
+    try:
+        capture.start()
+        if on_start is not None:
+            on_start(proc.pid, result.create_time)
+        supervision.wait(should_stop, poll_seconds)
+        supervision.stop_and_reap()
+    except BaseException:
+        # on_start / should_stop raised, or we are being interrupted: never leave the
+        # tree running or the pipe open behind us.
+        supervision.abort()
+        _discard_capture(capture, read_fd)
+        raise
+    supervision.record_exit()
+    _finish_capture(result, capture, supervision.stop_note, plan, raw_path)
+    return result
+
+
+# The parts of run_supervised, in the order it uses them.
+
+
+@dataclass
+class _Plan:
+    """What the child is started with, settled before any file is opened.
+
+    ``argv`` and ``cwd`` as strings; ``env`` the child's complete environment (the
+    caller's, or a copy of ours, plus ``GIT_TERMINAL_PROMPT``, ``GIT_ASKPASS`` and
+    ``CP_PROCESS_MARKER``); ``marker`` the value of the latter; ``redactor`` the one that
+    output passes through; ``redactions_before`` its count before this run, so the result
+    counts only this run's redactions.
+    """
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    marker: str
+    redactor: Redactor
+    redactions_before: int
+
+
+def _plan(
+    argv: Sequence[str | os.PathLike[str]],
+    cwd: str | os.PathLike[str],
+    env: Mapping[str, str] | None,
+    marker: str | None,
+    redactor: Redactor | None,
+) -> _Plan:
+    """Settle argv, environment, marker and redactor as :func:`run_supervised` documents.
+
+    :raises ValueError: if ``argv`` is empty.
+    """
     argv_list = [os.fspath(a) for a in argv]
     if not argv_list:
         raise ValueError("argv must name a program")
@@ -927,26 +990,53 @@ def run_supervised(
     child_env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "", MARKER_ENV: marker})
     if redactor is None:
         redactor = Redactor(secret_env_values(child_env))
-    redactions_before = redactor.count
+    return _Plan(argv_list, cwd_str, child_env, marker, redactor, redactor.count)
 
-    result = ProcessResult(argv=argv_list, cwd=cwd_str, marker=marker)
+
+def _open_outputs(
+    log_path: str | os.PathLike[str], raw_path: str | os.PathLike[str] | None
+) -> tuple[int, int | None]:
+    """Open the display log and the optional raw capture for appending.
+
+    :returns: ``(log_fd, raw_fd)``; ``raw_fd`` is None without ``raw_path``.
+    :raises OSError: if either cannot be opened (the log is closed again if only the raw
+        capture failed).
+    """
     log_fd = _open_append(log_path)
     try:
         raw_fd = _open_append(raw_path) if raw_path is not None else None
     except OSError:
         os.close(log_fd)
         raise
+    return log_fd, raw_fd
 
-    result.started_at = time.time()
-    t0 = time.monotonic()
-    deadline_at = t0 + deadline_seconds
+
+class _StartFailed(Exception):
+    """``Popen`` refused to start the child; ``error`` is what it raised."""
+
+    def __init__(self, error: OSError | ValueError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _launch(plan: _Plan, stdin_path: str | os.PathLike[str] | None) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the child in its own session, stdout and stderr on one new pipe.
+
+    Standard input is ``stdin_path`` opened for reading, or ``/dev/null``.  Our copies of
+    the pipe's write end and of the stdin file are closed once ``Popen`` has returned or
+    failed.
+
+    :returns: ``(proc, read_fd)``: the child, and the pipe's read end (ours to close).
+    :raises _StartFailed: if ``Popen`` raised OSError or ValueError (the pipe is closed).
+    :raises OSError: if ``stdin_path`` cannot be opened.
+    """
     read_fd, write_fd = os.pipe()
     stdin_file = open(stdin_path, "rb") if stdin_path is not None else None
     try:
         proc = subprocess.Popen(
-            argv_list,
-            cwd=cwd_str,
-            env=child_env,
+            plan.argv,
+            cwd=plan.cwd,
+            env=plan.env,
             stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
             stdout=write_fd,
             stderr=write_fd,
@@ -955,110 +1045,213 @@ def run_supervised(
         )
     except (OSError, ValueError) as exc:
         os.close(read_fd)
+        raise _StartFailed(exc) from exc
+    finally:
         os.close(write_fd)
         if stdin_file is not None:
             stdin_file.close()
-        missing, message = _start_error(exc, argv_list, cwd_str)
-        result.missing_executable = missing
-        result.error = message
-        result.ended_at = time.time()
-        result.elapsed_seconds = time.monotonic() - t0
+    return proc, read_fd
+
+
+def _start_failed(
+    result: ProcessResult, exc: OSError | ValueError, t0: float, log_fd: int, raw_fd: int | None
+) -> ProcessResult:
+    """Fill ``result`` for a child that never started; note why in the log; close the files.
+
+    ``t0`` is the monotonic clock (seconds) read when the start began.
+
+    :returns: ``result``, with ``missing_executable`` or only ``error`` set.
+    :raises OSError: if the note cannot be written (the files are closed all the same).
+    """
+    missing, message = _start_error(exc, result.argv, result.cwd)
+    result.missing_executable = missing
+    result.error = message
+    result.ended_at = time.time()
+    result.elapsed_seconds = time.monotonic() - t0
+    try:
+        _write_all(log_fd, f"{_NOTE}{message}\n".encode("utf-8", "replace"))
+    finally:
+        os.close(log_fd)
+        if raw_fd is not None:
+            os.close(raw_fd)
+    return result
+
+
+@dataclass
+class _Supervision:
+    """A started child under watch: how to stop its tree, and why we did.
+
+    ``proc`` is the child, ``result`` the :class:`ProcessResult` being filled in.  ``root``
+    is its psutil handle and ``session`` its ``(sid, create_time)`` (epoch seconds), both
+    None when psutil could no longer see it right after the start.  ``marker`` and
+    ``grace_seconds`` (seconds) are passed to :func:`_terminate`.  ``t0`` and
+    ``deadline_at`` are monotonic-clock seconds (start, and start + deadline);
+    ``deadline_seconds`` is kept for the log note.  ``stop_note`` is set when we stopped
+    the tree (deadline or ``should_stop``); ``signalled`` collects the pids signalled.
+    """
+
+    proc: subprocess.Popen[bytes]
+    result: ProcessResult
+    root: psutil.Process | None
+    session: tuple[int, float] | None
+    marker: str
+    grace_seconds: float
+    t0: float
+    deadline_seconds: float
+    deadline_at: float
+    stop_note: str | None = None
+    signalled: set[int] = field(default_factory=set)
+
+    @classmethod
+    def started(
+        cls,
+        proc: subprocess.Popen[bytes],
+        result: ProcessResult,
+        marker: str,
+        grace_seconds: float,
+        t0: float,
+        deadline_seconds: float,
+    ) -> _Supervision:
+        """Record the child's pid and start time in ``result`` and watch it from ``t0``."""
+        result.pid = proc.pid
         try:
-            _write_all(log_fd, f"{_NOTE}{message}\n".encode("utf-8", "replace"))
-        finally:
-            os.close(log_fd)
-            if raw_fd is not None:
-                os.close(raw_fd)
-        return result
-    os.close(write_fd)
-    if stdin_file is not None:
-        stdin_file.close()
+            root: psutil.Process | None = psutil.Process(proc.pid)
+            result.create_time = root.create_time()
+        except psutil.Error:
+            root = None
+        # start_new_session: the child leads a new session whose id is its pid.
+        session = (proc.pid, result.create_time) if result.create_time is not None else None
+        return cls(
+            proc, result, root, session, marker, grace_seconds, t0, deadline_seconds, t0 + deadline_seconds
+        )
 
-    capture = _Capture(read_fd, log_fd, raw_fd, redactor, max_output_bytes)
-    result.pid = proc.pid
-    try:
-        root: psutil.Process | None = psutil.Process(proc.pid)
-        result.create_time = root.create_time()
-    except psutil.Error:
-        root = None
-    # start_new_session: the child leads a new session whose id is its pid.
-    session = (proc.pid, result.create_time) if result.create_time is not None else None
+    @property
+    def stopped(self) -> bool:
+        """True when we stopped the tree (deadline reached or stop requested)."""
+        return self.result.timed_out or self.result.cancelled
 
-    stop_note = None
-    signalled: set[int] = set()
-    try:
-        capture.start()
-        if on_start is not None:
-            on_start(proc.pid, result.create_time)
+    def wait(self, should_stop: Callable[[], bool] | None, poll_seconds: float) -> None:
+        """Wait until the child exits, the deadline passes, or ``should_stop()`` is true.
+
+        Waits in steps of ``poll_seconds`` (at least 0.01 s, at most what is left of the
+        deadline) and asks ``should_stop`` after each step that ended without an exit.
+        Sets ``timed_out`` or ``cancelled`` (and ``stop_note``) only if the child is still
+        running at that moment; it signals nothing.
+
+        :raises BaseException: whatever ``should_stop`` raises.
+        """
         while True:
-            remaining = deadline_at - time.monotonic()
+            remaining = self.deadline_at - time.monotonic()
             if remaining <= 0:
-                if proc.poll() is None:
-                    result.timed_out = True
-                    stop_note = f"deadline of {deadline_seconds:g} s reached"
-                break
-            try:
-                proc.wait(timeout=max(0.01, min(poll_seconds, remaining)))
-                break
-            except subprocess.TimeoutExpired:
-                pass
+                if self.proc.poll() is None:
+                    self.result.timed_out = True
+                    self.stop_note = f"deadline of {self.deadline_seconds:g} s reached"
+                return
+            if self._exited_within(max(0.01, min(poll_seconds, remaining))):
+                return
             if should_stop is not None and should_stop():
-                if proc.poll() is None:
-                    result.cancelled = True
-                    stop_note = "stop requested"
-                break
+                if self.proc.poll() is None:
+                    self.result.cancelled = True
+                    self.stop_note = "stop requested"
+                return
 
-        if result.timed_out or result.cancelled:
-            signalled |= _terminate(root, marker, grace_seconds, session=session)
-        _reap(proc)
-        result.ended_at = time.time()
-        result.elapsed_seconds = time.monotonic() - t0
+    def _exited_within(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the child; True if it exited (reaped)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
-        # Leftovers still carrying the marker or still in the child's session (e.g.
-        # `sleep 600 &` holding the pipe, C06); after a stop they already had their grace.
-        polite = not (result.timed_out or result.cancelled)
-        signalled |= _terminate(None, marker, grace_seconds, polite=polite, session=session)
-    except BaseException:
-        # on_start / should_stop raised, or we are being interrupted: never leave the
-        # tree running or the pipe open behind us.
-        _terminate(root, marker, grace_seconds, session=session)
-        _reap(proc)
-        if capture.started and _close_capture(capture):
-            capture.release()
-        elif not capture.started:
-            os.close(read_fd)
-            capture.release()
-        raise
-    signalled.discard(proc.pid)
-    result.strays_killed = len(signalled)
+    def stop_and_reap(self) -> None:
+        """Stop the tree if we decided to, reap the child, then stop what is left.
 
-    rc = proc.returncode
-    if rc is None:
-        result.error = "process did not exit after SIGKILL"
-    elif rc < 0:
-        result.signal = -rc
-    else:
-        result.exit_code = rc
+        After a deadline or cancel: SIGINT, SIGTERM, SIGKILL (:func:`_terminate`) to the
+        whole tree.  Then the child is reaped, which fixes ``ended_at`` and
+        ``elapsed_seconds``.  Then the leftovers still carrying the marker or still in the
+        child's session (e.g. ``sleep 600 &`` holding the pipe, C06) are stopped, politely
+        after a normal exit, by SIGKILL at once after a stop (they already had their grace).
+        """
+        if self.stopped:
+            self.signalled |= _terminate(self.root, self.marker, self.grace_seconds, session=self.session)
+        _reap(self.proc)
+        self.result.ended_at = time.time()
+        self.result.elapsed_seconds = time.monotonic() - self.t0
+        polite = not self.stopped
+        self.signalled |= _terminate(
+            None, self.marker, self.grace_seconds, polite=polite, session=self.session
+        )
 
+    def abort(self) -> None:
+        """Stop the whole tree and reap the child, on the way out of an exception."""
+        _terminate(self.root, self.marker, self.grace_seconds, session=self.session)
+        _reap(self.proc)
+
+    def record_exit(self) -> None:
+        """Fill ``strays_killed`` and the exit status (``exit_code``, ``signal`` or ``error``)."""
+        self.signalled.discard(self.proc.pid)
+        self.result.strays_killed = len(self.signalled)
+        rc = self.proc.returncode
+        if rc is None:
+            self.result.error = "process did not exit after SIGKILL"
+        elif rc < 0:
+            self.result.signal = -rc
+        else:
+            self.result.exit_code = rc
+
+
+def _discard_capture(capture: _Capture, read_fd: int) -> None:
+    """Close the capture on the way out of an exception: drain for a bounded time, then
+    close the files (or leave them to the threads if they do not finish); if the threads
+    never started, close the pipe's read end and the files here."""
+    if capture.started and _close_capture(capture):
+        capture.release()
+    elif not capture.started:
+        os.close(read_fd)
+        capture.release()
+
+
+def _finish_capture(
+    result: ProcessResult,
+    capture: _Capture,
+    stop_note: str | None,
+    plan: _Plan,
+    raw_path: str | os.PathLike[str] | None,
+) -> None:
+    """Close the capture after the tree is gone and fill in the output fields of ``result``.
+
+    Lets the reader drain (:func:`_close_capture`); if it finished, appends the stop note
+    to the log, closes the files and, when the display text needed redactions the raw bytes
+    did not get, rewrites the raw capture (:func:`_scrub_raw`).  Sets ``output_bytes``,
+    ``truncated``, ``redactions``, and ``error`` if none is set yet and writing failed or
+    the capture did not finish.
+
+    :raises OSError: if the raw capture cannot be rewritten.
+    """
     finished = _close_capture(capture)
     if finished:
         if stop_note is not None:
-            try:
-                # the threads are done: safe to append from here
-                capture.note(f"{stop_note}; the process tree was stopped")
-            except OSError as exc:
-                capture.error = capture.error or f"writing output failed: {exc}"
+            _note_stop(capture, stop_note)
         capture.release()
     result.output_bytes = capture.captured
     result.truncated = capture.truncated
-    result.redactions = redactor.count - redactions_before + capture.display_redactor.count
+    result.redactions = plan.redactor.count - plan.redactions_before + capture.display_redactor.count
     if finished and capture.display_redactor.count and raw_path:
-        _scrub_raw(raw_path, redactor.fresh())
+        _scrub_raw(raw_path, plan.redactor.fresh())
     if capture.error and result.error is None:
         result.error = capture.error
     if not finished and result.error is None:
         result.error = "output capture did not finish; some output may be missing"
-    return result
+
+
+def _note_stop(capture: _Capture, stop_note: str) -> None:
+    """Append "<stop_note>; the process tree was stopped" to the log of a finished capture;
+    a write error becomes ``capture.error`` (unless one is already there)."""
+    try:
+        # the threads are done: safe to append from here
+        capture.note(f"{stop_note}; the process tree was stopped")
+    except OSError as exc:
+        capture.error = capture.error or f"writing output failed: {exc}"
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
