@@ -192,6 +192,106 @@ def test_it_cancels_when_should_stop_says_so(tmp_path, marker):
     assert find_marked(marker) == []
 
 
+def _wait_until_exited(pid: int) -> None:
+    """Until our child ``pid`` has exited (a zombie: nobody has reaped it yet)."""
+    end = time.monotonic() + 5
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < end, "the child did not exit"
+        time.sleep(0.01)
+
+
+def test_it_does_not_report_a_cancel_for_a_process_that_exited_first(tmp_path, marker):
+    # should_stop says stop only once the child has exited by itself: nothing was stopped
+    pids, asked = [], []
+
+    def stop_after_exit():
+        _wait_until_exited(pids[0])
+        asked.append(True)
+        return True
+
+    result = _run(
+        tmp_path,
+        ["sh", "-c", "echo done; sleep 0.2"],
+        marker,
+        on_start=lambda pid, create_time: pids.append(pid),
+        should_stop=stop_after_exit,
+        poll_seconds=0.01,
+    )
+
+    assert asked
+    assert result.exit_code == 0 and result.ok
+    assert not result.cancelled and not result.timed_out
+    assert "stop requested" not in _log(tmp_path)
+
+
+def test_it_does_not_report_a_timeout_for_a_process_that_exited_first(tmp_path, marker):
+    # the deadline passes while should_stop holds the loop, after the child exited by itself
+    pids, asked = [], []
+    deadline = 0.5
+    started = time.monotonic()
+
+    def hold_past_deadline():
+        _wait_until_exited(pids[0])
+        while time.monotonic() < started + deadline + 0.2:
+            time.sleep(0.01)
+        asked.append(True)
+        return False
+
+    result = _run(
+        tmp_path,
+        ["sh", "-c", "echo done; sleep 0.2"],
+        marker,
+        deadline_seconds=deadline,
+        on_start=lambda pid, create_time: pids.append(pid),
+        should_stop=hold_past_deadline,
+        poll_seconds=0.01,
+    )
+
+    assert asked
+    assert result.exit_code == 0 and result.ok
+    assert not result.timed_out and not result.cancelled
+    assert "deadline" not in _log(tmp_path)
+
+
+def test_it_stops_the_tree_and_closes_everything_when_should_stop_fails(tmp_path, marker):
+    fds_before = _open_fds()
+
+    def boom():
+        raise RuntimeError("lease lost")
+
+    with pytest.raises(RuntimeError, match="lease lost"):
+        _run(tmp_path, ["sh", "-c", "sleep 600 & sleep 600"], marker, should_stop=boom, poll_seconds=0.05)
+
+    assert find_marked(marker) == []
+    assert _open_fds() == fds_before
+    assert not any(t.is_alive() for t in _engine_threads())
+
+
+def test_it_closes_every_file_when_the_program_cannot_start(tmp_path, marker):
+    fds_before = _open_fds()
+
+    result = _run(tmp_path, ["no-such-agent-cli-" + uuid.uuid4().hex[:8]], marker)
+
+    assert result.missing_executable
+    assert result.started_at <= result.ended_at
+    assert _open_fds() == fds_before
+    assert _raw(tmp_path) == b""
+
+
+def test_it_gives_the_stdin_file_to_the_child_and_closes_our_copies(tmp_path, marker):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the prompt\n")
+    fds_before = _open_fds()
+
+    result = _run(
+        tmp_path, _py("import sys; print(sys.stdin.read().upper(), end='')"), marker, stdin_path=prompt
+    )
+
+    assert result.exit_code == 0
+    assert _log(tmp_path) == "THE PROMPT\n"
+    assert _open_fds() == fds_before
+
+
 def test_it_sets_marker_and_git_variables_and_keeps_the_rest_of_env(tmp_path, marker):
     env = dict(os.environ, SOME_SETTING="kept")
     code = """
