@@ -7,8 +7,13 @@ Two kinds of functions live here:
 * moves applied to a run already locked by the caller inside ``transaction.atomic()``
   (``next_step``, ``stop``, ``succeed``, ``hand_off``, the stage moves).
 
-Every status assignment in the project goes through ``_set_run_status`` or ``_set_stage``,
-which refuse a move the transition table does not allow.
+Every status or state a record holds is assigned here and nowhere else (tests/test_state_writes.py
+reads the code and fails on a write elsewhere): runs (``RUN_TRANSITIONS``), stages
+(``STAGE_TRANSITIONS``), attempts (``ATTEMPT_TRANSITIONS``), decisions (``DECISION_TRANSITIONS``),
+checkpoint journal entries (``JOURNAL_TRANSITIONS``) and the run's lease (``LEASE_TRANSITIONS``).
+Each move checks its table and raises ``IllegalTransition`` for a move it does not allow. Stop
+reasons (``STOP_REASONS``) and event kinds (``EVENT_KINDS``) are closed choices, part of the
+``run_status --json`` contract (docs/run-status.md lists them; a test keeps the two equal).
 """
 from __future__ import annotations
 
@@ -20,15 +25,22 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
+from django.db.models import F
+
 from .models import (
+    ATTEMPT_OPEN,
     RUN_STOPPED,
+    Attempt,
+    AttemptStatus,
     Decision,
+    JournalEntry,
     Run,
     RunEvent,
     RunStatus,
     StagePhase,
     StageRun,
     StageStatus,
+    StartRequest,
 )
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -56,6 +68,158 @@ STAGE_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 
+ATTEMPT_TRANSITIONS: dict[str, frozenset[str]] = {
+    # an attempt is recorded (preparing) before its process launches; one that never launched fails
+    # (or is cancelled or interrupted) from there
+    AttemptStatus.PREPARING: frozenset(
+        {AttemptStatus.RUNNING, AttemptStatus.FAILED, AttemptStatus.CANCELLED, AttemptStatus.INTERRUPTED}
+    ),
+    AttemptStatus.RUNNING: frozenset(
+        {AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMEOUT, AttemptStatus.CANCELLED,
+         AttemptStatus.INTERRUPTED}
+    ),
+    AttemptStatus.SUCCEEDED: frozenset(),
+    AttemptStatus.FAILED: frozenset(),
+    AttemptStatus.TIMEOUT: frozenset(),
+    AttemptStatus.CANCELLED: frozenset(),
+    AttemptStatus.INTERRUPTED: frozenset(),
+}
+
+DECISION_TRANSITIONS: dict[str, frozenset[str]] = {
+    Decision.State.PENDING: frozenset(
+        {Decision.State.APPROVED, Decision.State.RECOVERED, Decision.State.SUPERSEDED}
+    ),
+    Decision.State.APPROVED: frozenset(),
+    Decision.State.RECOVERED: frozenset(),
+    Decision.State.SUPERSEDED: frozenset(),
+}
+
+JOURNAL_TRANSITIONS: dict[str, frozenset[str]] = {
+    # intent: recorded before git runs; done: its commit is on the branch; abandoned: git never
+    # made it (a checkpoint whose commit exists is never abandoned)
+    JournalEntry.State.INTENT: frozenset({JournalEntry.State.DONE, JournalEntry.State.ABANDONED}),
+    JournalEntry.State.DONE: frozenset(),
+    JournalEntry.State.ABANDONED: frozenset(),
+}
+
+
+class Lease:
+    """The states of a run's lease, read from ``Run.lease_owner`` and ``Run.lease_token``
+    (``lease_state``): ``free`` (no token: the run is not running, or stopped), ``held`` (an
+    owner runs a step with that fencing token; a worker ``host:pid``, ``reconciler:HOST`` taking
+    over, or ``fail:WHO`` failing it), ``handed_off`` (a token and no owner: the next step's
+    message carries the token)."""
+
+    FREE, HELD, HANDED_OFF = "free", "held", "handed_off"
+
+
+LEASE_TRANSITIONS: dict[str, frozenset[str]] = {
+    Lease.FREE: frozenset({Lease.HELD}),  # claim of a queued run
+    # another owner takes it over (fence, reconciler); a step hands it off; the run stops
+    Lease.HELD: frozenset({Lease.HELD, Lease.HANDED_OFF, Lease.FREE}),
+    Lease.HANDED_OFF: frozenset({Lease.HELD, Lease.FREE}),  # the next step claims it; a person fails the run
+}
+
+
+def lease_state(run: Run) -> str:
+    """``Lease.FREE``, ``Lease.HELD`` or ``Lease.HANDED_OFF`` for ``run``'s lease columns."""
+    if not run.lease_token:
+        return Lease.FREE
+    return Lease.HELD if run.lease_owner else Lease.HANDED_OFF
+
+
+#: Every stop reason a run can hold (``Run.stop_reason``, ``run_status --json`` ``stop_reason``),
+#: with what it means. A closed choice: ``stop`` and ``fail`` refuse any other. Attempt failure
+#: kinds (engine/agents/base.py FAILURE_KINDS) and workspace error codes (engine/workspace.py
+#: WorkspaceError) that stop a run are listed here too. docs/run-status.md prints this table.
+STOP_REASONS: dict[str, str] = {
+    "human_gate": "a stage passed its checks and review and waits for a person's approval",
+    "gate_failed": "a gate exited non-zero and no repair is allowed",
+    "repair_exhausted": "a defect was found after the stage's repair allowance was used up",
+    "unchanged_failure": "a repair left the same failure on the same files",
+    "review_escalated": "a reviewer asked a person to decide",
+    "invalid_review": "a reviewer's verdict did not follow the verdict schema",
+    "reviewer_unavailable": "a reviewer ended without a verdict",
+    "docs_failed": "the documentation agent failed",
+    "artifact_unstable": "the stage's files kept changing between verification and checkpoint",
+    "scope_violation": "an agent changed files outside what its role may change",
+    "protected_files_changed": "an agent changed a protected check (a test, a gate file, a loader)",
+    "external_symlink": "an agent left a symbolic link that points outside the worktree",
+    "nested_repository": "an agent planted a git repository inside the worktree",
+    "workspace_tampered": "the worktree's git state was changed behind the engine's back",
+    "definition_tampered": "the run's frozen definition no longer matches its digest",
+    "budget_exhausted": "one of the run's budgets (active time, attempts, cost) is used up",
+    "final_verification_failed": "a check failed again on the final checkpoint",
+    "interrupted": "the worker holding the run stopped beating; the step was interrupted",
+    "crashed": "the engine itself failed during a step",
+    "boundary_not_enforced": "the sandbox cannot be enforced on this worker; no agent was launched",
+    "failed_by_operator": "a person failed the run",
+    # attempt failure kinds (engine/agents/base.py FAILURE_KINDS)
+    "missing_executable": "the agent's executable was not found",
+    "auth_failed": "the agent CLI could not authenticate",
+    "timeout": "an attempt passed its deadline and was stopped",
+    "malformed_result": "the agent CLI's output could not be read as its documented result",
+    "cancelled": "the attempt was cancelled",
+    "interactive_prompt": "the agent CLI waited for a person's input (a login or approval prompt)",
+    # workspace error codes (engine/workspace.py WorkspaceError)
+    "git_failed": "a git command of the engine failed",
+    "head_moved": "the worktree's HEAD is not the commit the engine left it at",
+    "workspace_branch_in_use": "the run's branch is checked out in another worktree",
+    "workspace_branch_exists": "the run's branch exists and does not belong to this run",
+    "workspace_path_exists": "the run's worktree folder is taken by something else",
+    "not_a_repository": "the run's repository is not a git repository",
+    "path_not_found": "the run's repository path does not exist",
+    "unknown_revision": "the run's revision is not in the repository",
+    "ambiguous_revision": "the run's revision names more than one object",
+    "not_a_commit": "the run's revision is not a commit",
+    "submodule_init_failed": "the repository's submodules could not be checked out",
+    # context error codes (engine/context.py ContextError): a required file of the stage's context
+    "missing_file": "a file the stage's context requires does not exist in the worktree",
+    "path_escapes_workspace": "a context path of the stage leads outside the worktree",
+    "index_locked": "git's index lock in the worktree stayed held by a live process past the step's deadline",
+}
+
+#: Every event kind a run's story holds (``RunEvent.kind``: the run page's events, the API's and run_status's).
+#: A closed choice: ``event`` refuses any other. docs/run-status.md prints this table.
+EVENT_KINDS: dict[str, str] = {
+    "created": "the run was created from a pipeline version",
+    "start_requested": "a person asked to start the run",
+    "workspace": "the run's worktree was created, re-created or checked",
+    "spec_index_created": "the specification index was written for the agents",
+    "attempt_intent": "an agent attempt was recorded before launch",
+    "attempt_done": "an agent attempt exited 0 (its claim is not evidence)",
+    "attempt_failed": "an agent attempt failed",
+    "network_refused": "an egress proxy refused what an allow-list does not name",
+    "scope_violation": "an agent changed files outside its scope",
+    "protected_files_changed": "an agent changed a protected check",
+    "external_symlink": "an agent left a link pointing outside the worktree",
+    "nested_repository": "an agent planted a nested repository",
+    "verify": "a stage's gates start on its files",
+    "check_passed": "a check exited 0",
+    "check_failed": "a check exited non-zero, timed out or could not start",
+    "verified": "every gate of a stage passed",
+    "repair_needed": "a defect sends the stage to a repair attempt",
+    "review_passed": "every reviewer passed the stage's verified files",
+    "documented": "the documentation agent finished",
+    "artifact_changed": "the files changed after verification; they are verified again",
+    "waiting_approval": "a human gate waits for a person's approval",
+    "approved": "a person approved a human gate",
+    "recheck": "a person asked for verification again",
+    "recovered": "a person recovered a stopped run",
+    "checkpoint_intent": "a checkpoint was journaled before git ran",
+    "checkpoint": "a stage's files were committed (or found committed after a crash)",
+    "protected_carried": "a stage's new tests joined the run's protected checks",
+    "journal_unresolved": "a checkpoint journal entry cannot be settled (its repository cannot be read)",
+    "index_lock": "a stale git index lock was removed, or a live one waited for",
+    "final_verify": "the final verification of the whole result starts",
+    "late_result": "a result arrived after the run moved on; stored, it changed nothing",
+    "fail_requested": "a person asked to fail the run",
+    "stopped": "the run stopped for a person (its stop reason says why)",
+    "failed": "the run failed",
+    "succeeded": "the run succeeded",
+}
+
+
 class IllegalTransition(Exception):
     """A move the transition table does not allow (a bug, never a user error)."""
 
@@ -77,10 +241,21 @@ def _check(table: dict, current: str, target: str, what: str) -> None:
         raise IllegalTransition(f"{what}: {current} -> {target} is not allowed")
 
 
+def _check_reason(reason: str) -> None:
+    if reason not in STOP_REASONS:
+        raise IllegalTransition(f"stop reason {reason!r} is not one of STOP_REASONS")
+
+
+def _check_lease(run_id, current: str, target: str) -> None:
+    _check(LEASE_TRANSITIONS, current, target, f"lease of run {run_id}")
+
+
 def _set_run_status(run: Run, target: str) -> None:
     _check(RUN_TRANSITIONS, run.status, target, f"run {run.pk}")
     run.status = target
     if target in RUN_STOPPED:
+        if run.lease_token:
+            _check_lease(run.pk, lease_state(run), Lease.FREE)
         run.lease_owner = ""
         run.lease_token = ""
     if target in (RunStatus.SUCCEEDED, RunStatus.FAILED):
@@ -122,7 +297,10 @@ def storable(value):
 
 def event(run: Run, kind: str, message: str, **refs) -> RunEvent:
     """Append a sentence to the run's story; ``refs`` may name stage, attempt, gate_check, decision, data
-    (``message`` and ``data`` pass through ``storable``)."""
+    (``message`` and ``data`` pass through ``storable``). Raises IllegalTransition for a ``kind``
+    that is not in ``EVENT_KINDS``."""
+    if kind not in EVENT_KINDS:
+        raise IllegalTransition(f"event kind {kind!r} is not one of EVENT_KINDS")
     if "data" in refs:
         refs["data"] = storable(refs["data"])
     return RunEvent.objects.create(run=run, kind=kind, message=storable(message), **refs)
@@ -156,12 +334,16 @@ def claim(run_id: int, token: str | None, owner: str) -> str | None:
     with transaction.atomic():
         if token is None:
             _check(RUN_TRANSITIONS, RunStatus.QUEUED, RunStatus.RUNNING, "claim")
+            _check_lease(run_id, Lease.FREE, Lease.HELD)
             won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
                 status=RunStatus.RUNNING, lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now
             )
             if won:
                 Run.objects.filter(pk=run_id, started_at__isnull=True).update(started_at=now)
+                # the start request's first claim (a Start, a recovery's requeue: the first wins)
+                StartRequest.objects.filter(run_id=run_id, claimed_at__isnull=True).update(claimed_at=now)
         else:
+            _check_lease(run_id, Lease.HANDED_OFF, Lease.HELD)
             won = Run.objects.filter(
                 pk=run_id, status=RunStatus.RUNNING, lease_token=token, lease_owner=""
             ).update(lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now)
@@ -174,6 +356,8 @@ def fence(run: Run, owner: str) -> str:
     heartbeat fails (its step stops its process), its hand-off claims nothing, and its result is
     stored as late. Returns the new token."""
     _check(RUN_TRANSITIONS, run.status, RunStatus.FAILED, f"fence run {run.pk}")
+    if run.lease_token:
+        _check_lease(run.pk, lease_state(run), Lease.HELD)
     run.lease_token = new_token()
     run.lease_owner = owner
     run.heartbeat_at = timezone.now()
@@ -183,8 +367,6 @@ def fence(run: Run, owner: str) -> str:
 
 def heartbeat(run_id: int, token: str, seconds: float) -> bool:
     """Add ``seconds`` of active time and refresh the heartbeat; False when the lease is lost."""
-    from django.db.models import F
-
     return bool(
         Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token).update(
             heartbeat_at=timezone.now(), active_seconds=F("active_seconds") + seconds
@@ -289,11 +471,7 @@ def await_approval(run: Run, stage: StageRun) -> Decision:
 
 def approved(run: Run, stage: StageRun, decision: Decision, reviewer: str) -> None:
     """A person approved the pending decision for the stage's current files: checkpoint next."""
-    decision.state = Decision.State.APPROVED
-    decision.decided_by = reviewer
-    decision.action = "approve"
-    decision.decided_at = timezone.now()
-    decision.save()
+    _decide(decision, Decision.State.APPROVED, decided_by=reviewer, action="approve")
     _requeue(run)
     _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
     event(run, "approved", f"{reviewer} approved stage '{stage.key}' on files {decision.artifact[:12]}; it is "
@@ -304,8 +482,8 @@ def rechecked(run: Run, stage: StageRun, note: str, requested_by: str) -> int:
     """A person asked for verification again (a corrected result): the stage's pending decisions
     are superseded, its files are verified and reviewed again and, with a human gate, a new
     approval is asked for. Repair counters and budgets are kept. Returns the decisions superseded."""
-    superseded = run.decisions.filter(stage=stage, state=Decision.State.PENDING).update(
-        state=Decision.State.SUPERSEDED, decided_at=timezone.now(), decided_by=requested_by, action="recheck")
+    superseded = _supersede(run.decisions.filter(stage=stage, state=Decision.State.PENDING),
+                            decided_at=timezone.now(), decided_by=requested_by, action="recheck")
     _requeue(run)
     stage.accepted_manifest = ""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
@@ -398,6 +576,7 @@ def checkpointed(stage: StageRun, commit: str) -> None:
 
 def hand_off(run: Run) -> str:
     """End this step's lease and return the token the next step must present."""
+    _check_lease(run.pk, lease_state(run), Lease.HANDED_OFF)
     run.lease_owner = ""
     run.lease_token = new_token()
     run.steps += 1
@@ -410,7 +589,9 @@ def stop(run: Run, reason: str, message: str, *, stage: StageRun | None = None, 
     """Stop a running run with a stable ``reason`` code and a sentence; waiting_review opens a Decision.
 
     ``evidence`` names the rows that show why, e.g. ``{"attempt": 3}`` or ``{"check": 7}``.
+    Raises IllegalTransition for a ``reason`` that is not in ``STOP_REASONS``.
     """
+    _check_reason(reason)
     _set_run_status(run, status)
     run.stop_reason = reason
     run.stop_message = storable(message)
@@ -465,16 +646,12 @@ def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> l
 
     Attempts still open are closed as ``cancelled`` (the caller stopped their processes first),
     unfinished stages fail and pending decisions are superseded. Returns the numbers of the
-    attempts closed."""
-    from .models import ATTEMPT_OPEN, AttemptStatus
-
+    attempts closed. Raises IllegalTransition for a ``reason`` not in ``STOP_REASONS``."""
+    _check_reason(reason)
     closed = []
     for attempt in run.attempts.filter(status__in=ATTEMPT_OPEN):
-        attempt.status = AttemptStatus.CANCELLED
-        attempt.failure_kind = reason
-        attempt.failure_message = f"The run was failed while this attempt was open: {message}"
-        attempt.ended_at = timezone.now()
-        attempt.save()
+        end_attempt(attempt, AttemptStatus.CANCELLED, failure_kind=reason,
+                    failure_message=f"The run was failed while this attempt was open: {message}")
         closed.append(attempt.number)
     run.checks.filter(ended_at=None).update(ended_at=timezone.now(), failure_kind="cancelled")
     _set_run_status(run, RunStatus.FAILED)
@@ -485,6 +662,147 @@ def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> l
     for stage in run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.FAILED]):
         if stage.status != StageStatus.PENDING or stage.attempts.exists():
             _set_stage(stage, StageStatus.FAILED)
-    run.decisions.filter(state=Decision.State.PENDING).update(state=Decision.State.SUPERSEDED)
+    _supersede(run.decisions.filter(state=Decision.State.PENDING))
     event(run, "failed", f"Failed ({reason}): {message}", data=run.stop_evidence)
     return closed
+
+
+# ----------------------------------------------------------------------------- the lease, taken over
+
+
+def take_over(run_id: int, token: str, heartbeat_at, owner: str) -> str | None:
+    """A reconciler takes the lease of a running run whose owner stopped beating: a
+    compare-and-swap on the token and the heartbeat it saw stale (two reconcilers act once,
+    field case C17). Returns the new fencing token, or None when another got there first."""
+    _check_lease(run_id, Lease.HELD, Lease.HELD)
+    mine = new_token()
+    won = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token, heartbeat_at=heartbeat_at) \
+        .exclude(lease_owner="").update(lease_token=mine, lease_owner=owner, heartbeat_at=timezone.now())
+    return mine if won else None
+
+
+def touch_hand_off(run: Run, now) -> bool:
+    """A hand-off nobody picked up: refresh its heartbeat so one reconciler sends the wake-up
+    again (compare-and-swap on the token and heartbeat it saw). The lease stays handed off."""
+    return bool(Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING, lease_owner="", lease_token=run.lease_token,
+                                   heartbeat_at=run.heartbeat_at).update(heartbeat_at=now))
+
+
+# ----------------------------------------------------------------------------- attempts
+
+
+def attempt_intent(run: Run, stage: StageRun, **fields) -> Attempt:
+    """Record an attempt before its process launches (``preparing``); ``fields`` are the
+    Attempt's columns (operation, number, role, profile, adapter, deadline, lease, host, marker)."""
+    return Attempt.objects.create(run=run, stage=stage, status=AttemptStatus.PREPARING, **fields)
+
+
+def attempt_launched(attempt_id: int, **fields) -> bool:
+    """preparing -> running as the process is about to start (the caller holds the fenced run
+    row); ``fields`` are set with it (start manifest, prompt, started_at, deadline_at). False
+    when the attempt was no longer preparing."""
+    _check(ATTEMPT_TRANSITIONS, AttemptStatus.PREPARING, AttemptStatus.RUNNING, f"attempt {attempt_id}")
+    return bool(Attempt.objects.filter(pk=attempt_id, status=AttemptStatus.PREPARING).update(
+        status=AttemptStatus.RUNNING, **fields))
+
+
+def end_attempt(attempt: Attempt, status: str, **fields) -> None:
+    """An open attempt ends with ``status`` (succeeded, failed, timeout, cancelled, interrupted);
+    ``fields`` are set with it; ``ended_at`` is now unless given. Saves the attempt. Raises
+    IllegalTransition for an attempt that already ended."""
+    _check(ATTEMPT_TRANSITIONS, attempt.status, status, f"attempt {attempt.pk}")
+    for name, value in fields.items():
+        setattr(attempt, name, value)
+    if "ended_at" not in fields:
+        attempt.ended_at = timezone.now()
+    attempt.status = status
+    attempt.save()
+
+
+#: Attempt status for an adapter's failure kind (None: the process exited cleanly).
+ATTEMPT_END_STATUS = {None: AttemptStatus.SUCCEEDED, "timeout": AttemptStatus.TIMEOUT,
+                      "cancelled": AttemptStatus.CANCELLED}
+
+
+def end_attempt_for(attempt: Attempt, failure_kind: str | None, **fields) -> None:
+    """End an open attempt with the status its adapter's ``failure_kind`` means
+    (``ATTEMPT_END_STATUS``; any other kind is ``failed``)."""
+    end_attempt(attempt, ATTEMPT_END_STATUS.get(failure_kind, AttemptStatus.FAILED),
+                failure_kind=failure_kind or "", **fields)
+
+
+def end_attempt_id(attempt_id: int, status: str, **fields) -> bool:
+    """``end_attempt`` for the attempt with ``attempt_id`` when it is still open; False when it
+    had already ended (its record is kept as it is)."""
+    attempt = Attempt.objects.filter(pk=attempt_id, status__in=ATTEMPT_OPEN).first()
+    if attempt is None:
+        return False
+    end_attempt(attempt, status, **fields)
+    return True
+
+
+def refuse_attempt(attempt_id: int, kind: str, message: str) -> None:
+    """Record that an attempt's work was refused (``kind``: protected_files_changed,
+    external_symlink, scope_violation, nested_repository): its process may have exited 0; its
+    status stays, its failure kind says why its work does not count."""
+    Attempt.objects.filter(pk=attempt_id).update(failure_kind=kind, failure_message=storable(message[:2000]))
+
+
+# ----------------------------------------------------------------------------- decisions
+
+
+def _decide(decision: Decision, state: str, **fields) -> None:
+    _check(DECISION_TRANSITIONS, decision.state, state, f"decision {decision.pk}")
+    for name, value in fields.items():
+        setattr(decision, name, value)
+    decision.state = state
+    decision.decided_at = fields.get("decided_at") or timezone.now()
+    decision.save()
+
+
+def _supersede(pending, **fields) -> int:
+    """Supersede the pending decisions of the queryset ``pending``; returns how many."""
+    _check(DECISION_TRANSITIONS, Decision.State.PENDING, Decision.State.SUPERSEDED, "decisions")
+    return pending.filter(state=Decision.State.PENDING).update(state=Decision.State.SUPERSEDED, **fields)
+
+
+def recovered(run: Run, stage: StageRun | None, decision: Decision, action: str, note: str, reviewer: str) -> None:
+    """A person recovered the run through its pending review ``decision`` (``action`` retry or
+    verify): the decision is recorded and the run resumes (retry: implement; verify: verify)."""
+    _decide(decision, Decision.State.RECOVERED, action=action, note=note, decided_by=reviewer)
+    resume(run, stage, (StagePhase.IMPLEMENT if action == "retry" else StagePhase.VERIFY) if stage is not None else None)
+
+
+# ----------------------------------------------------------------------------- the checkpoint journal
+
+
+def journal_intent(run: Run, stage: StageRun) -> JournalEntry:
+    """Journal a checkpoint of ``stage`` before git runs: its parent (the stage's base commit)
+    and the tree it must commit (the stage's accepted manifest)."""
+    return JournalEntry.objects.create(run=run, stage=stage, state=JournalEntry.State.INTENT,
+                                       parent_commit=stage.base_commit, expected_tree=stage.accepted_manifest)
+
+
+def journal_done(entry: JournalEntry, commit: str) -> None:
+    """intent -> done: the checkpoint ``commit`` is on the branch. Raises IllegalTransition when
+    the entry is not an intent."""
+    _check(JOURNAL_TRANSITIONS, entry.state, JournalEntry.State.DONE, f"journal entry {entry.uid}")
+    entry.state = JournalEntry.State.DONE
+    entry.commit = commit
+    entry.save()
+
+
+def journal_abandoned(entry: JournalEntry) -> None:
+    """intent -> abandoned: git made no commit for it. Raises IllegalTransition when the entry is
+    not an intent."""
+    _check(JOURNAL_TRANSITIONS, entry.state, JournalEntry.State.ABANDONED, f"journal entry {entry.uid}")
+    entry.state = JournalEntry.State.ABANDONED
+    entry.save()
+
+
+def journal_found(entry_id: int, commit: str) -> bool:
+    """A reconciler found the commit of an intent entry: intent -> done, compare-and-swap (two
+    reconcilers settle it once). False when it was no longer an intent."""
+    _check(JOURNAL_TRANSITIONS, JournalEntry.State.INTENT, JournalEntry.State.DONE, f"journal entry {entry_id}")
+    return bool(JournalEntry.objects.filter(pk=entry_id, state=JournalEntry.State.INTENT).update(
+        state=JournalEntry.State.DONE, commit=commit))

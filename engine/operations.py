@@ -26,7 +26,6 @@ from .models import (
     Profile,
     Run,
     RunStatus,
-    StagePhase,
     StageRun,
     StageStatus,
     StartRequest,
@@ -330,12 +329,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
         if action == "verify" and stage is not None and not stage.attempts.exclude(result_manifest=None).exists():
             raise OperationError("nothing_to_verify", f"Stage '{stage.key}' has no result to verify; use retry.",
                                  "action")
-        decision.state = Decision.State.RECOVERED
-        decision.action, decision.note, decision.decided_by = action, note, reviewer
-        decision.decided_at = timezone.now()
-        decision.save()
-        machine.resume(run, stage, (StagePhase.IMPLEMENT if action == "retry" else StagePhase.VERIFY)
-                       if stage is not None else None)
+        machine.recovered(run, stage, decision, action, note, reviewer)
         machine.event(run, "recovered", f"Recovery by {reviewer or 'an operator'}: {action}. Note: {note}",
                       stage=stage, decision=decision)
         _wake_on_commit(run)

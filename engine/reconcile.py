@@ -42,8 +42,7 @@ def reconcile() -> dict:
             _enqueue_on_commit(start.run_id, None)
             counts["requeued"] += 1
     for run in Run.objects.filter(status=RunStatus.RUNNING, lease_owner="", heartbeat_at__lt=queued_cutoff):
-        if Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING, lease_owner="", lease_token=run.lease_token,
-                              heartbeat_at=run.heartbeat_at).update(heartbeat_at=now):
+        if machine.touch_hand_off(run, now):
             _enqueue_on_commit(run.pk, run.lease_token)
             counts["handoffs"] += 1
     stale_cutoff = now - timedelta(seconds=settings.CP_HEARTBEAT_STALE)
@@ -60,8 +59,7 @@ def reconcile() -> dict:
             # the run's repository is gone or broken: say so on the run once, settle the other entries
             _journal_unresolved(entry, exc)
             continue
-        if commit and JournalEntry.objects.filter(pk=entry.pk, state=JournalEntry.State.INTENT).update(
-                state=JournalEntry.State.DONE, commit=commit):
+        if commit and machine.journal_found(entry.pk, commit):
             counts["journal_done"] += 1
     if any(counts.values()):
         log.info("reconcile: %s", counts)
@@ -174,11 +172,8 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
     Returns False when another reconciler (or the owner itself) got there first: the takeover is
     a compare-and-swap on the run's lease token and heartbeat (field case C17).
     """
-    mine = machine.new_token()
-    me = f"reconciler:{socket.gethostname()}"
-    if not Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token,
-                              heartbeat_at=heartbeat_at).update(lease_token=mine, lease_owner=me,
-                                                                heartbeat_at=timezone.now()):
+    mine = machine.take_over(run_id, token, heartbeat_at, f"reconciler:{socket.gethostname()}")
+    if mine is None:
         return False
     run = Run.objects.get(pk=run_id)
     reaping = reap_run(run)
@@ -189,16 +184,14 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
             return False
         stage = None
         for attempt in Attempt.objects.filter(run_id=run_id, status__in=ATTEMPT_OPEN).select_related("stage"):
-            attempt.status = AttemptStatus.INTERRUPTED
-            attempt.failure_kind = "interrupted"
-            attempt.failure_message = "The worker running this attempt stopped beating; the attempt was interrupted."
-            attempt.ended_at = timezone.now()
             if attempt.started_at and attempt.elapsed_seconds is None:  # known to have run until the last heartbeat
                 attempt.elapsed_seconds = max(0.0, (heartbeat_at - attempt.started_at).total_seconds())
             log_file = var_path(attempt.log_path) if attempt.log_path else None
             if log_file is not None and log_file.is_file():
                 attempt.output_bytes = log_file.stat().st_size  # its partial output, kept
-            attempt.save()
+            machine.end_attempt(attempt, AttemptStatus.INTERRUPTED, failure_kind="interrupted",
+                                failure_message="The worker running this attempt stopped beating; the attempt "
+                                                "was interrupted.")
             stage = attempt.stage
         Check.objects.filter(run_id=run_id, ended_at=None).update(
             ended_at=timezone.now(), failure_kind="interrupted")  # gates that were running: not failed, cut

@@ -218,9 +218,7 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
     elif step.kind == "document":
         plan.update(_begin_attempt(run, stage, "document", "documenter", lease))
     elif step.kind == "checkpoint":
-        entry = JournalEntry.objects.create(
-            run=run, stage=stage, parent_commit=stage.base_commit, expected_tree=stage.accepted_manifest
-        )
+        entry = machine.journal_intent(run, stage)
         plan["journal_id"] = entry.pk
         machine.event(run, "checkpoint_intent",
                       f"Checkpoint of stage '{stage.key}' journaled (entry {entry.uid}) before git runs.",
@@ -265,8 +263,8 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
     number = (stage.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
     nth = stage.attempts.filter(operation=operation).count() + 1
     simulated = profile["adapter"] == "scripted" or bool(profile.get("scripted_endpoint"))
-    attempt = Attempt.objects.create(
-        run=run, stage=stage, operation=operation, number=number, role=role, profile_name=profile_name,
+    attempt = machine.attempt_intent(
+        run, stage, operation=operation, number=number, role=role, profile_name=profile_name,
         adapter=profile["adapter"], simulated=simulated, deadline_seconds=deadline,
         start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
         marker=f"{process_marker_prefix(run)}attempt-{number}-{lease[:8]}",
@@ -518,8 +516,8 @@ def _execute_agent(plan: dict, should_stop) -> dict:
         if _fenced(run.pk, plan["lease"]) is None:
             return {"failure_kind": "cancelled", "failure_message": "The lease was lost before launch.",
                     "launched": False}
-        Attempt.objects.filter(pk=attempt.pk).update(
-            status=AttemptStatus.RUNNING, start_manifest=start["digest"], prompt_path=prompt_rel,
+        machine.attempt_launched(
+            attempt.pk, start_manifest=start["digest"], prompt_path=prompt_rel,
             prompt_sha256=sha256_file(var_path(prompt_rel)), started_at=now,
             deadline_at=now + timedelta(seconds=attempt.deadline_seconds),
         )
@@ -1009,9 +1007,8 @@ def finish(run: Run, plan: dict, outcome: dict) -> None:
     stage.run = run
     if outcome.get("crashed"):
         if plan.get("attempt_id"):
-            Attempt.objects.filter(pk=plan["attempt_id"]).update(
-                status=AttemptStatus.FAILED, failure_kind=outcome["failure_kind"],
-                failure_message=storable(outcome["failure_message"]), ended_at=timezone.now())
+            machine.end_attempt_id(plan["attempt_id"], AttemptStatus.FAILED, failure_kind=outcome["failure_kind"],
+                                   failure_message=storable(outcome["failure_message"]))
         if outcome.get("stop_reason"):
             machine.stop(run, outcome["stop_reason"], f"The {plan['kind']} step of stage '{stage.key}' was refused: "
                          f"{outcome['failure_message']}", stage=stage)
@@ -1056,15 +1053,12 @@ storable = machine.storable
 
 
 def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
-    attempt.ended_at = timezone.now()
     if not outcome.get("launched"):
         if attempt.log_path:
             with open(var_path(attempt.log_path), "a", encoding="utf-8") as log:
                 log.write(f"[run-engine] not launched: {outcome['failure_kind']}: {outcome['failure_message']}\n")
-        attempt.status = AttemptStatus.FAILED
-        attempt.failure_kind = outcome["failure_kind"]
-        attempt.failure_message = storable(outcome["failure_message"])
-        attempt.save()
+        machine.end_attempt(attempt, AttemptStatus.FAILED, failure_kind=outcome["failure_kind"],
+                            failure_message=storable(outcome["failure_message"]))
         return
     result = storable(outcome["result"])
     attempt.exit_code = result["exit_code"]
@@ -1078,15 +1072,11 @@ def _apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
     attempt.output_bytes = result["output_bytes"]
     attempt.redactions = result["redactions"] + outcome.get("prompt_redactions", 0)
     attempt.refusals = (result.get("extra") or {}).get("refusals") or []
-    attempt.failure_kind = result["failure_kind"] or ""
     attempt.failure_message = result["failure_message"]
     attempt.patch_path = outcome["patch_path"]
     attempt.patch_sha256 = outcome["patch"]["sha256"]
-    kind = result["failure_kind"]
-    attempt.status = {None: AttemptStatus.SUCCEEDED, "timeout": AttemptStatus.TIMEOUT,
-                      "cancelled": AttemptStatus.CANCELLED}.get(kind, AttemptStatus.FAILED)
     attempt.network = (result.get("extra") or {}).get("network")
-    attempt.save()
+    machine.end_attempt_for(attempt, result["failure_kind"])
     refused = (attempt.network or {}).get("refused") or []
     if refused:
         machine.event(attempt.run, "network_refused",
@@ -1107,8 +1097,7 @@ def _refuse_attempt(evidence: dict, kind: str, message: str) -> None:
     """Record on the attempt named in ``evidence`` (if any) that its work was refused: its process may
     have exited 0, but the page shows it red, with ``kind``."""
     if evidence.get("attempt"):
-        Attempt.objects.filter(pk=evidence["attempt"]).update(failure_kind=kind,
-                                                              failure_message=machine.storable(message[:2000]))
+        machine.refuse_attempt(evidence["attempt"], kind, message)
 
 
 def _stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:
@@ -1435,28 +1424,25 @@ def _check_sentence(check: Check) -> str:
 def _finish_checkpoint(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
     entry = JournalEntry.objects.get(pk=plan["journal_id"])
     if outcome.get("changed"):
-        entry.state = JournalEntry.State.ABANDONED
-        entry.save()
+        machine.journal_abandoned(entry)
         machine.event(run, "artifact_changed",
                       f"The files of stage '{stage.key}' changed after verification (now {outcome['digest'][:12]}); "
                       f"they are verified again before any checkpoint.", stage=stage)
         machine.reverify(stage)
         return
     if outcome.get("failure_kind"):
-        entry.state = JournalEntry.State.ABANDONED
-        entry.save()
+        machine.journal_abandoned(entry)
         machine.stop(run, outcome["failure_kind"], outcome["failure_message"], stage=stage,
                      evidence={"journal": entry.pk})
         return
-    entry.state = JournalEntry.State.DONE
-    entry.commit = outcome["commit"]
-    entry.save()
+    machine.journal_done(entry, outcome["commit"])
     # entries of earlier, crashed checkpoint steps of this stage: settled now, never searched again
     for old in stage.journal.filter(state=JournalEntry.State.INTENT).exclude(pk=entry.pk):
         found = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(old.uid))
-        old.state = JournalEntry.State.DONE if found else JournalEntry.State.ABANDONED
-        old.commit = found or ""
-        old.save()
+        if found:
+            machine.journal_done(old, found)
+        else:
+            machine.journal_abandoned(old)
     how = "committed as" if outcome.get("created") else ("found already committed as" if outcome.get("recovered")
                                                           else "unchanged; reusing")
     machine.event(run, "checkpoint",
