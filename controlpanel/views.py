@@ -56,9 +56,9 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from engine import operations, process
+from engine import answers, operations, process
 from engine.admin import attempt_file
-from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, RUN_WAITING, Attempt, Check, Decision, Manifest,
+from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
 
 from .forms import ApproveForm, FailForm, RecheckForm, RecoverForm, StartForm, first_error, mark_kept, typed_fields
@@ -314,29 +314,9 @@ def link_digests(text: str, hrefs: dict[str, str]) -> str:
 
 
 def applicable_actions(run: Run, decisions: list[Decision]) -> dict[str, dict]:
-    """The actions that apply to ``run`` now, each with the initial values of its form.
-
-    Start: pending. Approve: waiting_approval with a pending approval decision (its id and
-    artifact). Recheck: waiting_review or waiting_approval. Recover: waiting_review with a
-    pending review decision (its id). Recheck and Recover not while the run's budget is
-    exhausted (``operations.exhausted_budget``: a new run is needed). Fail: any status but
-    succeeded or failed.
-    """
-    pending = {d.kind: d for d in decisions if d.state == Decision.State.PENDING}  # the last one of each kind
-    found = {}
-    if run.status == RunStatus.PENDING:
-        found["start"] = {}
-    if run.status == RunStatus.WAITING_APPROVAL and Decision.Kind.APPROVAL in pending:
-        decision = pending[Decision.Kind.APPROVAL]
-        found["approve"] = {"decision": decision.pk, "artifact": decision.artifact}
-    exhausted = run.status in RUN_WAITING and operations.exhausted_budget(run) is not None
-    if run.status in RUN_WAITING and not exhausted:  # an exhausted budget requires a new run
-        found["recheck"] = {}
-    if run.status == RunStatus.WAITING_REVIEW and Decision.Kind.REVIEW in pending and not exhausted:
-        found["recover"] = {"decision": pending[Decision.Kind.REVIEW].pk, "action": "retry"}
-    if run.status not in RUN_TERMINAL:
-        found["fail"] = {}
-    return found
+    """The actions that apply to ``run`` now, each with the initial values of its form
+    (engine/answers.py ``actions`` decides, for the page, the API and the commands)."""
+    return answers.applicable(run, decisions)
 
 
 def state_version(run: Run) -> str:
@@ -578,7 +558,6 @@ def build_page(run: Run) -> dict:
         blocks.append(block)
         by_id[stage.pk] = block
     loose = StageBlock(obj=None, repair_allowance=0, human_gate=False, duration="")  # checks of no stage
-    total = empty_usage()
     step_seconds = 0.0
     for attempt in attempts:
         attempt.run = run
@@ -586,7 +565,6 @@ def build_page(run: Run) -> dict:
         block = by_id.get(attempt.stage_id, loose)
         block.attempts.append(row)
         add_usage(block.usage, attempt.usage)
-        add_usage(total, attempt.usage)
         step_seconds += attempt.elapsed_seconds or (_span(attempt.started_at, None) if row.live else 0) or 0
         label = f"{attempt.operation} {attempt.number}" + (f" · {row.verdict}" if row.verdict else "")
         title = f"attempt {attempt.number}: {attempt.operation}, {attempt.status}" + (
@@ -635,7 +613,7 @@ def build_page(run: Run) -> dict:
     return {
         "run": run, "stages": blocks, "decisions": decisions, "manifests": entries,
         "events": event_rows(events, attempts, checks, stage_keys), "event_count": event_count,
-        "events_cut": event_count > len(events), "usage": usage_text(total),
+        "events_cut": event_count > len(events), "usage": usage_text(answers.totals(run, attempts)),
         "heartbeat_age": seconds_text(heartbeat_age), "heartbeat_stale": stale,
         "active_time": seconds_text(active), "step_time": seconds_text(step_seconds),
         "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
@@ -676,17 +654,7 @@ def _approval_entry(run: Run, pending: list[Decision]):
 
 
 def _waiting_for(run: Run, pending: list[Decision]) -> str:
-    approval = next((d for d in reversed(pending) if d.kind == Decision.Kind.APPROVAL), None)
-    if run.status == RunStatus.WAITING_REVIEW and operations.exhausted_budget(run) is not None:
-        return ("Its budget is exhausted: an exhausted execution budget requires a new run (Create a run on the "
-                "pipeline's page); fail this one.")
-    return {
-        RunStatus.PENDING: "Waiting for Start.",
-        RunStatus.QUEUED: "Waiting for a worker to claim it.",
-        RunStatus.WAITING_REVIEW: "Waiting for a person: recover it (retry or verify), recheck it, or fail it.",
-        RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, recheck or "
-                                     f"fail it." if approval else "Waiting for approval."),
-    }.get(run.status, "")
+    return answers.waiting_sentence(run, pending)
 
 
 # ----------------------------------------------------------------------------- the views

@@ -12,6 +12,8 @@ import uuid
 
 from django.db import models
 
+from .simulation import simulation
+
 
 class RunStatus(models.TextChoices):
     """A run's status. ACTIVE runs own (or wait for) a worker; TERMINAL runs accept no action."""
@@ -111,7 +113,9 @@ class Profile(models.Model):
 
     @property
     def simulated(self) -> bool:
-        return self.adapter == "scripted"
+        """True for the scripted test adapter and for a real CLI against a scripted model endpoint
+        (engine/simulation.py decides, for every page)."""
+        return bool(simulation(self.adapter, self.settings))
 
     def __str__(self):
         label = " (simulated)" if self.simulated else ""

@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import machine, protected, workspace
+from . import answers, machine, protected, workspace
 from .agents import adapters
 from .models import (
     RUN_STOPPED,
@@ -202,10 +202,7 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
     }
     digest = canonical_sha256(snapshot)
     used = {name for names in roles.values() for name in ([names] if isinstance(names, str) else names)}
-    reasons = sorted({"scripted test adapter" if definition["profiles"][name]["adapter"] == "scripted"
-                      else "scripted model endpoint" for name in used
-                      if definition["profiles"][name]["adapter"] == "scripted"
-                      or definition["profiles"][name].get("scripted_endpoint")})
+    reasons = answers.run_simulation(definition["profiles"], used)
     simulated = bool(reasons)
     control = None
     try:
@@ -213,7 +210,7 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
             run = Run.objects.create(
                 pipeline=pipeline, pipeline_name=pipeline.name, repo_path=repo, revision=revision, commit=commit,
                 definition=snapshot, definition_sha256=digest, profile_override=dict(profile_override or {}),
-                simulated=simulated, simulated_reason=", ".join(reasons), not_included=not_included,
+                simulated=simulated, simulated_reason=reasons, not_included=not_included,
             )
             run.branch = f"{settings.CP_BRANCH_PREFIX}/run-{run.pk}"
             # the run's uid in the folder name: a database started afresh hands out ids again,
@@ -341,7 +338,7 @@ def exhausted_budget(run) -> str | None:
     ``max_cost_usd`` or ``max_active_seconds``, as ``machine.budget_problem`` counts them for an
     agent step: a retry implements, and a verification ends in a review), else None. Such a run
     can only be failed (or approved, at a human gate whose checks and review passed)."""
-    return machine.budget_problem(get_run(run), machine.Step("review"))
+    return answers.exhausted_budget(get_run(run))
 
 
 def _refuse_exhausted(run: Run, field: str) -> None:
@@ -517,8 +514,8 @@ def run_status(run) -> dict:
     def ref(rel):
         return str(var / rel) if rel else None
 
-    waiting = {RunStatus.PENDING: "start", RunStatus.QUEUED: "worker", RunStatus.WAITING_REVIEW: "review",
-               RunStatus.WAITING_APPROVAL: "approval"}.get(run.status)
+    waiting = answers.waiting_for(run)
+    current = answers.current_stage(run)
     pending = run.decisions.filter(state=Decision.State.PENDING).order_by("-id").first()
     heartbeat_age = ((timezone.now() - run.heartbeat_at).total_seconds()
                      if run.heartbeat_at and run.status == RunStatus.RUNNING else None)
@@ -572,6 +569,11 @@ def run_status(run) -> dict:
         "pending_decision": ({"id": pending.pk, "kind": pending.kind, "reason": pending.reason,
                               "artifact": pending.artifact or None} if pending else None),
         "created_at": run.created_at.isoformat(), "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "current_stage": current.key if current else None,
+        "waiting_sentence": answers.waiting_sentence(run) or None,
+        "actions": [action.as_dict() for action in answers.actions(run).values()],
+        "totals": answers.totals(run),
         "stages": stages,
     }
 

@@ -44,6 +44,7 @@ from .models import (
     StageStatus,
 )
 from .redaction import Redactor, redact_text, secret_env_values
+from .simulation import simulation
 
 log = logging.getLogger("engine.steps")
 
@@ -262,10 +263,10 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
         deadline = max(1.0, min(deadline, float(budget) - run.active_seconds))
     number = (stage.attempts.aggregate(n=Max("number"))["n"] or 0) + 1
     nth = stage.attempts.filter(operation=operation).count() + 1
-    simulated = profile["adapter"] == "scripted" or bool(profile.get("scripted_endpoint"))
+    why = simulation(profile["adapter"], profile)
     attempt = machine.attempt_intent(
         run, stage, operation=operation, number=number, role=role, profile_name=profile_name,
-        adapter=profile["adapter"], simulated=simulated, deadline_seconds=deadline,
+        adapter=profile["adapter"], simulated=bool(why), deadline_seconds=deadline,
         start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
         marker=f"{process_marker_prefix(run)}attempt-{number}-{lease[:8]}",
     )
@@ -273,8 +274,7 @@ def _begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: 
     attempt.log_path = control_path(run, folder, "output.log")
     attempt.raw_path = control_path(run, folder, "output.raw")
     attempt.save()
-    why = "scripted test adapter" if profile["adapter"] == "scripted" else "scripted model endpoint"
-    sim = f" (simulated: {why})" if attempt.simulated else ""
+    sim = f" (simulated: {why})" if why else ""
     machine.event(run, "attempt_intent",
                   f"Attempt {number} ({operation}) of stage '{stage.key}' recorded before launch with profile "
                   f"'{profile_name}'{sim}, deadline {deadline:.0f} s.", stage=stage, attempt=attempt)

@@ -242,3 +242,29 @@ def _session_var_dir():
     yield
     if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR"):
         shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def run_row(make_pipeline):
+    """Factory of a Run row with its stages, made in the database only (no repository, no git,
+    no process): for tests of what the engine reads from records. ``status`` and the stages'
+    ``stage_statuses`` are written as fixture data (engine/machine.py makes them in a real run)."""
+    from engine.models import Run, StageRun
+
+    def factory(status="pending", stage_statuses=("pending",), **fields):
+        kwargs = fields.pop("pipeline_kwargs", {})
+        if len(stage_statuses) > 1 and "stages" not in kwargs:
+            kwargs["stages"] = [{"key": f"s{n}", "requirement": "r", "scope": ["app/**"],
+                                 "gates": [{"name": "unit", "command": "true"}]} for n in range(len(stage_statuses))]
+            kwargs["scenario"] = {"stages": {}}
+        pipeline = make_pipeline(**kwargs)
+        definition = {"pipeline": pipeline.definition, "roles": pipeline.definition["roles"],
+                      "profiles": pipeline.definition["profiles"]}
+        run = Run.objects.create(pipeline=pipeline, pipeline_name=pipeline.name, repo_path="/nonexistent",
+                                 revision="main", commit="0" * 40, definition=definition,
+                                 definition_sha256="0" * 64, status=status, **fields)
+        keys = [s["key"] for s in pipeline.definition["stages"]]
+        for order, stage_status in enumerate(stage_statuses):
+            StageRun.objects.create(run=run, key=keys[order], order=order, status=stage_status)
+        return run
+    return factory

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from engine import operations
+from engine import answers, operations
 from engine.demo import git, make_demo_repo
 from engine.pipeline_format import load_file
 from engine.worker_process import start_worker, stop_worker
@@ -117,6 +117,7 @@ class Command(EngineCommand):
             out(f"  stage {stage['key']}: {stage['status']}, started from {(stage['base_commit'] or '-')[:12]}, "
                 f"checkpoint {(stage['checkpoint'] or '-')[:12]}")
         out(f"  branch {data['branch']} in {data['worktree']}")
+        out(f"  used: {answers.totals_sentence(data['totals'])}")
         out(f"  original checkout {repo['path']}: unchanged (HEAD and git status as before)"
             if after == before else "  original checkout CHANGED")
         out(f"  not included (uncommitted in the checkout): {', '.join(c['path'] for c in data['not_included'])}")

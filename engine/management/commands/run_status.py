@@ -3,7 +3,7 @@
 import time
 
 
-from engine import operations
+from engine import answers, operations
 from engine.models import RunEvent
 
 from ._base import EngineCommand
@@ -100,7 +100,8 @@ class Command(EngineCommand):
         status = data["status"] + (" (NO HEARTBEAT: its worker may be gone)" if data.get("heartbeat_stale") else "")
         lines = [f"run {data['id']} of {data['pipeline']}{sim}: {status}",
                  f"  commit {data['commit']} ({data['revision']}), branch {data['branch']}",
-                 f"  worktree {data['worktree']}"]
+                 f"  worktree {data['worktree']}",
+                 f"  used: {answers.totals_sentence(data['totals'])}"]
         hint = waiting_hint(data)
         if hint:
             lines.append(f"  {hint}")

@@ -1,0 +1,176 @@
+"""The answers every view of a run gives, each computed in one place.
+
+The run page (controlpanel/views.py), the admin lists, the JSON API and ``run_status``
+(engine/operations.py ``run_status``), the commands and the demo ask these functions; none
+computes its own:
+
+* ``simulation(adapter, profile)``: whether a profile is simulated, and why;
+* ``current_stage(run)``: the stage the run is at;
+* ``waiting_for(run)`` and ``waiting_sentence(run)``: what the run waits for;
+* ``actions(run)``: every action, whether it applies now, and why not;
+* ``totals(run)``: usage, cost and time summed over the run.
+
+Plain reads: nothing here changes a record (engine/machine.py does).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+
+from .machine import Step, budget_problem
+from .models import RUN_TERMINAL, RUN_WAITING, Decision, Run, RunStatus, StageRun, StageStatus
+from .simulation import simulation
+
+__all__ = ["simulation", "run_simulation", "current_stage", "waiting_for", "waiting_sentence", "pending_decisions",
+           "exhausted_budget", "Action", "ACTION_NAMES", "actions", "applicable", "totals", "USAGE_KEYS"]
+
+#: The usage keys summed over a run's attempts (what the adapters report: engine/agents/base.py).
+USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cost_usd")
+
+
+def run_simulation(definition_profiles: dict, used: set[str]) -> str:
+    """The reasons (sorted, comma-joined) why a run whose roles use the profiles ``used`` of
+    ``definition_profiles`` is simulated; ``""`` when none is."""
+    reasons = {simulation(definition_profiles[name]["adapter"], definition_profiles[name]) for name in used}
+    return ", ".join(sorted(reason for reason in reasons if reason))
+
+
+def current_stage(run: Run, stages: list[StageRun] | None = None) -> StageRun | None:
+    """The stage the run is at: the first, in order, that has not passed; None when every
+    stage passed (the run is in its final verification or has ended). ``stages`` (in order)
+    spares a query when the caller has them."""
+    ordered = stages if stages is not None else list(run.stages.order_by("order"))
+    return next((stage for stage in ordered if stage.status != StageStatus.PASSED), None)
+
+
+def waiting_for(run: Run) -> str | None:
+    """``"start"`` (pending), ``"worker"`` (queued), ``"review"`` (waiting_review), ``"approval"``
+    (waiting_approval), or None (running or ended)."""
+    return {RunStatus.PENDING: "start", RunStatus.QUEUED: "worker", RunStatus.WAITING_REVIEW: "review",
+            RunStatus.WAITING_APPROVAL: "approval"}.get(run.status)
+
+
+def pending_decisions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Decision]:
+    """The run's pending decision of each kind (the latest of it), by ``Decision.Kind``."""
+    rows = decisions if decisions is not None else list(run.decisions.order_by("id"))
+    return {d.kind: d for d in rows if d.state == Decision.State.PENDING}
+
+
+def exhausted_budget(run: Run) -> str | None:
+    """A sentence when the run has no budget left for more agent work, else None (as
+    ``machine.budget_problem`` counts it for a review, the step any recovery ends in)."""
+    return budget_problem(run, Step("review"))
+
+
+def waiting_sentence(run: Run, decisions: list[Decision] | None = None) -> str:
+    """What the run waits for, for a person; ``""`` when it waits for nothing."""
+    pending = pending_decisions(run, decisions)
+    approval = pending.get(Decision.Kind.APPROVAL)
+    if run.status == RunStatus.WAITING_REVIEW and exhausted_budget(run) is not None:
+        return ("Its budget is exhausted: an exhausted execution budget requires a new run (Create a run on the "
+                "pipeline's page); fail this one.")
+    return {
+        RunStatus.PENDING: "Waiting for Start.",
+        RunStatus.QUEUED: "Waiting for a worker to claim it.",
+        RunStatus.WAITING_REVIEW: "Waiting for a person: recover it (retry or verify), recheck it, or fail it.",
+        RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, recheck or "
+                                     f"fail it." if approval else "Waiting for approval."),
+    }.get(run.status, "")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One action on a run: whether it ``applies`` now, ``why`` not when it does not, and the
+    initial values of its form when it does (``initial``: decision id, artifact, action)."""
+
+    name: str
+    applies: bool
+    why: str = ""
+    initial: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"action": self.name, "applies": self.applies, "why": self.why or None, "initial": self.initial}
+
+
+#: Every action a person can take on a run, in the order they are shown.
+ACTION_NAMES = ("start", "approve", "recheck", "recover", "fail")
+
+
+def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Action]:
+    """Every action of ``ACTION_NAMES`` for ``run`` now: Start (pending); Approve (waiting_approval
+    with a pending approval decision: its id and artifact); Recheck (waiting_review or
+    waiting_approval); Recover (waiting_review with a pending review decision: its id); Recheck
+    and Recover not while the run's budget is exhausted (a new run is needed); Fail (any status
+    but succeeded or failed). The operations in engine/operations.py refuse what does not apply
+    with the same reasons."""
+    pending = pending_decisions(run, decisions)
+    status = run.status
+    found: dict[str, Action] = {}
+
+    def add(name: str, why: str, initial: dict | None = None) -> None:
+        found[name] = Action(name, not why, why, (initial or {}) if not why else {})
+
+    add("start", "" if status == RunStatus.PENDING else f"the run is {status}; only a pending run is started")
+    approval = pending.get(Decision.Kind.APPROVAL)
+    if status != RunStatus.WAITING_APPROVAL:
+        add("approve", f"the run is {status}; only a run waiting for approval is approved")
+    elif approval is None:
+        add("approve", "no approval decision is pending")
+    else:
+        add("approve", "", {"decision": approval.pk, "artifact": approval.artifact})
+    exhausted = exhausted_budget(run) if status in RUN_WAITING else None
+    spent = f"the run's budget is exhausted ({exhausted}): a new run is needed" if exhausted else ""
+    add("recheck", spent if status in RUN_WAITING else f"the run is {status}; only a waiting run is rechecked")
+    review = pending.get(Decision.Kind.REVIEW)
+    if status != RunStatus.WAITING_REVIEW:
+        add("recover", f"the run is {status}; only a run waiting for review is recovered")
+    elif review is None:
+        add("recover", "no review decision is pending")
+    else:
+        add("recover", spent, {"decision": review.pk, "action": "retry"})
+    add("fail", f"the run has ended ({status})" if status in RUN_TERMINAL else "")
+    return found
+
+
+def applicable(run: Run, decisions: list[Decision] | None = None) -> dict[str, dict]:
+    """The actions that apply now, each with the initial values of its form (``actions``)."""
+    return {name: action.initial for name, action in actions(run, decisions).items() if action.applies}
+
+
+def _seconds(start, end) -> float | None:
+    if start is None:
+        return None
+    return max(0.0, ((end or timezone.now()) - start).total_seconds())
+
+
+def totals(run: Run, attempts: list | None = None) -> dict:
+    """What the run has used so far: ``{"input_tokens", "output_tokens", "cached_tokens",
+    "cost_usd"}`` summed over its attempts' reported usage (None while no attempt reported a
+    key), ``"attempts"`` (agent attempts), ``"active_seconds"`` (agents and gates, as the
+    budget counts it), ``"elapsed_seconds"`` (from the first claim, else creation, to the end or
+    now; waiting for a person included)."""
+    rows = attempts if attempts is not None else list(run.attempts.all())
+    found: dict = {key: None for key in USAGE_KEYS}
+    for attempt in rows:
+        for key in USAGE_KEYS:
+            value = (attempt.usage or {}).get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                found[key] = (found[key] or 0) + value
+    found["attempts"] = len(rows)
+    found["active_seconds"] = round(run.active_seconds, 3)
+    elapsed = _seconds(run.started_at or run.created_at, run.finished_at)
+    found["elapsed_seconds"] = round(elapsed, 3) if elapsed is not None else None
+    return found
+
+
+def totals_sentence(found: dict) -> str:
+    """``totals`` for a terminal line: ``3 agent attempts, 105 input / 7 output tokens, cost
+    $0.7500, active 12 s, elapsed 30 s`` (what no attempt reported is said to be unreported)."""
+    def tokens(key: str) -> str:
+        return f"{int(found[key]):,}" if found.get(key) is not None else "unreported"
+
+    cost = f"${found['cost_usd']:.4f}" if found.get("cost_usd") is not None else "unreported"
+    elapsed = f"{found['elapsed_seconds']:.0f} s" if found.get("elapsed_seconds") is not None else "-"
+    return (f"{found['attempts']} agent attempt(s), {tokens('input_tokens')} input / {tokens('output_tokens')} output "
+            f"tokens, cost {cost}, active {found['active_seconds']:.0f} s, elapsed {elapsed}")
