@@ -16,7 +16,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from . import answers, machine, protected, workspace
+from . import answers, machine, protected, reconcile, runner, workspace
+from .steps import gate_results
 from .agents import adapters
 from .models import (
     RUN_STOPPED,
@@ -286,9 +287,7 @@ def request_start(run, requested_by: str = "", source: str = "api") -> StartRequ
 
 
 def _enqueue(run_id: int, token: str | None) -> None:
-    from .runner import enqueue
-
-    enqueue(run_id, token)
+    runner.enqueue(run_id, token)  # through the module: tests replace runner.enqueue
 
 
 # ----------------------------------------------------------------------------- Recover An Interruption
@@ -372,9 +371,6 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
     once. Returns the run. Raises OperationError: ``reason_required`` [reason], ``unknown_run``
     [run], ``already_finished`` [run] (a succeeded or failed run takes no action).
     """
-    from . import reconcile
-    from .runner import worker_identity
-
     run = get_run(run)
     reason = (reason or "").strip()
     if not reason:
@@ -386,7 +382,7 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
         if locked.status != RunStatus.RUNNING:
             machine.fail(locked, "failed_by_operator", f"Failed by {who}: {reason.rstrip('.')}.")
             return locked
-        token = machine.fence(locked, f"fail:{worker_identity()}")
+        token = machine.fence(locked, f"fail:{runner.worker_identity()}")
         machine.event(locked, "fail_requested", f"{who} asked to fail the run; its processes are stopped first. "
                                                 f"Reason: {reason}")
     reaping = reconcile.reap_run(locked)
@@ -426,8 +422,6 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
     ``unknown_decision`` / ``stale_decision`` [decision], ``artifact_mismatch`` [artifact],
     ``checks_missing`` [decision].
     """
-    from .steps import gate_results
-
     run = get_run(run)
     if not (reviewer or "").strip():
         raise OperationError("reviewer_required", "The approving person's name is required.", "reviewer")

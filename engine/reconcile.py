@@ -24,9 +24,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import machine, process, workspace
+from . import machine, process, runner, workspace
 from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, Check, JournalEntry, Run, RunEvent, RunStatus, StartRequest
-from .steps import var_path
+from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
 
 log = logging.getLogger("engine.reconcile")
 
@@ -81,9 +81,7 @@ def _journal_unresolved(entry: JournalEntry, exc: "workspace.WorkspaceError") ->
 
 
 def _enqueue_on_commit(run_id: int, token: str | None) -> None:
-    from .runner import enqueue
-
-    transaction.on_commit(lambda: enqueue(run_id, token), robust=True)
+    transaction.on_commit(lambda: runner.enqueue(run_id, token), robust=True)
 
 
 def reap_run(run: Run) -> dict:
@@ -96,8 +94,6 @@ def reap_run(run: Run) -> dict:
     Returns ``{"reaped": int (processes signalled), "unconfirmed": [attempt numbers that ran on
     another host, whose processes cannot be seen from here]}``.
     """
-    from .steps import process_marker_prefix
-
     reaped, unconfirmed = 0, []
     for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN):
         if attempt.host and attempt.host != socket.gethostname():
@@ -121,8 +117,6 @@ def inspect_effects(run: Run) -> dict:
     "journal_intents": [uid], "sentence": str}``; never raises for a missing or broken worktree
     (``problem`` says why it could not be inspected).
     """
-    from .steps import manifest_excludes, save_manifest, sha256_file
-
     found, sentences = [], []
     for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).select_related("stage"):
         item = {"attempt": attempt.pk, "number": attempt.number, "start_manifest": attempt.start_manifest or None,

@@ -23,6 +23,8 @@ import time
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
+from celery import current_app
+
 from . import machine, steps
 from .models import Run, RunStatus
 
@@ -74,16 +76,19 @@ class Heartbeat(threading.Thread):
         self.join(timeout=30)
 
 
+#: The Celery task that takes one step of a run (engine/tasks.py ``advance_run``).
+ADVANCE_TASK = "engine.advance_run"
+
+
 def enqueue(run_id: int, token: str | None) -> None:
     """Send ``engine.advance_run``; called only from ``transaction.on_commit``.
 
     If the broker is down the request stays durable in the database and reconciliation
     sends it again; the failure is logged, not hidden.
     """
-    from .tasks import advance_run
-
     try:
-        advance_run.apply_async(args=[run_id, token], retry=True, retry_policy={"max_retries": 3})
+        # by name: engine/tasks.py defines the task and imports this module
+        current_app.send_task(ADVANCE_TASK, args=[run_id, token], retry=True, retry_policy={"max_retries": 3})
     except Exception:
         log.exception("run %s: could not reach the broker; reconciliation will enqueue it again", run_id)
 

@@ -14,7 +14,7 @@ from . import reconcile as reconciliation
 log = logging.getLogger("engine.tasks")
 
 
-@shared_task(name="engine.advance_run", ignore_result=True, acks_late=True)
+@shared_task(name=runner.ADVANCE_TASK, ignore_result=True, acks_late=True)
 def advance_run(run_id: int, token: str | None = None) -> str:
     """Move run ``run_id`` one step (``engine.runner.advance``)."""
     return runner.advance(run_id, token)
