@@ -597,7 +597,7 @@ def _scrub_raw(raw_path: str, redactor: Redactor) -> None:
     """Rewrite a raw log without terminal escape sequences, redacted again: a credential split by
     colour codes was found in the display text, so the raw bytes hold it too. The raw log is then
     no longer byte-identical to the output (a note at its end says so): no credential is kept."""
-    tmp = raw_path + ".scrub"
+    tmp = os.fspath(raw_path) + ".scrub"
     with open(raw_path, "rb") as src, open(tmp, "wb") as dst:
         carry = b""
         for chunk in iter(lambda: src.read(1 << 20), b""):
@@ -928,6 +928,11 @@ def run_supervised(
         proc, read_fd = _launch(plan, stdin_path)
     except _StartFailed as failed:
         return _start_failed(result, failed.error, t0, log_fd, raw_fd)
+    except OSError:  # stdin_path could not be opened: the caller's error, no file of ours left open
+        for fd in (log_fd, raw_fd):
+            if fd is not None:
+                os.close(fd)
+        raise
 
     capture = _Capture(read_fd, log_fd, raw_fd, plan.redactor, max_output_bytes)
     supervision = _Supervision.started(proc, result, plan.marker, grace_seconds, t0, deadline_seconds)
@@ -1030,8 +1035,8 @@ def _launch(plan: _Plan, stdin_path: str | os.PathLike[str] | None) -> tuple[sub
     :raises _StartFailed: if ``Popen`` raised OSError or ValueError (the pipe is closed).
     :raises OSError: if ``stdin_path`` cannot be opened.
     """
+    stdin_file = open(stdin_path, "rb") if stdin_path is not None else None  # before the pipe: nothing to leak
     read_fd, write_fd = os.pipe()
-    stdin_file = open(stdin_path, "rb") if stdin_path is not None else None
     try:
         proc = subprocess.Popen(
             plan.argv,

@@ -770,3 +770,11 @@ def test_it_tail_text_replaces_invalid_bytes(tmp_path):
     path.write_bytes(b"ok \xff\n")
 
     assert tail_text(path) == "ok \ufffd\n"
+
+
+def test_a_stdin_file_that_cannot_be_opened_raises_and_leaves_no_file_open(tmp_path):
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(FileNotFoundError):
+        run_supervised(["true"], cwd=str(tmp_path), env=None, deadline_seconds=5,
+                               log_path=str(tmp_path / "out.log"), stdin_path=str(tmp_path / "missing"))
+    assert set(os.listdir("/proc/self/fd")) <= before
