@@ -8,18 +8,24 @@
     POST /api/runs/<id>/recover/   {decision, note, action: retry|verify}              200
     POST /api/runs/<id>/fail/      {reason}                                            200
 
-Each view checks the body's shape with a serializer (a missing field, a wrong type, an
-unknown field or action: 400 ``invalid`` naming the field), then calls one verb of
-engine.operations and nothing else; the verb's OperationError becomes its ``as_dict()`` with
-404 / 409 / 400 (controlpanel.api_errors). The person is the authenticated user: ``reviewer``
-and ``requested_by`` default to their username. Every action answers
-``{"run", "status", "simulated", ...}`` with the run's status as it is after the action.
+One REST framework viewset (``RunViewSet``) behind one router (``RunRouter``, routes named
+``api-run-create``, ``api-run`` and ``api-run-<action>``; controlpanel/urls.py). Each action checks
+the body's shape with an input serializer (a missing field, a wrong type, an unknown field or
+action: 400 ``invalid`` naming the field), then calls one verb of engine.operations and nothing
+else; the verb's OperationError becomes its ``as_dict()`` with 404 / 409 / 400
+(controlpanel/api_errors.py). The person is the authenticated user: ``reviewer`` and
+``requested_by`` default to their username. Answers are output serializers: create and status
+give ``RunStatusSerializer`` (operations.run_status, the contract of ``run_status --json``); every
+action answers ``{"run", "status", "simulated", ...}`` (``RunAckSerializer`` and its subclasses)
+with the run's status as it is after the action.
 """
 from __future__ import annotations
 
-from rest_framework import serializers, status
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
-from rest_framework.views import APIView
+from rest_framework.routers import DynamicRoute, Route, SimpleRouter
+from rest_framework.utils import formatting
 
 from engine import operations
 
@@ -126,16 +132,137 @@ class FailInput(StrictSerializer):
     reason = TextField(allow_blank=True)
 
 
-class RunAPIView(APIView):
-    """An endpoint guarded by ``required_permission``, reading its body with ``input_class``."""
+# ----------------------------------------------------------------------------- output
+
+
+class RunStatusSerializer(serializers.BaseSerializer):
+    """A run (a Run or its id) as ``operations.run_status``: the public JSON shape of a run.
+
+    The engine owns the shape (``run_status --json`` prints the same); ``CONTRACT_KEYS`` are the
+    top-level keys clients rely on: later versions may add keys, never remove or rename one
+    (tests/test_api_contract.py). Raises OperationError ``unknown_run`` for an unknown id.
+    """
+
+    CONTRACT_KEYS = frozenset({
+        "id", "uid", "status", "simulated", "simulated_reason", "pipeline", "repo", "revision", "commit", "branch",
+        "worktree", "stop_reason", "stop_message", "stop_evidence", "waiting_for", "active_seconds",
+        "heartbeat_age_seconds", "heartbeat_stale", "definition_sha256", "control_records", "not_included", "roles",
+        "protected_files", "budgets", "pending_decision", "created_at", "finished_at", "stages",
+    })
+
+    def to_representation(self, instance) -> dict:
+        return operations.run_status(instance)
+
+
+class NullIfBlankField(serializers.CharField):
+    """A text attribute, given as null when it is empty (``stop_reason`` of a run)."""
+
+    def to_representation(self, value):
+        text = super().to_representation(value)
+        return text or None
+
+
+class RunAckSerializer(serializers.Serializer):
+    """``{"run": id, "status", "simulated"}`` of ``{"run": Run}`` (read fresh after the action)."""
+
+    run = serializers.IntegerField(source="run.pk")
+    status = serializers.CharField(source="run.status")
+    simulated = serializers.BooleanField(source="run.simulated")
+
+
+class StartAckSerializer(RunAckSerializer):
+    """Start: ``{run, status, simulated, start_request: id}`` of ``{"run", "start_request": StartRequest}``."""
+
+    start_request = serializers.IntegerField(source="start_request.pk")
+
+
+class DecisionSerializer(serializers.Serializer):
+    """A decided approval: ``{id, state, decided_by}``."""
+
+    id = serializers.IntegerField(source="pk")
+    state = serializers.CharField()
+    decided_by = serializers.CharField()
+
+
+class RecoveryDecisionSerializer(serializers.Serializer):
+    """A decided recovery: ``{id, state, action, decided_by}``."""
+
+    id = serializers.IntegerField(source="pk")
+    state = serializers.CharField()
+    action = serializers.CharField()
+    decided_by = serializers.CharField()
+
+
+class ApproveAckSerializer(RunAckSerializer):
+    """Approve: ``{run, status, simulated, decision: {id, state, decided_by}}``."""
+
+    decision = DecisionSerializer()
+
+
+class RecoverAckSerializer(RunAckSerializer):
+    """Recover: ``{run, status, simulated, decision: {id, state, action, decided_by}}``."""
+
+    decision = RecoveryDecisionSerializer()
+
+
+class RecheckAckSerializer(RunAckSerializer):
+    """Recheck: ``{run, status, simulated, stage: key}`` of ``{"run", "stage": StageRun}``."""
+
+    stage = serializers.CharField(source="stage.key")
+
+
+class FailAckSerializer(RunAckSerializer):
+    """Fail: ``{run, status, simulated, stop_reason}`` (null when the run has none)."""
+
+    stop_reason = NullIfBlankField(source="run.stop_reason")
+
+
+# ----------------------------------------------------------------------------- the viewset and its router
+
+
+class RunViewSet(viewsets.ViewSet):
+    """The runs: create, status, and the five actions; each guarded by its own permission.
+
+    ``PERMISSIONS`` maps an action to the ``engine.<codename>`` permission RunPermission checks
+    (controlpanel/api_auth.py); a method a route does not take is checked against the route's
+    own action first, then answered 405. ``INPUTS`` maps an action to its input serializer.
+    """
 
     permission_classes = [RunPermission]
-    required_permission = ""
-    input_class: type[serializers.Serializer] | None = None
+    lookup_field = "pk"
+    lookup_url_kwarg = "run_id"
+    lookup_value_regex = "[^/]+"  # any id text: the operation says 404 unknown_run for a bad one
+
+    PERMISSIONS = {"create": "engine.add_run", "retrieve": "engine.view_run", "start": "engine.start_run",
+                   "approve": "engine.approve_run", "recheck": "engine.recheck_run", "recover": "engine.recover_run",
+                   "fail": "engine.fail_run"}
+    INPUTS = {"create": CreateRunInput, "start": StartInput, "approve": ApproveInput, "recheck": RecheckInput,
+              "recover": RecoverInput, "fail": FailInput}
+
+    @property
+    def route_action(self) -> str:
+        """The action of this request, or for a method the route does not take, the route's own."""
+        if self.action in self.PERMISSIONS:
+            return self.action
+        return next(iter((getattr(self, "action_map", None) or {}).values()), "")
+
+    @property
+    def required_permission(self) -> str:
+        """The permission of ``route_action`` (RunPermission reads it)."""
+        return self.PERMISSIONS.get(self.route_action, "")
+
+    def get_view_name(self) -> str:
+        """The endpoint's name in an OPTIONS answer: "Run Create", "Run Detail", "Run Start"..."""
+        return "Run " + ("Detail" if self.route_action == "retrieve" else self.route_action.title())
+
+    def get_view_description(self, html=False) -> str:
+        """The endpoint's description in an OPTIONS answer: its action's docstring."""
+        handler = getattr(self, self.route_action, None)
+        return super().get_view_description(html) if handler is None else formatting.dedent(handler.__doc__ or "")
 
     def read(self, request) -> dict:
-        """The validated body (raises ValidationError -> 400 ``invalid`` naming the field)."""
-        data = self.input_class(data=request.data)
+        """The validated body of the action (raises ValidationError -> 400 ``invalid`` naming the field)."""
+        data = self.INPUTS[self.action](data=request.data)
         data.is_valid(raise_exception=True)
         return data.validated_data
 
@@ -145,93 +272,73 @@ class RunAPIView(APIView):
         return (given or "").strip() or request.user.get_username()
 
     @staticmethod
-    def ack(run_id, code=status.HTTP_200_OK, **extra) -> Response:
-        """``{"run", "status", "simulated", **extra}`` with the run as it is now."""
-        run = operations.get_run(run_id)
-        return Response({"run": run.pk, "status": run.status, "simulated": run.simulated, **extra}, status=code)
+    def ack(serializer_class: type[RunAckSerializer], run_id, code=status.HTTP_200_OK, **parts) -> Response:
+        """``serializer_class`` of ``{"run": the run as it is now, **parts}``, with status ``code``."""
+        return Response(serializer_class({"run": operations.get_run(run_id), **parts}).data, status=code)
 
-
-class RunCreate(RunAPIView):
-    """POST /api/runs/ -> 201 with operations.run_status of the new pending run."""
-
-    required_permission = "engine.add_run"
-    input_class = CreateRunInput
-
-    def post(self, request):
+    def create(self, request):
+        """POST /api/runs/ -> 201 with operations.run_status of the new pending run."""
         data = self.read(request)
         run = operations.create_run(data["pipeline"], data["repo"], data["rev"], data["profiles"] or None)
-        return Response(operations.run_status(run), status=status.HTTP_201_CREATED,
+        return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/runs/{run.pk}/"})
 
+    def retrieve(self, request, run_id=None):
+        """GET /api/runs/<id>/ -> 200 with operations.run_status (the same contract as ``run_status --json``)."""
+        return Response(RunStatusSerializer(run_id).data)
 
-class RunDetail(RunAPIView):
-    """GET /api/runs/<id>/ -> 200 with operations.run_status (the same contract as ``run_status --json``)."""
-
-    required_permission = "engine.view_run"
-
-    def get(self, request, run_id):
-        return Response(operations.run_status(run_id))
-
-
-class RunStart(RunAPIView):
-    """POST /api/runs/<id>/start/ -> 202 ``{run, status, simulated, start_request}``; a second Start 409."""
-
-    required_permission = "engine.start_run"
-    input_class = StartInput
-
-    def post(self, request, run_id):
+    @action(detail=True, methods=["post"])
+    def start(self, request, run_id=None):
+        """POST /api/runs/<id>/start/ -> 202 ``{run, status, simulated, start_request}``; a second Start 409."""
         self.read(request)
         start = operations.request_start(run_id, requested_by=self.person(request), source="api")
-        return self.ack(start.run_id, status.HTTP_202_ACCEPTED, start_request=start.pk)
+        return self.ack(StartAckSerializer, start.run_id, status.HTTP_202_ACCEPTED, start_request=start)
 
-
-class RunApprove(RunAPIView):
-    """POST /api/runs/<id>/approve/ -> 200 ``{run, status, simulated, decision}``."""
-
-    required_permission = "engine.approve_run"
-    input_class = ApproveInput
-
-    def post(self, request, run_id):
+    @action(detail=True, methods=["post"])
+    def approve(self, request, run_id=None):
+        """POST /api/runs/<id>/approve/ -> 200 ``{run, status, simulated, decision}``."""
         data = self.read(request)
         decision = operations.approve(run_id, data["decision"], data["artifact"],
                                       self.person(request, data.get("reviewer")))
-        return self.ack(decision.run_id, decision={"id": decision.pk, "state": decision.state,
-                                                   "decided_by": decision.decided_by})
+        return self.ack(ApproveAckSerializer, decision.run_id, decision=decision)
 
-
-class RunRecheck(RunAPIView):
-    """POST /api/runs/<id>/recheck/ -> 200 ``{run, status, simulated, stage}``."""
-
-    required_permission = "engine.recheck_run"
-    input_class = RecheckInput
-
-    def post(self, request, run_id):
+    @action(detail=True, methods=["post"])
+    def recheck(self, request, run_id=None):
+        """POST /api/runs/<id>/recheck/ -> 200 ``{run, status, simulated, stage}``."""
         data = self.read(request)
         stage = operations.recheck(run_id, data["note"], requested_by=self.person(request))
-        return self.ack(stage.run_id, stage=stage.key)
+        return self.ack(RecheckAckSerializer, stage.run_id, stage=stage)
 
-
-class RunRecover(RunAPIView):
-    """POST /api/runs/<id>/recover/ -> 200 ``{run, status, simulated, decision}``."""
-
-    required_permission = "engine.recover_run"
-    input_class = RecoverInput
-
-    def post(self, request, run_id):
+    @action(detail=True, methods=["post"])
+    def recover(self, request, run_id=None):
+        """POST /api/runs/<id>/recover/ -> 200 ``{run, status, simulated, decision}``."""
         data = self.read(request)
         decision = operations.recover(run_id, data["decision"], data["note"], data["action"],
                                       reviewer=self.person(request))
-        return self.ack(decision.run_id, decision={"id": decision.pk, "state": decision.state,
-                                                   "action": decision.action, "decided_by": decision.decided_by})
+        return self.ack(RecoverAckSerializer, decision.run_id, decision=decision)
 
-
-class RunFail(RunAPIView):
-    """POST /api/runs/<id>/fail/ -> 200 ``{run, status, simulated, stop_reason}``."""
-
-    required_permission = "engine.fail_run"
-    input_class = FailInput
-
-    def post(self, request, run_id):
+    @action(detail=True, methods=["post"])
+    def fail(self, request, run_id=None):
+        """POST /api/runs/<id>/fail/ -> 200 ``{run, status, simulated, stop_reason}``."""
         data = self.read(request)
         run = operations.fail_run(run_id, data["reason"], requested_by=self.person(request))
-        return self.ack(run.pk, stop_reason=run.stop_reason or None)
+        return self.ack(FailAckSerializer, run.pk)
+
+
+class RunRouter(SimpleRouter):
+    """The API's routes, with the URL names the API has always had: ``{basename}-create`` (POST
+    the collection), ``{basename}`` (GET one run) and ``{basename}-<action>`` (POST an action).
+    No list, update or delete routes: those methods answer 405."""
+
+    routes = [
+        Route(url=r"^{prefix}{trailing_slash}$", mapping={"post": "create"}, name="{basename}-create",
+              detail=False, initkwargs={"suffix": "Create"}),
+        Route(url=r"^{prefix}/{lookup}{trailing_slash}$", mapping={"get": "retrieve"}, name="{basename}",
+              detail=True, initkwargs={"suffix": "Instance"}),
+        DynamicRoute(url=r"^{prefix}/{lookup}/{url_path}{trailing_slash}$", name="{basename}-{url_name}",
+                     detail=True, initkwargs={}),
+    ]
+
+
+router = RunRouter()
+router.register(r"api/runs", RunViewSet, basename="api-run")

@@ -1,4 +1,5 @@
-"""The inputs of the run detail page's action buttons (controlpanel.views), as Django forms.
+"""The Control Panel's forms: the run detail page's action buttons (controlpanel/views.py), the
+"Create a run" and "Edit the definition" pages of a pipeline (controlpanel/admin.py).
 
 The forms check only the shape of what arrives (a decision id is a whole number, an action is
 retry or verify). Whether a value is acceptable (a note given, the decision pending, the
@@ -6,7 +7,12 @@ artifact the files waiting for approval) is the operation's to say: text fields 
 here, so that ``engine.operations`` refuses a blank one with its own code, field and sentence,
 exactly as the command line and the API do. The browser still asks for them (``required``).
 """
+import yaml
 from django import forms
+
+from engine import operations
+from engine.models import Pipeline
+from engine.pipeline_format import PipelineFormatError, validate
 
 _TEXT = {"class": "vTextField"}
 
@@ -81,6 +87,38 @@ def mark_kept(form: forms.Form, field: str) -> None:
         each.widget.attrs = attrs
 
 
+class CreateRunForm(forms.Form):
+    """Create A Run from a saved pipeline: a repository path, a revision, and optionally a profile per role.
+
+    Only the shape is checked here (a profile one of the pipeline's); whether the repository,
+    the revision and the profiles are usable is ``engine.operations.create_run``'s to say, with
+    its own code and field, as the command line and the API do (so the text fields are optional
+    here; the browser still asks for them).
+    """
+
+    repo = forms.CharField(required=False, label="repository path", help_text=(
+        "A folder inside a git work tree, on the Run Engine's machine. Its checkout is only read."),
+        widget=forms.TextInput(attrs={"class": "vLargeTextField", "required": True, "spellcheck": "false"}))
+    rev = forms.CharField(required=False, label="revision", initial="main",
+                          help_text="A commit id, branch or tag; the run is frozen at its commit.",
+                          widget=forms.TextInput(attrs={"class": "vTextField", "required": True}))
+
+    def __init__(self, *args, pipeline: Pipeline, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = sorted(pipeline.definition.get("profiles", {}))
+        for role in operations.ROLES:
+            current = pipeline.definition.get("roles", {}).get(role, "")
+            shown = current if isinstance(current, str) else ", ".join(current)
+            self.fields[f"profile_{role}"] = forms.ChoiceField(
+                required=False, label=f"{role} profile", choices=[("", f"the pipeline's: {shown}")]
+                + [(name, name) for name in names])
+
+    def profile_override(self) -> dict:
+        """``{role: profile}`` for the roles whose profile was chosen (cleaned data; {} for none)."""
+        return {role: self.cleaned_data[f"profile_{role}"] for role in operations.ROLES
+                if self.cleaned_data.get(f"profile_{role}")}
+
+
 class PipelineDefinitionForm(forms.Form):
     """Edit a saved pipeline's definition as YAML, validated exactly as ``load_pipelines`` validates
     a file (``engine.pipeline_format.validate``). ``cleaned_data["definition"]`` is the normalized
@@ -111,10 +149,6 @@ class PipelineDefinitionForm(forms.Form):
         return version
 
     def clean_definition(self) -> dict:
-        import yaml
-
-        from engine.pipeline_format import PipelineFormatError, validate
-
         text = self.cleaned_data["definition"]
         try:
             data = yaml.safe_load(text)
@@ -132,6 +166,4 @@ class PipelineDefinitionForm(forms.Form):
     @staticmethod
     def initial_text(definition: dict) -> str:
         """The YAML shown for ``definition`` (keys in their saved order, Unicode kept)."""
-        import yaml
-
         return yaml.safe_dump(definition, sort_keys=False, allow_unicode=True, width=110)

@@ -31,6 +31,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "engine.apps.EngineConfig",
+    # the UI over the engine: its admin registrations (controlpanel/admin.py), found by the admin's
+    # autodiscovery, and its static files (controlpanel/static, found as an app's)
+    "controlpanel.apps.ControlPanelConfig",
 ]
 
 MIDDLEWARE = [
@@ -109,7 +112,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "controlpanel" / "static"]  # the run page's CSS/JS and vendored htmx
+# the run page's CSS/JS and vendored htmx are the controlpanel app's static files (controlpanel/static)
 
 # ---------------------------------------------------------------- Celery (the Run Engine)
 _default_broker = "filesystem://"

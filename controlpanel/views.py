@@ -57,10 +57,10 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from engine import answers, operations, process
-from engine.admin import attempt_file
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
 
+from .attempt_files import attempt_file
 from .forms import ApproveForm, FailForm, RecheckForm, RecoverForm, StartForm, first_error, mark_kept, typed_fields
 
 #: Bytes of an attempt's display log the tail endpoint returns (read from the end, never the whole file).

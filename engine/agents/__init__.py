@@ -1,13 +1,12 @@
 """Coding-agent adapters: one per CLI, plus the scripted test adapter (simulated runs only)."""
 from .base import Adapter, AgentRequest, AgentResult
+from .claude import ClaudeCodeAdapter
+from .codex import CodexAdapter
+from .scripted import ScriptedAdapter
 
 
 def adapters() -> dict[str, type[Adapter]]:
     """The adapters this Run Engine can run, by name."""
-    from .claude import ClaudeCodeAdapter
-    from .codex import CodexAdapter
-    from .scripted import ScriptedAdapter
-
     return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter, CodexAdapter.name: CodexAdapter}
 
 

@@ -83,7 +83,7 @@ from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, classify_process, empty_usage
-from .claude import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
+from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")

@@ -1,5 +1,9 @@
 """Admin registration of the Run Engine's records: the Control Panel's pages.
 
+The models are the engine's (engine/models.py), so their admin URLs are ``/admin/engine/<model>/``
+and their URL names ``admin:engine_<model>_...``; this module is found by Django's admin
+autodiscovery because the ``controlpanel`` app is installed (controlpanel/settings.py).
+
 Definitions (pipelines, profiles) are edited through load_pipelines; evidence (attempts,
 checks, manifests, the journal, events) is read-only: nobody edits evidence by hand. A
 pipeline's page has a "Create a run" button (``engine.add_run``): a small form that calls
@@ -8,13 +12,9 @@ pipeline's page has a "Create a run" button (``engine.add_run``): a small form t
 An attempt's page links its stored files (prompt, output log, raw output, patch) and the
 logs of the stage's earlier attempts. They are served by ``AttemptAdmin.file_view``, to staff
 with view permission only, and only from the attempt's own recorded paths when they resolve
-inside its run's control records (``CP_VAR_DIR/runs/<run>/``): never an arbitrary path.
+inside its run's control records (controlpanel/attempt_files.py): never an arbitrary path.
 """
-import hashlib
-import os
-from pathlib import Path
-
-from django import forms
+import yaml
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -26,8 +26,8 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from . import operations
-from .models import (
+from engine import answers, operations
+from engine.models import (
     Attempt,
     Check,
     Decision,
@@ -41,6 +41,10 @@ from .models import (
     StageRun,
     StartRequest,
 )
+
+from .attempt_files import ATTEMPT_FILES, attempt_file, file_sha256
+from .forms import CreateRunForm, PipelineDefinitionForm
+from .views import RunPages
 
 STATUS_COLOURS = {
     RunStatus.PENDING: "#6b7280",
@@ -84,38 +88,6 @@ class ProfileInline(ReadOnlyInline):
     readonly_fields = fields
 
 
-class CreateRunForm(forms.Form):
-    """Create A Run from a saved pipeline: a repository path, a revision, and optionally a profile per role.
-
-    Only the shape is checked here (a profile one of the pipeline's); whether the repository,
-    the revision and the profiles are usable is ``engine.operations.create_run``'s to say, with
-    its own code and field, as the command line and the API do (so the text fields are optional
-    here; the browser still asks for them).
-    """
-
-    repo = forms.CharField(required=False, label="repository path", help_text=(
-        "A folder inside a git work tree, on the Run Engine's machine. Its checkout is only read."),
-        widget=forms.TextInput(attrs={"class": "vLargeTextField", "required": True, "spellcheck": "false"}))
-    rev = forms.CharField(required=False, label="revision", initial="main",
-                          help_text="A commit id, branch or tag; the run is frozen at its commit.",
-                          widget=forms.TextInput(attrs={"class": "vTextField", "required": True}))
-
-    def __init__(self, *args, pipeline: Pipeline, **kwargs):
-        super().__init__(*args, **kwargs)
-        names = sorted(pipeline.definition.get("profiles", {}))
-        for role in operations.ROLES:
-            current = pipeline.definition.get("roles", {}).get(role, "")
-            shown = current if isinstance(current, str) else ", ".join(current)
-            self.fields[f"profile_{role}"] = forms.ChoiceField(
-                required=False, label=f"{role} profile", choices=[("", f"the pipeline's: {shown}")]
-                + [(name, name) for name in names])
-
-    def profile_override(self) -> dict:
-        """``{role: profile}`` for the roles whose profile was chosen (cleaned data; {} for none)."""
-        return {role: self.cleaned_data[f"profile_{role}"] for role in operations.ROLES
-                if self.cleaned_data.get(f"profile_{role}")}
-
-
 @admin.register(Pipeline)
 class PipelineAdmin(ReadOnlyAdmin):
     """Pipelines change only through validated YAML: a file (python manage.py load_pipelines FILE)
@@ -135,8 +107,6 @@ class PipelineAdmin(ReadOnlyAdmin):
     @admin.display(description="definition")
     def definition_yaml(self, obj):
         """The saved definition as YAML, as a person reads a pipeline file."""
-        import yaml
-
         text = yaml.safe_dump(obj.definition, sort_keys=False, allow_unicode=True, width=110)
         return format_html('<pre style="max-height:40em;overflow:auto;white-space:pre-wrap">{}</pre>', text)
 
@@ -161,8 +131,6 @@ class PipelineAdmin(ReadOnlyAdmin):
         file (``PipelineDefinitionForm``), then saved with ``operations.save_pipeline`` (a new version
         when it changed). Needs ``engine.change_pipeline`` (403 otherwise). Every problem is shown
         with its field inside the document; nothing is saved while one remains."""
-        from controlpanel.forms import PipelineDefinitionForm
-
         pipeline = Pipeline.objects.filter(pk=object_id).first()
         if pipeline is None:
             raise Http404("No such pipeline.")
@@ -276,8 +244,6 @@ class RunAdmin(ReadOnlyAdmin):
     inlines = [StageInline, AttemptInline, EventInline]
 
     def get_urls(self):
-        from controlpanel.views import RunPages  # the views import this module
-
         return RunPages(self).urls() + super().get_urls()
 
     def get_changelist(self, request, **kwargs):
@@ -301,7 +267,7 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="stage")
     def current_stage(self, obj):
-        stage = obj.stages.exclude(status="passed").order_by("order").first()
+        stage = answers.current_stage(obj)
         return stage.key if stage else "-"
 
     @admin.display(description="active time")
@@ -318,41 +284,6 @@ class StageRunAdmin(ReadOnlyAdmin):
     list_display = ("run", "order", "key", "status", "phase", "checkpoint_commit")
     list_filter = ("status",)
     list_select_related = ("run",)
-
-
-#: The files of an attempt that its page serves: URL name -> (Attempt field, label, sha256 field).
-ATTEMPT_FILES = {
-    "prompt": ("prompt_path", "prompt", "prompt_sha256"),
-    "log": ("log_path", "output log", ""),
-    "raw": ("raw_path", "raw output (redacted bytes)", ""),
-    "patch": ("patch_path", "patch", "patch_sha256"),
-}
-
-
-def attempt_file(attempt: Attempt, kind: str) -> Path | None:
-    """The stored file ``kind`` of ``attempt`` (ATTEMPT_FILES), or None.
-
-    Only the attempt's own recorded path is used, and only when it resolves (symlinks
-    followed) to a regular file inside its run's control records; anything else is None.
-    """
-    if kind not in ATTEMPT_FILES:
-        return None
-    rel = getattr(attempt, ATTEMPT_FILES[kind][0]) or ""
-    if not rel or os.path.isabs(rel) or "\x00" in rel:
-        return None
-    base = os.path.realpath(os.path.join(settings.VAR_DIR, attempt.run.control_dir))
-    real = os.path.realpath(os.path.join(settings.VAR_DIR, rel))
-    if not real.startswith(base + os.sep) or not os.path.isfile(real):
-        return None
-    return Path(real)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @admin.register(Attempt)
@@ -397,7 +328,7 @@ class AttemptAdmin(ReadOnlyAdmin):
             check = ""
             recorded = getattr(obj, sha_field) if sha_field else ""
             if recorded:
-                same = _sha256(found) == recorded
+                same = file_sha256(found) == recorded
                 check = f"sha256 {recorded} ({'matches the file' if same else 'DIFFERS from the file now'})"
             items.append(format_html('<li><a href="{}">view the {}</a> ({} bytes) {}</li>',
                                      reverse("admin:engine_attempt_file", args=[obj.pk, kind]), label,

@@ -1,0 +1,51 @@
+"""The stored files of an attempt that the Control Panel serves: prompt, output log, raw output, patch.
+
+Used by the attempt's admin page (controlpanel/admin.py ``AttemptAdmin``) and by the run page
+(controlpanel/views.py). A file is served only from the attempt's own recorded path, and only
+when that path resolves inside its run's control records (``CP_VAR_DIR/runs/<run>/``): never an
+arbitrary path.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from django.conf import settings
+
+from engine.models import Attempt
+
+#: The files of an attempt that its page serves: URL name -> (Attempt field, label, sha256 field).
+ATTEMPT_FILES = {
+    "prompt": ("prompt_path", "prompt", "prompt_sha256"),
+    "log": ("log_path", "output log", ""),
+    "raw": ("raw_path", "raw output (redacted bytes)", ""),
+    "patch": ("patch_path", "patch", "patch_sha256"),
+}
+
+
+def attempt_file(attempt: Attempt, kind: str) -> Path | None:
+    """The stored file ``kind`` of ``attempt`` (ATTEMPT_FILES), or None.
+
+    Only the attempt's own recorded path is used, and only when it resolves (symlinks
+    followed) to a regular file inside its run's control records; anything else is None.
+    """
+    if kind not in ATTEMPT_FILES:
+        return None
+    rel = getattr(attempt, ATTEMPT_FILES[kind][0]) or ""
+    if not rel or os.path.isabs(rel) or "\x00" in rel:
+        return None
+    base = os.path.realpath(os.path.join(settings.VAR_DIR, attempt.run.control_dir))
+    real = os.path.realpath(os.path.join(settings.VAR_DIR, rel))
+    if not real.startswith(base + os.sep) or not os.path.isfile(real):
+        return None
+    return Path(real)
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of the file at ``path``, read in 1 MiB chunks (OSError when it cannot be read)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
