@@ -148,8 +148,8 @@ def totals(run: Run, attempts: list | None = None) -> dict:
     """What the run has used so far: ``{"input_tokens", "output_tokens", "cached_tokens",
     "cost_usd"}`` summed over its attempts' reported usage (None while no attempt reported a
     key), ``"attempts"`` (agent attempts), ``"active_seconds"`` (agents and gates, as the
-    budget counts it), ``"elapsed_seconds"`` (from the first claim, else creation, to the end or
-    now; waiting for a person included)."""
+    budget counts it), ``"elapsed_seconds"`` (from the first claim to the end or now, waiting for
+    a person included; None before a worker first claimed it)."""
     rows = attempts if attempts is not None else list(run.attempts.all())
     found: dict = {key: None for key in USAGE_KEYS}
     for attempt in rows:
@@ -159,7 +159,7 @@ def totals(run: Run, attempts: list | None = None) -> dict:
                 found[key] = (found[key] or 0) + value
     found["attempts"] = len(rows)
     found["active_seconds"] = round(run.active_seconds, 3)
-    elapsed = _seconds(run.started_at or run.created_at, run.finished_at)
+    elapsed = _seconds(run.started_at, run.finished_at)
     found["elapsed_seconds"] = round(elapsed, 3) if elapsed is not None else None
     return found
 
