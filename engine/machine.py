@@ -22,7 +22,10 @@ from django.utils import timezone
 
 from .models import (
     RUN_STOPPED,
+    Attempt,
+    AttemptStatus,
     Decision,
+    JournalEntry,
     Run,
     RunEvent,
     RunStatus,
@@ -394,6 +397,41 @@ def checkpointed(stage: StageRun, commit: str) -> None:
     if following is not None and not following.base_commit:
         following.base_commit = commit
         following.save(update_fields=["base_commit"])
+
+
+def journal_done(entry: JournalEntry, commit: str) -> None:
+    """A checkpoint journal entry's commit exists: ``intent`` -> ``done`` with ``commit`` (40-hex),
+    saved. Raises IllegalTransition when the entry is not an ``intent``."""
+    if entry.state != JournalEntry.State.INTENT:
+        raise IllegalTransition(f"journal entry {entry.uid}: {entry.state} -> done is not allowed")
+    entry.state = JournalEntry.State.DONE
+    entry.commit = commit
+    entry.save()
+
+
+def journal_abandoned(entry: JournalEntry) -> None:
+    """A checkpoint journal entry whose commit was never made: ``intent`` -> ``abandoned``, saved.
+    Raises IllegalTransition when the entry is not an ``intent``."""
+    if entry.state != JournalEntry.State.INTENT:
+        raise IllegalTransition(f"journal entry {entry.uid}: {entry.state} -> abandoned is not allowed")
+    entry.state = JournalEntry.State.ABANDONED
+    entry.save()
+
+
+def attempt_interrupted(attempt: Attempt, message: str, elapsed_seconds: float | None = None) -> None:
+    """An open attempt (``preparing`` or ``running``) whose worker died: -> ``interrupted``, with
+    ``message`` as its failure message, ended now; ``elapsed_seconds`` (seconds it is known to
+    have run) is kept when the attempt has none. Saved. Raises IllegalTransition when the
+    attempt is not open."""
+    if attempt.status not in (AttemptStatus.PREPARING, AttemptStatus.RUNNING):
+        raise IllegalTransition(f"attempt {attempt.pk}: {attempt.status} -> interrupted is not allowed")
+    attempt.status = AttemptStatus.INTERRUPTED
+    attempt.failure_kind = "interrupted"
+    attempt.failure_message = storable(message)
+    attempt.ended_at = timezone.now()
+    if attempt.elapsed_seconds is None and elapsed_seconds is not None:
+        attempt.elapsed_seconds = elapsed_seconds
+    attempt.save()
 
 
 def hand_off(run: Run) -> str:
