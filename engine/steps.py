@@ -338,14 +338,25 @@ def _execute_final(plan: dict, should_stop) -> dict:
                 return {"cancelled": True, "checks": checks}
         return {"checks": checks, "digest": tree}
     finally:
-        _remove_final_checkout(run, folder, own)
+        try:
+            _remove_final_checkout(run, folder, own)
+        except workspace.WorkspaceError as exc:  # the checks' result stands; the leftover is said
+            log.warning("run %s: the final checkout %s could not be unregistered: %s", run.pk, folder, exc)
+
+
+def _lock_dir() -> str:
+    """The folder of the per-repository lock files (engine/workspace.py ``repo_lock``)."""
+    return str(Path(settings.VAR_DIR) / "locks")
 
 
 def _remove_final_checkout(run: Run, folder: Path, own: Path) -> None:
-    """The files first (checks ran agent code there: git must not read what they left), then git's record."""
+    """The files first (checks ran agent code there: git must not read what they left), then git's
+    record of this checkout only (``workspace.remove_worktree``, holding the repository lock):
+    other registrations of the user's repository, one whose folder is missing too, are never
+    pruned. Raises workspace.WorkspaceError (the repository cannot be read)."""
     shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(own, ignore_errors=True)
-    workspace.git(["worktree", "prune"], run.repo_path, check=False)
+    workspace.remove_worktree(run.repo_path, str(folder), lock_dir=_lock_dir())
 
 
 def _final_checkout(run: Run, checkpoint: str, folder: Path, own: Path) -> None:
@@ -353,7 +364,7 @@ def _final_checkout(run: Run, checkpoint: str, folder: Path, own: Path) -> None:
     git reading it), its submodules from the starting commit's ``.gitmodules``, and an empty
     ``own`` folder for its TMPDIR and data folder."""
     _remove_final_checkout(run, folder, own)
-    workspace.git(["worktree", "add", "--detach", "-q", str(folder), checkpoint], run.repo_path)
+    workspace.add_detached_worktree(run.repo_path, str(folder), checkpoint, lock_dir=_lock_dir())
     _final_submodules(run, checkpoint, folder)
     for sub in ("tmp", "data"):
         (own / sub).mkdir(parents=True, exist_ok=True)
