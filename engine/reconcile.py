@@ -235,7 +235,7 @@ def _clear_index_lock(run: Run) -> dict:
 
 def _interrupted_checkpoint(run: Run) -> tuple | None:
     """``(stage, entry, commit)`` when the run's interrupted step was a checkpoint whose commit
-    exists (the newest ``intent`` entry of the running stage in its checkpoint phase, whose
+    exists (the newest ``intent`` entry of the running stage in its checkpoint phase whose
     journal trailer is on the branch); else None. No open attempt may exist (a checkpoint step
     has none). A repository that cannot be read is said on the run (``journal_unresolved``)."""
     from .models import StagePhase, StageStatus
@@ -245,16 +245,17 @@ def _interrupted_checkpoint(run: Run) -> tuple | None:
     stage = run.stages.filter(status=StageStatus.RUNNING, phase=StagePhase.CHECKPOINT).order_by("order").first()
     if stage is None:
         return None
-    entry = stage.journal.filter(state=JournalEntry.State.INTENT).order_by("-id").first()
-    if entry is None:
-        return None
-    try:
-        commit = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
-    except (workspace.WorkspaceError, ValueError) as exc:
-        if isinstance(exc, workspace.WorkspaceError):
-            _journal_unresolved(entry, exc)
-        return None
-    return (stage, entry, commit) if commit else None
+    for entry in stage.journal.filter(state=JournalEntry.State.INTENT).order_by("-id"):
+        try:
+            commit = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal",
+                                                        str(entry.uid))
+        except (workspace.WorkspaceError, ValueError) as exc:
+            if isinstance(exc, workspace.WorkspaceError):
+                _journal_unresolved(entry, exc)
+            return None
+        if commit:
+            return stage, entry, commit
+    return None
 
 
 def _resume_checkpoint(run: Run, lease: str, found: tuple, notes: str) -> bool:
