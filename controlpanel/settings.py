@@ -174,6 +174,10 @@ CP_HEARTBEAT_INTERVAL = env.float("CP_HEARTBEAT_INTERVAL", default=5.0)
 CP_HEARTBEAT_STALE = env.float("CP_HEARTBEAT_STALE", default=60.0)
 #: Seconds a queued run may wait unclaimed before reconciliation enqueues it again.
 CP_QUEUED_STALE = env.float("CP_QUEUED_STALE", default=60.0)
+#: Seconds a step waits at most for a live process to release git's index.lock in the run's
+#: worktree (a stale lock, left by a killed git, is removed at once: engine/workspace.py
+#: ``clear_stale_index_lock``); then the run stops ``index_locked``.
+CP_INDEX_LOCK_WAIT = env.float("CP_INDEX_LOCK_WAIT", default=120.0)
 #: First port of the range handed to runs, and the size of each run's range.
 CP_PORT_BASE = env.int("CP_PORT_BASE", default=20000)
 CP_PORT_SPAN = env.int("CP_PORT_SPAN", default=20)

@@ -210,7 +210,9 @@ EVENT_KINDS: dict[str, str] = {
     "checkpoint": "a stage's files were committed (or found committed after a crash)",
     "protected_carried": "a stage's new tests joined the run's protected checks",
     "journal_unresolved": "a checkpoint journal entry cannot be settled (its repository cannot be read)",
-    "index_lock": "a stale git index lock was removed, or a live one waited for",
+    "index_lock_wait": "a step waited for git's index lock, held by a live process, in the worktree",
+    "checkpoint_resumed": "reconciliation finished a checkpoint whose commit a dead worker had made",
+    "reconcile_failed": "reconciliation could not take a run over; a later pass tries again",
     "final_verify": "the final verification of the whole result starts",
     "late_result": "a result arrived after the run moved on; stored, it changed nothing",
     "fail_requested": "a person asked to fail the run",
@@ -572,6 +574,16 @@ def checkpointed(stage: StageRun, commit: str) -> None:
     if following is not None and not following.base_commit:
         following.base_commit = commit
         following.save(update_fields=["base_commit"])
+
+
+def attempt_interrupted(attempt: Attempt, message: str, elapsed_seconds: float | None = None) -> None:
+    """An open attempt (``preparing`` or ``running``) whose worker died: -> ``interrupted``, with
+    ``message`` as its failure message, ended now; ``elapsed_seconds`` (seconds it is known to
+    have run) is kept when the attempt has none. Saved. Raises IllegalTransition when the
+    attempt is not open."""
+    if attempt.elapsed_seconds is None and elapsed_seconds is not None:
+        attempt.elapsed_seconds = elapsed_seconds
+    end_attempt(attempt, AttemptStatus.INTERRUPTED, failure_kind="interrupted", failure_message=storable(message))
 
 
 def hand_off(run: Run) -> str:

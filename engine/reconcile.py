@@ -7,10 +7,18 @@ beat processes, a beat and a worker start) act once (field case C17).
 * queued and not claimed for CP_QUEUED_STALE seconds: enqueue again;
 * running, handed off between steps, and not picked up for CP_QUEUED_STALE: enqueue again;
 * running with a step owner whose heartbeat is older than CP_HEARTBEAT_STALE: confirm the old
-  process tree is gone (pid and its start time; kill what is left, found by its marker), mark
-  the open attempt ``interrupted``, keep completed stages, and stop the run for review;
-* a checkpoint journal entry left in ``intent``: the commit carrying its id in a trailer tells
-  whether git ran; found -> done, else it stays for a person's Recover.
+  process tree is gone (pid and its start time; kill what is left, found by its marker), remove
+  the ``index.lock`` a killed git left in the run's worktree (only when no live process holds
+  it: engine/workspace.py ``clear_stale_index_lock``), then
+  - when the step was a checkpoint whose commit exists (its journal trailer is on the branch):
+    finish that step (index reset to the commit, journal entry done, stage passed) and hand the
+    run to its next step: it goes on without a person;
+  - else mark the open attempt ``interrupted``, keep completed stages, and stop the run for review;
+* a checkpoint journal entry left in ``intent`` (of a run no step owns): the commit carrying its
+  id in a trailer tells whether git ran; found -> done, else it stays for a person's Recover.
+
+A pass never raises for a run whose repository or worktree is gone: the fact is recorded on that
+run (an event) and the pass goes on with the others.
 """
 from __future__ import annotations
 
@@ -24,17 +32,21 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import machine, process, runner, workspace
-from .models import ATTEMPT_OPEN, Attempt, AttemptStatus, Check, JournalEntry, Run, RunEvent, RunStatus, StartRequest
+from . import machine, process, runner, steps, workspace
+from .models import (ATTEMPT_OPEN, Attempt, Check, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageStatus,
+                     StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
 
 log = logging.getLogger("engine.reconcile")
 
 
 def reconcile() -> dict:
-    """One pass. Returns counts: ``{"requeued", "handoffs", "interrupted", "journal_done"}``."""
+    """One pass. Returns counts: ``{"requeued", "handoffs", "interrupted", "resumed",
+    "journal_done"}`` (``resumed``: runs whose interrupted checkpoint was finished and which went
+    on). Never raises for one run's missing repository or worktree, nor for a fault while taking
+    one run over (logged, and said on the run): the other runs are reconciled all the same."""
     now = timezone.now()
-    counts = {"requeued": 0, "handoffs": 0, "interrupted": 0, "journal_done": 0}
+    counts = {"requeued": 0, "handoffs": 0, "interrupted": 0, "resumed": 0, "journal_done": 0}
     queued_cutoff = now - timedelta(seconds=settings.CP_QUEUED_STALE)
     for start in StartRequest.objects.filter(run__status=RunStatus.QUEUED, last_enqueued_at__lt=queued_cutoff):
         if StartRequest.objects.filter(pk=start.pk, last_enqueued_at=start.last_enqueued_at).update(
@@ -47,8 +59,14 @@ def reconcile() -> dict:
             counts["handoffs"] += 1
     stale_cutoff = now - timedelta(seconds=settings.CP_HEARTBEAT_STALE)
     for run in Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=stale_cutoff).exclude(lease_owner=""):
-        if interrupt(run.pk, run.lease_token, run.heartbeat_at):
-            counts["interrupted"] += 1
+        try:
+            taken = interrupt(run.pk, run.lease_token, run.heartbeat_at)
+        except Exception as exc:  # this run's takeover failed: said on it, a later pass tries again
+            log.exception("reconcile: taking over run %s failed", run.pk)
+            _takeover_failed(run, exc)
+            continue
+        if taken:
+            counts["resumed" if taken == RESUMED else "interrupted"] += 1
     for entry in JournalEntry.objects.filter(state=JournalEntry.State.INTENT).select_related("run"):
         if entry.run.status == RunStatus.RUNNING:
             continue
@@ -64,6 +82,18 @@ def reconcile() -> dict:
     if any(counts.values()):
         log.info("reconcile: %s", counts)
     return counts
+
+
+def _takeover_failed(run: Run, exc: BaseException) -> None:
+    """Say once per kind of fault on ``run`` that a reconciler could not take it over."""
+    kind = type(exc).__name__
+    code = getattr(exc, "code", "") or kind
+    if RunEvent.objects.filter(run_id=run.pk, kind="reconcile_failed", data__code=code).exists():
+        return
+    message = getattr(exc, "message", "") or str(exc)
+    machine.event(run, "reconcile_failed",
+                  f"Reconciliation could not take this run over after its worker stopped beating ({code}: "
+                  f"{message[:500]}); a later pass tries again.", data={"code": code})
 
 
 def _journal_unresolved(entry: JournalEntry, exc: "workspace.WorkspaceError") -> None:
@@ -137,6 +167,8 @@ def inspect_effects(run: Run) -> dict:
                 attempt.save(update_fields=["patch_path", "patch_sha256", "result_manifest"])
         except workspace.WorkspaceError as exc:
             item["problem"] = exc.message
+        except OSError as exc:  # the worktree or a control record folder is gone
+            item["problem"] = f"{type(exc).__name__}: {exc}"
         found.append(item)
         if item["problem"]:
             sentences.append(f"The worktree could not be inspected after attempt {attempt.number}: {item['problem']}")
@@ -158,19 +190,112 @@ def inspect_effects(run: Run) -> dict:
     return {"attempts": found, "journal_intents": intents, "sentence": " ".join(sentences)}
 
 
-def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
+#: What ``interrupt`` returns when the interrupted step was a checkpoint it finished itself.
+RESUMED = "resumed"
+
+
+def _clear_index_lock(run: Run) -> dict:
+    """Remove the ``index.lock`` a killed git left in the run's worktree, when no live process
+    holds it (engine/workspace.py ``clear_stale_index_lock``); a live one is left alone (the
+    next index operation waits for it). Never raises. Returns the workspace's answer and
+    ``sentence`` (empty when there was no lock)."""
+    try:
+        result = workspace.clear_stale_index_lock(run.worktree, run.repo_path)
+    except Exception as exc:  # noqa: a look at the processes must never stop the takeover
+        return {"state": "unknown", "path": None, "holders": [], "sentence": f"git's index lock could not be "
+                f"checked ({type(exc).__name__}: {exc})."}
+    sentence = ""
+    if result["state"] == "removed":
+        sentence = (f"git's index lock {result['path']}, left by a git that was killed (no live process held it), "
+                    f"was removed.")
+    elif result["state"] == "live":
+        who = ", ".join(f"pid {h['pid']} ({h['name'] or '?'})" for h in result["holders"][:5]) or "a live process"
+        sentence = f"git's index lock {result['path']} is held by {who}; the next index operation waits for it."
+    return {**result, "sentence": sentence}
+
+
+def _interrupted_checkpoint(run: Run) -> tuple | None:
+    """``(stage, entry, commit)`` when the run's interrupted step was a checkpoint whose commit
+    exists (the newest ``intent`` entry of the running stage in its checkpoint phase whose
+    journal trailer is on the branch); else None. No open attempt may exist (a checkpoint step
+    has none). A repository that cannot be read is said on the run (``journal_unresolved``)."""
+    if Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).exists():
+        return None
+    stage = run.stages.filter(status=StageStatus.RUNNING, phase=StagePhase.CHECKPOINT).order_by("order").first()
+    if stage is None:
+        return None
+    for entry in stage.journal.filter(state=JournalEntry.State.INTENT).order_by("-id"):
+        try:
+            commit = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal",
+                                                        str(entry.uid))
+        except (workspace.WorkspaceError, ValueError) as exc:
+            if isinstance(exc, workspace.WorkspaceError):
+                _journal_unresolved(entry, exc)
+            return None
+        if commit:
+            return stage, entry, commit
+    return None
+
+
+def _resume_checkpoint(run: Run, lease: str, found: tuple, notes: str) -> bool:
+    """Finish the checkpoint step the dead worker began, with its own journal entry, as the step
+    itself would (engine/steps.py ``execute`` and ``finish``: the commit is found by its trailer,
+    never made twice; the worktree's index is reset to it; protected files carried; the entry
+    done; the stage passed), then hand the run to its next step. ``lease`` is the reconciler's;
+    a heartbeat keeps it fresh meanwhile. Returns False when the lease was lost meanwhile."""
+    stage, entry, commit = found
+    plan = {"kind": "checkpoint", "run_id": run.pk, "lease": lease, "stage_id": stage.pk, "stage_key": stage.key,
+            "journal_id": entry.pk}
+    beat = runner.Heartbeat(run.pk, lease, settings.CP_HEARTBEAT_INTERVAL)
+    beat.start()
+    try:
+        outcome = steps.execute(plan, should_stop=beat.lost)
+    except Exception as exc:  # as the runner records a step whose machinery raised
+        log.exception("reconcile: finishing the checkpoint of run %s failed", run.pk)
+        outcome = steps.crashed(plan, exc)
+    finally:
+        beat.stop()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.lease_token != lease or run.status != RunStatus.RUNNING:
+            steps.record_late(run, plan, outcome)
+            return False
+        machine.event(run, "checkpoint_resumed",
+                      f"The worker that held this run stopped beating during the checkpoint of stage '{stage.key}', "
+                      f"after its commit {commit[:12]} was made (journal entry {entry.uid}); reconciliation finishes "
+                      f"that step.{notes}", stage=stage, data={"journal": entry.pk, "commit": commit})
+        steps.finish(run, plan, outcome)
+        if run.status == RunStatus.RUNNING:
+            _enqueue_on_commit(run.pk, machine.hand_off(run))
+        else:
+            run.save()
+    return True
+
+
+def interrupt(run_id: int, token: str, heartbeat_at):
     """Take over a run whose step owner stopped beating: confirm its processes are gone (reap
-    what is left), inspect what it left in the worktree and the journal, mark the open attempts
-    ``interrupted`` and stop the run for review. Completed stages are kept.
+    what is left), remove a stale ``index.lock`` a killed git left in its worktree, then
+
+    * when the step was a checkpoint whose commit exists: finish it and let the run go on
+      (returns ``RESUMED``);
+    * else inspect what it left in the worktree and the journal, mark the open attempts
+      ``interrupted`` and stop the run for review (returns True). Completed stages are kept.
 
     Returns False when another reconciler (or the owner itself) got there first: the takeover is
-    a compare-and-swap on the run's lease token and heartbeat (field case C17).
+    a compare-and-swap on the run's lease token and heartbeat (field case C17). A missing
+    repository or worktree does not raise: it is said in the stop's sentence.
     """
     mine = machine.take_over(run_id, token, heartbeat_at, f"reconciler:{socket.gethostname()}")
     if mine is None:
         return False
     run = Run.objects.get(pk=run_id)
     reaping = reap_run(run)
+    lock = _clear_index_lock(run)
+    found = _interrupted_checkpoint(run)
+    if found is not None:
+        note = f" Processes reaped: {reaping['reaped']}." if reaping["reaped"] else ""
+        note += f" {lock['sentence']}" if lock["sentence"] else ""
+        return RESUMED if _resume_checkpoint(run, mine, found, note) else False
     effects = inspect_effects(run)
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
@@ -178,14 +303,14 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
             return False
         stage = None
         for attempt in Attempt.objects.filter(run_id=run_id, status__in=ATTEMPT_OPEN).select_related("stage"):
-            if attempt.started_at and attempt.elapsed_seconds is None:  # known to have run until the last heartbeat
-                attempt.elapsed_seconds = max(0.0, (heartbeat_at - attempt.started_at).total_seconds())
+            known = None
+            if attempt.started_at:  # known to have run until the last heartbeat
+                known = max(0.0, (heartbeat_at - attempt.started_at).total_seconds())
             log_file = var_path(attempt.log_path) if attempt.log_path else None
             if log_file is not None and log_file.is_file():
                 attempt.output_bytes = log_file.stat().st_size  # its partial output, kept
-            machine.end_attempt(attempt, AttemptStatus.INTERRUPTED, failure_kind="interrupted",
-                                failure_message="The worker running this attempt stopped beating; the attempt "
-                                                "was interrupted.")
+            machine.attempt_interrupted(
+                attempt, "The worker running this attempt stopped beating; the attempt was interrupted.", known)
             stage = attempt.stage
         Check.objects.filter(run_id=run_id, ended_at=None).update(
             ended_at=timezone.now(), failure_kind="interrupted")  # gates that were running: not failed, cut
@@ -195,10 +320,13 @@ def interrupt(run_id: int, token: str, heartbeat_at) -> bool:
         note = f" Processes reaped: {reaped}." if reaped else " No process of it was left."
         if unconfirmed:
             note += f" Attempts {unconfirmed} ran on another host; their processes could not be confirmed stopped."
+        if lock["sentence"]:
+            note += " " + lock["sentence"]
         if effects["sentence"]:
             note += " " + effects["sentence"]
         evidence = {"reaped": reaped, "unconfirmed": unconfirmed, "effects": effects["attempts"],
-                    "journal_intents": effects["journal_intents"]}
+                    "journal_intents": effects["journal_intents"],
+                    **({"index_lock": {k: lock[k] for k in ("path", "state", "holders")}} if lock["sentence"] else {})}
         if effects["attempts"]:
             evidence["attempt"] = effects["attempts"][-1]["attempt"]
         machine.stop(run, "interrupted",

@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -221,6 +222,7 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
     elif step.kind == "checkpoint":
         entry = machine.journal_intent(run, stage)
         plan["journal_id"] = entry.pk
+        plan["started"] = timezone.now().timestamp()
         machine.event(run, "checkpoint_intent",
                       f"Checkpoint of stage '{stage.key}' journaled (entry {entry.uid}) before git runs.",
                       stage=stage)
@@ -334,14 +336,25 @@ def _execute_final(plan: dict, should_stop) -> dict:
                 return {"cancelled": True, "checks": checks}
         return {"checks": checks, "digest": tree}
     finally:
-        _remove_final_checkout(run, folder, own)
+        try:
+            _remove_final_checkout(run, folder, own)
+        except workspace.WorkspaceError as exc:  # the checks' result stands; the leftover is said
+            log.warning("run %s: the final checkout %s could not be unregistered: %s", run.pk, folder, exc)
+
+
+def _lock_dir() -> str:
+    """The folder of the per-repository lock files (engine/workspace.py ``repo_lock``)."""
+    return str(Path(settings.VAR_DIR) / "locks")
 
 
 def _remove_final_checkout(run: Run, folder: Path, own: Path) -> None:
-    """The files first (checks ran agent code there: git must not read what they left), then git's record."""
+    """The files first (checks ran agent code there: git must not read what they left), then git's
+    record of this checkout only (``workspace.remove_worktree``, holding the repository lock):
+    other registrations of the user's repository, one whose folder is missing too, are never
+    pruned. Raises workspace.WorkspaceError (the repository cannot be read)."""
     shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(own, ignore_errors=True)
-    workspace.git(["worktree", "prune"], run.repo_path, check=False)
+    workspace.remove_worktree(run.repo_path, str(folder), lock_dir=_lock_dir())
 
 
 def _final_checkout(run: Run, checkpoint: str, folder: Path, own: Path) -> None:
@@ -349,7 +362,7 @@ def _final_checkout(run: Run, checkpoint: str, folder: Path, own: Path) -> None:
     git reading it), its submodules from the starting commit's ``.gitmodules``, and an empty
     ``own`` folder for its TMPDIR and data folder."""
     _remove_final_checkout(run, folder, own)
-    workspace.git(["worktree", "add", "--detach", "-q", str(folder), checkpoint], run.repo_path)
+    workspace.add_detached_worktree(run.repo_path, str(folder), checkpoint, lock_dir=_lock_dir())
     _final_submodules(run, checkpoint, folder)
     for sub in ("tmp", "data"):
         (own / sub).mkdir(parents=True, exist_ok=True)
@@ -416,7 +429,10 @@ def _reset_for_retry(run: Run, stage: StageRun, attempt: Attempt, lease: str) ->
                                       action="retry").order_by("-decided_at").first()
     if decision is None or stage.attempts.filter(created_at__gt=decision.decided_at).exclude(pk=attempt.pk).exists():
         return
-    undone = workspace.restore_to(run.worktree, stage.base_commit, manifest_excludes(run))
+    undone = workspace.restore_to(run.worktree, stage.base_commit, manifest_excludes(run), repo=run.repo_path,
+                                  lock_wait=min(float(settings.CP_INDEX_LOCK_WAIT), attempt.deadline_seconds),
+                                  on_lock_wait=_lock_waiter(run, {"lease": lease, "stage_id": stage.pk},
+                                                            "the retry's reset of the worktree"))
     if undone:
         paths = ", ".join(c["path"] for c in undone[:8]) + (" ..." if len(undone) > 8 else "")
         with transaction.atomic():
@@ -937,20 +953,49 @@ def _execute_checkpoint(plan: dict) -> dict:
     return outcome
 
 
+def _lock_waiter(run: Run, plan: dict, what: str):
+    """An ``on_wait`` callback for workspace's index operations: the first wait for a live
+    ``index.lock`` holder is said on the run (when ``plan``'s lease still holds it)."""
+    def on_wait(info: dict) -> None:
+        holders = ", ".join(f"pid {h['pid']} ({h['name'] or '?'})" for h in info["holders"][:5]) or "a live process"
+        with transaction.atomic():
+            locked = _fenced(run.pk, plan["lease"])
+            if locked is not None:
+                machine.event(locked, "index_lock_wait",
+                              f"git's index lock of the worktree ({info['path']}) is held by {holders}; {what} waits "
+                              f"for it (up to {info['wait_seconds']:.0f} s) and tries again.",
+                              stage_id=plan.get("stage_id"), data={"path": info["path"], "holders": info["holders"]})
+    return on_wait
+
+
+def _lock_wait_seconds(plan: dict) -> float:
+    """Seconds the step of ``plan`` may still wait for git's index lock: CP_INDEX_LOCK_WAIT from the
+    step's start (``plan["started"]``, a ``time.time()``), or all of it when the plan has none."""
+    limit = float(settings.CP_INDEX_LOCK_WAIT)
+    started = plan.get("started")
+    return max(0.0, limit - (time.time() - started)) if started else limit
+
+
 def _commit_checkpoint(plan: dict) -> dict:
+    """Commit the stage's accepted files once and make the worktree's index agree with the commit.
+
+    A commit found by the entry's journal trailer (an earlier try of this step committed and
+    died) or by an earlier entry's (``_earlier_checkpoint``) is reused, and what its crash left
+    undone is done now (``_settle_worktree``). A failure after the commit exists returns the
+    commit with ``index_failure``: the commit is the truth, never abandoned."""
     stage = _stage_row(plan)
     run = stage.run
     entry = JournalEntry.objects.get(pk=plan["journal_id"])
     existing = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
     if existing:
-        return {"commit": existing, "created": False, "recovered": True}
+        return _settle_worktree(run, stage, plan, existing, {"commit": existing, "created": False, "recovered": True})
     digest = workspace.manifest_digest(run.worktree, stage.base_commit, manifest_excludes(run))
     if digest != stage.accepted_manifest:
         return {"changed": True, "digest": digest}
     current = {"digest": digest, "tree": digest}  # the digest is the tree id of the deliverable files
     earlier = _earlier_checkpoint(run, stage, current["tree"])
     if earlier:  # an earlier checkpoint step committed these files and died before its journal said so
-        return {"commit": earlier, "created": False, "recovered": True}
+        return _settle_worktree(run, stage, plan, earlier, {"commit": earlier, "created": False, "recovered": True})
     faults.hit("checkpoint.before_commit")
     message = f"{run.pipeline_name}: stage {stage.key} (run {run.pk})\n\n{stage.spec['title'] or stage.key}"
     trailers = {"Control-Panel-Run": str(run.uid), "Control-Panel-Stage": stage.key,
@@ -958,11 +1003,39 @@ def _commit_checkpoint(plan: dict) -> dict:
     try:
         result = workspace.commit_checkpoint(
             run.worktree, run.branch, current["tree"], stage.base_commit, message, trailers,
-            keep_agent_commits=f"refs/controlpanel/run-{run.pk}/stage-{stage.order + 1}-agent-commits")
+            keep_agent_commits=f"refs/controlpanel/run-{run.pk}/stage-{stage.order + 1}-agent-commits",
+            repo=run.repo_path, lock_wait=_lock_wait_seconds(plan),
+            on_lock_wait=_lock_waiter(run, plan, "the checkpoint's index update"))
     except workspace.WorkspaceError as exc:
+        try:  # git is the truth: a commit carrying the entry's id exists whatever failed after it
+            made = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(entry.uid))
+        except workspace.WorkspaceError:
+            made = None
+        if made:
+            return {"commit": made, "created": True,
+                    "index_failure": {"failure_kind": exc.code, "failure_message": exc.message}}
         return {"failure_kind": exc.code, "failure_message": exc.message}
     faults.hit("checkpoint.after_commit")
     return {"commit": result["commit"], "created": result["created"]}
+
+
+def _settle_worktree(run: Run, stage: StageRun, plan: dict, commit: str, outcome: dict) -> dict:
+    """What a checkpoint that died after its commit left undone: the worktree's index reset to
+    ``commit`` (``workspace.reset_index_to``, living with git's index lock) and its deliverable
+    files put to the commit's when they differ (``restore``: the paths undone). A failure is
+    returned as ``index_failure`` next to the commit."""
+    wait = {"repo": run.repo_path, "on_wait": _lock_waiter(run, plan, "the recovered checkpoint's index reset")}
+    try:
+        workspace.reset_index_to(run.worktree, run.branch, commit, wait_seconds=_lock_wait_seconds(plan), **wait)
+        tree = workspace.git(["rev-parse", f"{commit}^{{tree}}"], run.worktree).stdout.decode().strip()
+        excludes = manifest_excludes(run)
+        if workspace.manifest_digest(run.worktree, stage.base_commit, excludes) != tree:
+            undone = workspace.restore_to(run.worktree, commit, excludes, repo=run.repo_path,
+                                          lock_wait=_lock_wait_seconds(plan), on_lock_wait=wait["on_wait"])
+            outcome["restored"] = [change["path"] for change in undone]
+    except workspace.WorkspaceError as exc:
+        outcome["index_failure"] = {"failure_kind": exc.code, "failure_message": exc.message}
+    return outcome
 
 
 def _earlier_checkpoint(run: Run, stage: StageRun, tree: str) -> str | None:
@@ -1430,12 +1503,14 @@ def _finish_checkpoint(run: Run, stage: StageRun, plan: dict, outcome: dict) -> 
                       f"they are verified again before any checkpoint.", stage=stage)
         machine.reverify(stage)
         return
-    if outcome.get("failure_kind"):
+    if outcome.get("failure_kind"):  # no commit carries the entry's id: git never made it
         machine.journal_abandoned(entry)
         machine.stop(run, outcome["failure_kind"], outcome["failure_message"], stage=stage,
                      evidence={"journal": entry.pk})
         return
-    machine.journal_done(entry, outcome["commit"])
+    commit = outcome["commit"]
+    if entry.state == JournalEntry.State.INTENT:
+        machine.journal_done(entry, commit)
     # entries of earlier, crashed checkpoint steps of this stage: settled now, never searched again
     for old in stage.journal.filter(state=JournalEntry.State.INTENT).exclude(pk=entry.pk):
         found = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(old.uid))
@@ -1443,13 +1518,25 @@ def _finish_checkpoint(run: Run, stage: StageRun, plan: dict, outcome: dict) -> 
             machine.journal_done(old, found)
         else:
             machine.journal_abandoned(old)
+    problem = outcome.get("index_failure")
+    if problem:  # committed, but the worktree's index could not be made to agree: a clear stop
+        machine.stop(run, problem["failure_kind"],
+                     f"Stage '{stage.key}' is committed as {commit[:12]} on {run.branch} (journal entry {entry.uid} "
+                     f"done), but the worktree's index could not be reset to it: {problem['failure_message']} A "
+                     f"recovery checkpoints the stage again, finds this commit and resets the index.",
+                     stage=stage, evidence={"journal": entry.pk, "commit": commit})
+        return
     how = "committed as" if outcome.get("created") else ("found already committed as" if outcome.get("recovered")
                                                           else "unchanged; reusing")
+    restored = outcome.get("restored") or []
+    note = (f" The worktree's index was reset to it; {len(restored)} file(s) differing from it were put back "
+            f"({', '.join(restored[:8])})." if restored else
+            " The worktree's index was reset to it." if outcome.get("recovered") else "")
     machine.event(run, "checkpoint",
-                  f"Stage '{stage.key}' checkpoint {how} {outcome['commit'][:12]} on {run.branch}.", stage=stage,
-                  data={"commit": outcome["commit"]})
+                  f"Stage '{stage.key}' checkpoint {how} {commit[:12]} on {run.branch}.{note}", stage=stage,
+                  data={"commit": commit, **({"restored": restored} if restored else {})})
     _carry_forward(run, stage, outcome.get("carried") or [])
-    machine.checkpointed(stage, outcome["commit"])
+    machine.checkpointed(stage, commit)
 
 
 def _carry_forward(run: Run, stage: StageRun, carried: list[dict]) -> None:

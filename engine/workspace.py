@@ -37,23 +37,32 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Iterator, Sequence
+import time
+from typing import Callable, Iterator, Sequence
+
+import psutil
 
 __all__ = [
     "CHECKPOINT_IDENTITY",
     "DEFAULT_EXCLUDES",
     "WorkspaceError",
+    "add_detached_worktree",
     "branch_tip",
+    "clear_stale_index_lock",
     "commit_checkpoint",
     "ensure_worktree",
     "find_commit_with_trailer",
     "git",
+    "git_index_op",
+    "index_lock_holders",
+    "index_lock_path",
     "manifest",
     "manifest_digest",
     "outward_symlinks",
     "remove_worktree",
     "repo_lock",
     "repo_root",
+    "reset_index_to",
     "resolve_commit",
     "uncommitted_changes",
     "write_patch",
@@ -147,7 +156,7 @@ class WorkspaceError(Exception):
             ``unknown_revision``, ``ambiguous_revision``, ``not_a_commit``,
             ``workspace_branch_in_use``, ``workspace_branch_exists``,
             ``workspace_path_exists``, ``submodule_init_failed``, ``head_moved``,
-            ``nested_repository``, ``git_failed``.
+            ``nested_repository``, ``index_locked``, ``git_failed``.
         message: one sentence a person understands, naming the path or revision.
         detail: git's own stderr (decoded), when there is one; may be empty.
     """
@@ -928,6 +937,277 @@ def remove_worktree(
                 git(["branch", "-D", delete_branch], top)
 
 
+def add_detached_worktree(repo: str, path: str, commit: str, *, lock_dir: str) -> None:
+    """``git worktree add --detach -q <path> <commit>`` in ``repo``, holding :func:`repo_lock`.
+
+    Only this registration is made; nothing else of the repository's worktree list is read or
+    pruned. Remove it with :func:`remove_worktree` (its own path only).
+
+    Args:
+        repo: the source repository (the path its other worktree operations lock with).
+        path: absolute directory of the new checkout; it must not exist.
+        commit: 40-hex commit to check out, detached.
+        lock_dir: directory of the per-repository lock files.
+
+    Raises:
+        WorkspaceError: ``git_failed`` (also when ``path`` exists or is registered).
+    """
+    with repo_lock(lock_dir, repo):
+        git(["worktree", "add", "--detach", "-q", os.path.abspath(path), commit], repo)
+
+
+# ---------------------------------------------------------------------------------------------
+# git's index lock in a run's worktree
+# ---------------------------------------------------------------------------------------------
+
+#: git's own message when a lock file it needs exists (another git holds it, or a git that was
+#: killed left it): ``fatal: Unable to create '<path>.lock': File exists.``
+_LOCK_EXISTS = re.compile(r"Unable to create '(.+?\.lock)': File exists")
+#: Backoff between two tries of an index operation whose lock a live process holds (seconds).
+_LOCK_BACKOFF_FIRST, _LOCK_BACKOFF_MAX = 0.1, 2.0
+
+
+def index_lock_path(worktree: str, repo: str | None = None) -> str | None:
+    """Absolute path of git's ``index.lock`` for ``worktree``, or None when it cannot be known.
+
+    For a linked worktree it is ``<common git dir>/worktrees/<id>/index.lock``, where ``<id>``
+    is the administrative folder whose ``gitdir`` file points back at ``worktree/.git``: the
+    worktree's own ``.git`` file (which an agent's files sit next to) is not trusted for it. For a
+    main checkout it is ``<top>/.git/index.lock``. Never raises: a missing repository or worktree,
+    or a worktree ``repo`` does not register, gives None.
+
+    Args:
+        worktree: the worktree's top-level directory.
+        repo: a directory of its repository (default: ``worktree`` itself).
+    """
+    try:
+        common = _common_dir(repo or worktree)
+    except WorkspaceError:
+        return None
+    path = os.path.abspath(worktree)
+    admin = _admin_dir_for(common, path)
+    if admin is not None:
+        return os.path.join(admin, "index.lock")
+    dotgit = os.path.join(path, ".git")
+    if os.path.isdir(dotgit) and not os.path.islink(dotgit) and _same_path(dotgit, common):
+        return os.path.join(common, "index.lock")
+    return None
+
+
+def _is_git(name: str, cmdline: list[str]) -> bool:
+    names = [name or ""]
+    if cmdline:
+        names.append(os.path.basename(cmdline[0]))
+    return any(n == "git" or n.startswith("git-") for n in names)
+
+
+def _inside(path: str | None, folders: list[str]) -> bool:
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return any(real == f or real.startswith(f + os.sep) for f in folders)
+
+
+def index_lock_holders(lock_path: str, worktree: str) -> list[dict]:
+    """The live processes that hold, or may hold, ``lock_path`` (git's index lock of ``worktree``).
+
+    Conservative: every live process on this host (psutil; zombies are not live) is looked at,
+    and counts as a holder when
+
+    1. it has ``lock_path`` open (git keeps its lock file open while it writes the new index), or
+    2. it is a git (its name, or its argv[0]'s basename, is ``git`` or ``git-*``) whose working
+       directory is inside ``worktree`` or the lock's folder, or whose arguments name either
+       (a git that closed the lock file but has not yet renamed or removed it), or
+    3. its open files or working directory cannot be read (no permission) and it is a git, or
+       its arguments name the worktree or the lock's folder.
+
+    A process that cannot be read and is neither a git nor names these paths is not counted (on
+    a shared host, other users' unrelated processes would otherwise keep every lock forever).
+
+    Returns:
+        ``[{"pid": int, "name": str, "why": "open" | "git_in_worktree" | "unreadable"}]``,
+        empty when nothing live holds the lock.
+    """
+    lock_real = os.path.realpath(lock_path)
+    folders = [os.path.realpath(worktree), os.path.dirname(lock_real)]
+    holders = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        info = proc.info
+        if info.get("status") == psutil.STATUS_ZOMBIE:
+            continue
+        name, cmdline = info.get("name") or "", info.get("cmdline") or []
+        names_paths = any(_inside(arg, folders) for arg in cmdline if arg.startswith(os.sep))
+        try:
+            if any(os.path.realpath(f.path) == lock_real for f in proc.open_files()):
+                holders.append({"pid": proc.pid, "name": name, "why": "open"})
+                continue
+            if _is_git(name, cmdline) and (names_paths or _inside(proc.cwd(), folders)):
+                holders.append({"pid": proc.pid, "name": name, "why": "git_in_worktree"})
+        except psutil.NoSuchProcess:
+            continue
+        except (psutil.AccessDenied, OSError):
+            if _is_git(name, cmdline) or names_paths:
+                holders.append({"pid": proc.pid, "name": name, "why": "unreadable"})
+    return holders
+
+
+def clear_stale_index_lock(worktree: str, repo: str | None = None) -> dict:
+    """Remove git's ``index.lock`` of ``worktree`` when a killed git left it: only after
+    :func:`index_lock_holders` finds no live process that holds or may hold it, and only when
+    it is still the same file (device, inode, modification time) after that look.
+
+    Never raises (a missing repository or worktree gives ``"absent"``).
+
+    Returns:
+        ``{"path": str | None, "state": "absent" | "removed" | "live", "holders": [...],
+        "age_seconds": float | None}`` (the age of a removed or live lock, from its mtime).
+    """
+    path = index_lock_path(worktree, repo)
+    result = {"path": path, "state": "absent", "holders": [], "age_seconds": None}
+    if path is None:
+        return result
+    try:
+        before = os.lstat(path)
+    except OSError:
+        return result
+    result["age_seconds"] = max(0.0, time.time() - before.st_mtime)
+    try:
+        holders = index_lock_holders(path, worktree)
+    except Exception as exc:  # psutil could not list the processes: nothing is removed
+        holders = [{"pid": 0, "name": f"unknown ({type(exc).__name__})", "why": "unreadable"}]
+    if holders:
+        result.update({"state": "live", "holders": holders})
+        return result
+    try:
+        after = os.lstat(path)
+    except OSError:
+        return result  # its owner finished meanwhile
+    if (after.st_dev, after.st_ino, after.st_mtime_ns) != (before.st_dev, before.st_ino, before.st_mtime_ns):
+        result["state"] = "live"  # written while we looked: in use
+        return result
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return result
+    except OSError:
+        result["state"] = "live"
+        return result
+    result["state"] = "removed"
+    return result
+
+
+def _holders_text(holders: list[dict]) -> str:
+    return ", ".join(f"pid {h['pid']} ({h['name'] or '?'})" for h in holders[:5]) or "a process that could not be named"
+
+
+def git_index_op(
+    args: list[str],
+    worktree: str,
+    *,
+    repo: str | None = None,
+    wait_seconds: float = 0.0,
+    on_wait: Callable[[dict], None] | None = None,
+    input: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a git command that writes ``worktree``'s index (``reset``, ``restore``), living with
+    git's ``index.lock``.
+
+    When git refuses because the worktree's ``index.lock`` exists: a stale lock (no live
+    holder, :func:`clear_stale_index_lock`) is removed and the command runs again at once; a live
+    one is waited for, with a backoff from 0.1 s doubling up to 2 s, until ``wait_seconds`` have
+    passed since the call; then the command gives up. Another lock git names (a ref's) is a
+    plain failure.
+
+    Args:
+        args: git arguments, as for :func:`git`.
+        worktree: the worktree (the command's working directory).
+        repo: a directory of its repository, for :func:`index_lock_path`.
+        wait_seconds: the most seconds to wait for a live holder (0: no wait).
+        on_wait: called once, when the first wait begins, with ``{"path", "holders",
+            "wait_seconds"}``; an exception it raises is ignored.
+        input, env: as for :func:`git`.
+
+    Returns:
+        git's ``CompletedProcess`` (exit status 0).
+
+    Raises:
+        WorkspaceError: ``index_locked`` when a live process still holds the lock after
+            ``wait_seconds`` (the message names the lock and the processes; nothing was
+            removed); ``git_failed`` for any other failure.
+    """
+    end = time.monotonic() + max(0.0, wait_seconds)
+    delay, told, retries = _LOCK_BACKOFF_FIRST, False, 0
+    expected = None
+    while True:
+        proc = git(args, worktree, check=False, input=input, env=env)
+        if proc.returncode == 0:
+            return proc
+        stderr = _decode(proc.stderr)
+        found = _LOCK_EXISTS.search(stderr)
+        if expected is None and found:
+            expected = index_lock_path(worktree, repo)
+        if not (found and expected and _same_path(found.group(1), expected)):
+            raise WorkspaceError(
+                "git_failed", f"git {' '.join(args[:2])} failed in {worktree} (exit {proc.returncode}): "
+                              f"{stderr or 'no message'}", detail=stderr)
+        state = clear_stale_index_lock(worktree, repo)
+        if state["state"] in ("removed", "absent"):
+            retries += 1
+            if retries <= 3:  # at once; a lock that keeps coming back is then waited for like a live one
+                continue
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise WorkspaceError(
+                "index_locked",
+                f"git's index lock {expected} of the worktree {worktree} is held by {_holders_text(state['holders'])}, "
+                f"still after {wait_seconds:.0f} s of waiting; it was not removed (a live process holds it). "
+                f"git {' '.join(args[:2])} did not run.", detail=stderr)
+        if not told and on_wait is not None:
+            told = True
+            try:
+                on_wait({"path": expected, "holders": state["holders"], "wait_seconds": wait_seconds})
+            except Exception:
+                pass
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, _LOCK_BACKOFF_MAX)
+
+
+def reset_index_to(
+    worktree: str,
+    branch: str,
+    commit: str,
+    *,
+    repo: str | None = None,
+    wait_seconds: float = 0.0,
+    on_wait: Callable[[dict], None] | None = None,
+) -> None:
+    """Make ``worktree``'s index equal to ``commit``'s tree (``git reset -q`` mixed: working files
+    are not touched), when the worktree is on ``branch`` and ``branch`` is at ``commit``: what a
+    checkpoint whose ``git reset`` did not run (a crash, a lock) still owes.
+
+    Args:
+        worktree, branch: the run's worktree and branch (short name).
+        commit: the checkpoint commit (40-hex).
+        repo, wait_seconds, on_wait: as for :func:`git_index_op`.
+
+    Raises:
+        WorkspaceError: ``head_moved`` when HEAD is not ``refs/heads/<branch>`` or the branch is
+            not at ``commit`` (nothing is reset); ``index_locked``; ``git_failed``.
+    """
+    _check_branch_name(branch)
+    ref = f"refs/heads/{branch}"
+    head = git(["symbolic-ref", "-q", "HEAD"], worktree, check=False)
+    tip = _rev_or_none(worktree, ref)
+    if head.returncode != 0 or _decode(head.stdout) != ref or tip != commit:
+        raise WorkspaceError(
+            "head_moved",
+            f"The worktree {worktree} is not on branch {branch} at {commit[:12]} (HEAD "
+            f"{_decode(head.stdout) or 'detached'}, branch at {tip or 'nothing'}); its index was not reset.")
+    git_index_op(["reset", "-q", "--no-recurse-submodules"], worktree, repo=repo, wait_seconds=wait_seconds,
+                 on_wait=on_wait)
+
+
 # ---------------------------------------------------------------------------------------------
 # Manifest and patch
 # ---------------------------------------------------------------------------------------------
@@ -1404,7 +1684,9 @@ def tree_changes(cwd: str, old_tree: str, new_tree: str) -> list[dict]:
     return sorted(changes, key=lambda c: c["path"])
 
 
-def restore_to(worktree: str, base_commit: str, excludes: list[str] | None = None) -> list[dict]:
+def restore_to(worktree: str, base_commit: str, excludes: list[str] | None = None, *,
+               repo: str | None = None, lock_wait: float = 0.0,
+               on_lock_wait: Callable[[dict], None] | None = None) -> list[dict]:
     """Put the deliverable files of ``worktree`` back as they are at ``base_commit``: files added
     since are removed (and directories they leave empty), deleted or changed ones are restored
     (``git restore --source=<base> --worktree``). What the manifest keeps out (ignored and
@@ -1414,13 +1696,15 @@ def restore_to(worktree: str, base_commit: str, excludes: list[str] | None = Non
         worktree: top-level directory of the run's worktree.
         base_commit: the commit to go back to (the stage's starting checkpoint).
         excludes: gitignore-style patterns, as for :func:`manifest`.
+        repo, lock_wait, on_lock_wait: how ``git restore`` (which takes the worktree's
+            ``index.lock``) lives with that lock, as for :func:`git_index_op`.
 
     Returns:
         The changes that were undone, as ``manifest()["changes"]`` lists them.
 
     Raises:
-        WorkspaceError: ``git_failed``, or the revision errors of :func:`manifest`; the files
-            still differing are then those :func:`manifest` reports.
+        WorkspaceError: ``git_failed``, ``index_locked``, or the revision errors of
+            :func:`manifest`; the files still differing are then those :func:`manifest` reports.
     """
     changes = manifest(worktree, base_commit, excludes)["changes"]
     top = os.path.realpath(worktree)
@@ -1440,8 +1724,9 @@ def restore_to(worktree: str, base_commit: str, excludes: list[str] | None = Non
             restore.append(change["path"])
     if restore:
         spec = b"".join(os.fsencode(p) + b"\0" for p in restore)
-        git(["restore", f"--source={resolve_commit(worktree, base_commit)}", "--worktree",
-             "--pathspec-from-file=-", "--pathspec-file-nul"], top, input=spec)
+        git_index_op(["restore", f"--source={resolve_commit(worktree, base_commit)}", "--worktree",
+                      "--pathspec-from-file=-", "--pathspec-file-nul"], top, input=spec, repo=repo,
+                     wait_seconds=lock_wait, on_wait=on_lock_wait)
     return changes
 
 
@@ -1523,6 +1808,10 @@ def commit_checkpoint(
     message: str,
     trailers: dict[str, str],
     keep_agent_commits: str | None = None,
+    *,
+    repo: str | None = None,
+    lock_wait: float = 0.0,
+    on_lock_wait: Callable[[dict], None] | None = None,
 ) -> dict:
     """Commit ``tree`` on ``branch`` as a checkpoint whose parent is ``parent``.
 
@@ -1542,7 +1831,10 @@ def commit_checkpoint(
        <engine@controlpanel.local>``, never signed);
     3. ``git update-ref refs/heads/<branch> <new> <parent>``, an atomic compare-and-swap;
     4. ``git reset -q`` (mixed) in the worktree, so its index agrees with the new commit;
-       working files are not touched.
+       working files are not touched. git's ``index.lock`` is lived with as
+       :func:`git_index_op` does (``repo``, ``lock_wait`` seconds, ``on_lock_wait``): a stale
+       lock is removed, a live one waited for. When that fails the commit exists on the branch
+       all the same (find it by its trailer) and its index is owed (:func:`reset_index_to`).
 
     Args:
         worktree: the run's worktree.
@@ -1558,7 +1850,8 @@ def commit_checkpoint(
 
     Raises:
         WorkspaceError: ``head_moved`` if the branch tip is not ``parent`` or the worktree's
-            HEAD is detached or on another branch; ``git_failed``.
+            HEAD is detached or on another branch; ``index_locked`` (after the commit);
+            ``git_failed``.
         ValueError: invalid branch name, trailer key or value.
     """
     _check_branch_name(branch)
@@ -1620,7 +1913,8 @@ def commit_checkpoint(
             f"Updating branch {branch} to checkpoint {new} failed: {_decode(proc.stderr)}",
             detail=_decode(proc.stderr),
         )
-    git(["reset", "-q", "--no-recurse-submodules"], worktree)
+    git_index_op(["reset", "-q", "--no-recurse-submodules"], worktree, repo=repo, wait_seconds=lock_wait,
+                 on_wait=on_lock_wait)
     return {"commit": new, "created": True}
 
 
