@@ -318,6 +318,7 @@ def corpus() -> list[Case]:
                        "e2e/test_sq.py": SQUARE_DATA_TEST}),
               2: step({"app/core.py": CORE_SQUARE.replace("return x * x", "return 0"),
                        "e2e/squares.json": "[[0, 0]]\n"})}, stages=2),
+        # "(C24)" in the next two descriptions: the field case docs/field-cases.md C24
         Case("gate-through-tee", "does nothing useful; the agreed gate is piped through tee (C24)",
              {1: step(no_mul)}, expect=("gate_failed",), gate=PYTEST + ' | tee "$TMPDIR/gate.log"'),
         Case("gate-then-echo", "does nothing useful; the agreed gate is followed by `; echo done` (C24)",

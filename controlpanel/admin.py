@@ -253,7 +253,7 @@ class RunAdmin(ReadOnlyAdmin):
     def coloured_status(self, obj):
         age = (timezone.now() - obj.heartbeat_at).total_seconds() if obj.heartbeat_at else None
         if obj.status == "running" and age is not None and age > settings.CP_HEARTBEAT_STALE:
-            # never "running" alone when nobody is known to be running it (field case C20)
+            # never "running" alone when nobody is known to be running it (docs/field-cases.md C20)
             return format_html('<b style="color:#b45309">running: no heartbeat for {} s</b>', f"{age:.0f}")
         return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(obj.status, "#000"),
                            obj.get_status_display())

@@ -6,7 +6,7 @@ only worker leaves its agent tree running and its run "running" until somebody n
 ``engine.reconcile`` entry of the schedule is not sent: beat calls ``engine.reconcile.reconcile``
 in its own process every ``CP_RECONCILE_PERIOD`` seconds (a pass takes milliseconds, plus a few
 seconds per interrupted run while its processes are reaped). Every other entry is sent as usual.
-Two beats at once still act once per run (each takeover is a compare-and-swap; field case C17).
+Two beats at once still act once per run (each takeover is a compare-and-swap; docs/field-cases.md C17).
 
 Used by ``celery -A controlpanel beat`` and a worker's embedded beat (``-B``) through the
 ``CELERY_BEAT_SCHEDULER`` setting.

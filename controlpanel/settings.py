@@ -69,7 +69,7 @@ _default_db = "sqlite:///" + str(VAR_DIR / "controlpanel.sqlite3")
 DATABASES = {"default": env.db_url("DATABASE_URL", default=_default_db)}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Writers are serialised: every transaction takes the write lock at BEGIN, so a
-    # read-then-write never fails half way with "database is locked" (field case C16),
+    # read-then-write never fails half way with "database is locked" (docs/field-cases.md C16),
     # and WAL lets readers go on while a writer holds the lock.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {
@@ -133,13 +133,13 @@ if CELERY_BROKER_IS_FILESYSTEM:
     }
 else:
     # Longer than the longest step: a message held by a live worker is not redelivered
-    # while it still runs (field case C15). The claim protects us when it is anyway.
+    # while it still runs (docs/field-cases.md C15). The claim protects us when it is anyway.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env.int("CP_VISIBILITY_TIMEOUT", default=6 * 3600),
     }
     # Seconds between a worker's scans for unacknowledged messages older than the visibility
     # timeout, which kombu then puts back on the queue. 0 keeps kombu's own period (kombu 5.7:
-    # every 10 s with a throttle of 10, so about 100 s); tests of field case C15 set 1 so that
+    # every 10 s with a throttle of 10, so about 100 s); tests of docs/field-cases.md C15 set 1 so that
     # the redelivery comes seconds after CP_VISIBILITY_TIMEOUT, as it would in a long run.
     if env.int("CP_BROKER_RESTORE_INTERVAL", default=0) > 0:
         CELERY_BROKER_TRANSPORT_OPTIONS.update(

@@ -329,7 +329,7 @@ def claim(run_id: int, token: str | None, owner: str) -> str | None:
 
     ``token`` None claims a queued run (queued -> running); a token claims the step that the
     previous step handed off (running, that token, no owner). A redelivered or duplicated
-    message carries no token that still matches, so it claims nothing (field case C15).
+    message carries no token that still matches, so it claims nothing (docs/field-cases.md C15).
     """
     mine = new_token()
     now = timezone.now()
@@ -685,7 +685,7 @@ def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> l
 def take_over(run_id: int, token: str, heartbeat_at, owner: str) -> str | None:
     """A reconciler takes the lease of a running run whose owner stopped beating: a
     compare-and-swap on the token and the heartbeat it saw stale (two reconcilers act once,
-    field case C17). Returns the new fencing token, or None when another got there first."""
+    docs/field-cases.md C17). Returns the new fencing token, or None when another got there first."""
     _check_lease(run_id, Lease.HELD, Lease.HELD)
     mine = new_token()
     won = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token, heartbeat_at=heartbeat_at) \

@@ -1343,8 +1343,8 @@ _SIMULATION_KEYS = ("scenario", "scripted_endpoint")
 def _refuse_credentials(value, path: str, report: _Report, credentials: bool = True) -> None:
     """Report every string of the definition that the database cannot store (a NUL character) or
     that looks like a credential (engine.redaction's patterns, a secret-named profile ``env``): a
-    pipeline is saved and frozen into every run, so a pasted key would be stored three times (field
-    case C14). Scenarios and scripted endpoints are checked for NUL only."""
+    pipeline is saved and frozen into every run, so a pasted key would be stored three times
+    (docs/field-cases.md C14). Scenarios and scripted endpoints are checked for NUL only."""
     from .redaction import redact_text
 
     if isinstance(value, dict):

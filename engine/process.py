@@ -1,23 +1,23 @@
 """Supervised subprocesses: own session, deadline, streamed capture, redaction, tree kill.
 
 The Run Engine starts agent CLIs and gate commands through :func:`run_supervised`.  It
-owns everything the field cases C06, C08, C10, C11, C12 and C14 ask of a child process (each a
+owns everything the field cases C06, C08, C10, C11, C12 and C14 (docs/field-cases.md) ask of a child process (each a
 test named after its id, in tests/test_process.py and tests/test_steps.py):
 
 * the child gets its own session (``start_new_session=True``), ``stdin`` from
-  ``/dev/null`` and ``GIT_TERMINAL_PROMPT=0`` / ``GIT_ASKPASS=`` (C10), so a prompt
+  ``/dev/null`` and ``GIT_TERMINAL_PROMPT=0`` / ``GIT_ASKPASS=`` (docs/field-cases.md C10), so a prompt
   sees EOF instead of waiting forever;
 * every process of the tree carries ``CP_PROCESS_MARKER=<marker>`` in its environment,
   so descendants that escaped into their own session (claude's Bash tool shells,
-  ``sleep 600 &``) can still be found and killed (C06), also by a later reconciler
+  ``sleep 600 &``) can still be found and killed (docs/field-cases.md C06), also by a later reconciler
   (:func:`kill_tree`);
 * stdout and stderr go to one pipe that a reader thread streams through a
   :class:`~engine.redaction.Redactor` into a raw file (bytes as emitted, apart from
-  redactions; C11, C12, C14) and a display log (UTF-8, ANSI removed, carriage-return
-  progress collapsed; C12), with a byte cap and bounded memory;
+  redactions; docs/field-cases.md C11, C12, C14) and a display log (UTF-8, ANSI removed, carriage-return
+  progress collapsed; docs/field-cases.md C12), with a byte cap and bounded memory;
 * the deadline is watched by the caller's thread; on expiry the tree is stopped
-  politely and then by force (SIGINT, SIGTERM, SIGKILL; C08), and the reader is joined
-  with a bounded wait even if a process outside our reach still holds the pipe (C06).
+  politely and then by force (SIGINT, SIGTERM, SIGKILL; docs/field-cases.md C08), and the reader is joined
+  with a bounded wait even if a process outside our reach still holds the pipe (docs/field-cases.md C06).
 
 This module takes and returns plain values; it does not import Django.
 """
@@ -1174,7 +1174,7 @@ class _Supervision:
         After a deadline or cancel: SIGINT, SIGTERM, SIGKILL (:func:`_terminate`) to the
         whole tree.  Then the child is reaped, which fixes ``ended_at`` and
         ``elapsed_seconds``.  Then the leftovers still carrying the marker or still in the
-        child's session (e.g. ``sleep 600 &`` holding the pipe, C06) are stopped, politely
+        child's session (e.g. ``sleep 600 &`` holding the pipe, docs/field-cases.md C06) are stopped, politely
         after a normal exit, by SIGKILL at once after a stop (they already had their grace).
         """
         if self.stopped:

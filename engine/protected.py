@@ -19,7 +19,7 @@ After every agent attempt (and before the gates run) ``compare`` checks the work
 manifest against the records: a protected file modified, deleted, renamed (its content
 reappears under another name) or whose mode changed is tampering. So is an **added** file that
 changes how existing tests run: a runner's file (``is_loader``: a new ``conftest.py`` or
-``pytest.ini`` at any depth, field case C22), a file a protected pattern matches that is not a
+``pytest.ini`` at any depth, docs/field-cases.md C22), a file a protected pattern matches that is not a
 new test module (``TEST_FILE_PATTERNS``: agents may add tests), an ``__init__.py`` in a folder
 of protected files, a new top-level module that shadows another where the tests import from
 (``shadowed_names``, ``import_roots``), and a new test module naming ``pytest_plugins``. When a

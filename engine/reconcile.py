@@ -2,7 +2,7 @@
 
 Run by Celery beat every CP_RECONCILE_PERIOD seconds and once when a worker starts. Every
 action first wins a compare-and-swap on the run row, so two reconcilers running at once (two
-beat processes, a beat and a worker start) act once (field case C17).
+beat processes, a beat and a worker start) act once (docs/field-cases.md C17).
 
 * queued and not claimed for CP_QUEUED_STALE seconds: enqueue again;
 * running, handed off between steps, and not picked up for CP_QUEUED_STALE: enqueue again;
@@ -282,7 +282,7 @@ def interrupt(run_id: int, token: str, heartbeat_at):
       ``interrupted`` and stop the run for review (returns True). Completed stages are kept.
 
     Returns False when another reconciler (or the owner itself) got there first: the takeover is
-    a compare-and-swap on the run's lease token and heartbeat (field case C17). A missing
+    a compare-and-swap on the run's lease token and heartbeat (docs/field-cases.md C17). A missing
     repository or worktree does not raise: it is said in the stop's sentence.
     """
     mine = machine.take_over(run_id, token, heartbeat_at, f"reconciler:{socket.gethostname()}")

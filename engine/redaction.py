@@ -1,7 +1,7 @@
 """Streaming credential redaction for captured process output.
 
 Everything an agent or a gate prints goes through a :class:`Redactor` *before* it is
-written anywhere (field case C14: redaction happens before anything is persisted, not
+written anywhere (docs/field-cases.md C14: redaction happens before anything is persisted, not
 only when output is displayed).  The redactor works on bytes, chunk by chunk, with a
 bounded hold-back so that a credential split across two reads is still caught.
 
@@ -25,7 +25,7 @@ What is redacted (each occurrence is replaced by ``[REDACTED]``):
   line never comes);
 * the password in URLs ``scheme://user:PASSWORD@host``.
 
-JSON-escaped output (stream-json lines, C14) is handled: token bodies never include a
+JSON-escaped output (stream-json lines, docs/field-cases.md C14) is handled: token bodies never include a
 backslash or a quote, so a key inside ``"...sk_live_XXXX\\n..."`` ends at the ``\\`` of
 ``\\n`` and the closing quote is kept; escaped ``\\/`` inside base64 values and escaped
 newlines inside private key blocks are redacted with the value.

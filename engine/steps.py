@@ -392,7 +392,7 @@ def _final_submodules(run: Run, checkpoint: str, folder: Path) -> None:
 
 
 def _prepare_workspace(run: Run, lease: str) -> dict:
-    """Make sure the run's worktree exists on its branch (C01, C02, C04 handled by workspace).
+    """Make sure the run's worktree exists on its branch (docs/field-cases.md C01, C02, C04 handled by workspace).
 
     A branch of the run's name that this run did not create is taken only when it points at
     the run's own commit (nothing on it could be lost); otherwise ``workspace_branch_exists``.

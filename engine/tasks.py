@@ -1,7 +1,7 @@
 """Thin Celery tasks of the Run Engine. They take ids, re-read state, and are no-ops when late.
 
 Only ids and fencing tokens travel through the broker: no prompt, output or secret ever does
-(field case C14).
+(docs/field-cases.md C14).
 """
 import logging
 

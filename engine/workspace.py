@@ -706,7 +706,7 @@ def ensure_worktree(
 ) -> dict:
     """Make sure ``path`` is a worktree of ``repo`` with ``branch`` checked out.
 
-    Every refusal is decided before anything is written (field case C01): a refused call
+    Every refusal is decided before anything is written (docs/field-cases.md C01): a refused call
     leaves no directory at ``path``, no new ``.git/worktrees/<id>`` entry, and ``git worktree
     list`` unchanged. The whole operation holds :func:`repo_lock` for ``repo``.
 
@@ -714,7 +714,7 @@ def ensure_worktree(
 
     1. ``path`` is a live registered worktree of ``repo`` on ``branch``: reuse it (submodules
        are reported, not updated, so work inside them is not reset).
-    2. ``path`` is registered but its directory is gone (C02): that one registration (the
+    2. ``path`` is registered but its directory is gone (docs/field-cases.md C02): that one registration (the
        ``.git/worktrees/<id>`` whose ``gitdir`` points at ``path``) is removed and creation
        proceeds; other registrations are untouched. A *locked* stale registration is
        respected and refused as ``workspace_path_exists``.
@@ -727,7 +727,7 @@ def ensure_worktree(
 
     Repository hooks are not run (``core.hooksPath=/dev/null``). If the checked-out tree has
     ``.gitmodules``, ``git -c protocol.file.allow=always submodule update --init
-    --recursive`` runs in the new worktree (C04). Its clones live under the worktree's own
+    --recursive`` runs in the new worktree (docs/field-cases.md C04). Its clones live under the worktree's own
     admin directory (``.git/worktrees/<id>/modules``); like ``git submodule init`` anywhere,
     it records ``submodule.<name>.url``/``.active`` in the repository's shared config when
     they are not there yet (git has no per-worktree place for them unless
@@ -776,7 +776,7 @@ def ensure_worktree(
                         "submodules": _submodule_report(path)}
 
         # 1b. Our own live worktree, but on another branch or none: someone moved its HEAD
-        # (an agent's `git branch -m` or checkout, C31). Never re-created over the work in it.
+        # (an agent's `git branch -m` or checkout, docs/field-cases.md C31). Never re-created over the work in it.
         for entry in live:
             if entry["branch"] != ref and os.path.exists(os.path.join(path, ".git")):
                 where = entry["branch"] or "a detached HEAD"
@@ -1600,7 +1600,7 @@ def manifest(worktree: str, base_commit: str, excludes: list[str] | None = None)
     re-hashed), ``git add -A`` of the working files, ``git diff-index --cached`` against the
     base (the changes), then ``git write-tree``. The worktree's own index, HEAD and branch
     are not read for content and not changed, so the manifest is the same whatever the agent
-    did with commits or branches (C31). The copy keeps the index file's modification time:
+    did with commits or branches (docs/field-cases.md C31). The copy keeps the index file's modification time:
     git compares the entries' times with it to tell a file edited in the second the index was
     written ("racily clean", its stat data unchanged at git's one-second resolution) from an
     unchanged one, so a copy dated later would let such an edit be missed.
@@ -1817,7 +1817,7 @@ def commit_checkpoint(
 
     With ``keep_agent_commits`` (a full ref name such as
     ``refs/controlpanel/run-7/stage-1-agent-commits``), a branch that moved *forward* from
-    ``parent`` (an agent that committed its own work, field case C31) is not refused: its tip
+    ``parent`` (an agent that committed its own work, docs/field-cases.md C31) is not refused: its tip
     is kept under that ref, so nothing is lost, and the checkpoint (whose tree already holds
     every deliverable change) replaces it on the branch, with ``parent`` as its parent. A
     branch that moved anywhere else is still ``head_moved``.

@@ -1,6 +1,6 @@
 """Regressions found while proving stage context and attempt records: the dependency output
 carries the implementer's message (not the reviewer's), a scenario command's output without a
-final newline, a credential pasted into a pipeline (C14), and the initial specification index.
+final newline, a credential pasted into a pipeline (docs/field-cases.md C14), and the initial specification index.
 Runs are driven in this process (real scripted agent processes), as in tests/test_steps.py.
 
 Also here, because it needs no worker: a profile whose executable does not exist is refused

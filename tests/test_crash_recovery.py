@@ -9,7 +9,7 @@ at the private server by ``CELERY_BROKER_URL``; the test process
 publishes its own messages (Start, Recover) there too (``publish``). The stub agent is the
 scripted test adapter: it prints, writes, sleeps and runs shell commands as an agent would.
 
-Field cases: C15 (redelivery after the visibility timeout), C17 (two beats), C20 (a worker or
+Field cases (docs/field-cases.md): C15 (redelivery after the visibility timeout), C17 (two beats), C20 (a worker or
 its pool child killed mid attempt); plus the issue's acceptance item for a broker restart, with a
 worker started as ``make worker`` starts one (its flags are asserted equal to the Makefile's and
 docker-compose.yml's), and kombu's side of the crash a broker restart used to cause.
@@ -291,7 +291,7 @@ def interruptions(run: Run) -> int:
     return run.events.filter(kind="stopped", message__startswith="Stopped (interrupted)").count()
 
 
-# ----------------------------------------------------------------------------- C15: redelivery
+# --------------------------------------------------------- docs/field-cases.md C15: redelivery
 
 
 def test_c15_a_start_redelivered_after_the_visibility_timeout_launches_nothing(broker, publish, make_pipeline, repo,
@@ -334,7 +334,7 @@ def test_c15_a_start_redelivered_after_the_visibility_timeout_launches_nothing(b
             worker.kill()
 
 
-# ----------------------------------------------------------------------------- C17: two reconcilers
+# --------------------------------------------------------- docs/field-cases.md C17: two reconcilers
 
 
 @pytest.mark.parametrize("reconcilers", ["two beats", "two threads"])
@@ -412,7 +412,7 @@ def test_c17_a_run_whose_owner_died_is_interrupted_exactly_once(reconcilers, bro
         victim.kill()
 
 
-# ----------------------------------------------------------------------------- C20: a killed worker
+# --------------------------------------------------------- docs/field-cases.md C20: a killed worker
 
 
 @pytest.mark.parametrize("victim", ["pool child", "whole worker"])

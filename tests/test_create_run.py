@@ -147,7 +147,7 @@ def test_create_run_command_refuses_with_the_field_named(make_pipeline, repo):
 
 
 def test_a_failure_after_the_run_row_leaves_nothing(make_pipeline, repo, monkeypatch):
-    """Field case C18 (b), create side: an exception after the Run row is written rolls everything back."""
+    """docs/field-cases.md C18 (b), create side: an exception after the Run row is written rolls everything back."""
     pipeline = make_pipeline()
 
     def explode(*args, **kwargs):

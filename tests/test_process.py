@@ -1,6 +1,6 @@
 """Tests for engine.process: real child processes, no mocks.
 
-Field cases: C06 (grandchild holding the pipe), C08 (SIGTERM ignored), C10 (prompt gets
+Field cases (docs/field-cases.md): C06 (grandchild holding the pipe), C08 (SIGTERM ignored), C10 (prompt gets
 EOF), C11 (truncated output kept raw), C12 (bytes, ANSI, progress, UTF-8).
 """
 
@@ -32,7 +32,7 @@ from engine.process import (
 
 PY = sys.executable
 GRACE = 1.0
-SLACK = 2.0  # allowed on top of deadline + grace (the field cases' convention: 2 s of slack)
+SLACK = 2.0  # allowed on top of deadline + grace (the convention of docs/field-cases.md: 2 s of slack)
 
 
 @pytest.fixture
@@ -324,7 +324,7 @@ def test_it_generates_a_marker_when_none_is_given(tmp_path):
     assert _log(tmp_path) == result.marker + "\n"
 
 
-# --- field cases ----------------------------------------------------------------------
+# --- field cases (docs/field-cases.md) ------------------------------------------------
 
 
 def test_c06_grandchild_holding_pipe(tmp_path, marker):

@@ -44,7 +44,7 @@ def test_a_lost_hand_off_is_enqueued_again_with_its_token(make_pipeline, repo, s
 
 
 def test_a_step_whose_worker_died_is_interrupted_once_and_its_processes_reaped(make_pipeline, repo, sent):
-    """Field cases C17 and C20 in small: a dead owner, a live agent tree, two reconcilers."""
+    """Field cases C17 and C20 (docs/field-cases.md) in small: a dead owner, a live agent tree, two reconcilers."""
     run = operations.create_run(make_pipeline(), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     Run.objects.filter(pk=run.pk).update(status="running", lease_owner="vm:1", lease_token="dead-worker",

@@ -1,4 +1,4 @@
-"""Tests for engine.redaction, alone and through real child processes (C14).
+"""Tests for engine.redaction, alone and through real child processes (docs/field-cases.md C14).
 
 Secrets are generated at test time (prefix + random characters); no key-like literal is
 committed.

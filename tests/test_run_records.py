@@ -7,7 +7,7 @@ known process; the session's worker pool (tests/conftest.py) is not touched. The
 sends a run's first message to that queue (``route``); every later message is sent by the
 worker itself, to its own queue.
 
-Field cases: C06 (grandchild holding the pipe), C08 (SIGTERM ignored), C12 (bytes, ANSI,
+Field cases (docs/field-cases.md): C06 (grandchild holding the pipe), C08 (SIGTERM ignored), C12 (bytes, ANSI,
 progress, UTF-8) and C14 (secrets in every store) at run level; the unit-level versions are in
 tests/test_process.py and tests/test_redaction.py.
 """
@@ -101,7 +101,8 @@ class Solo:
 
 @pytest.fixture(scope="module")
 def solo(django_db_setup, tmp_path_factory):
-    """One worker for the tests of this module that do not kill theirs, at DEBUG (C14 greps its log)."""
+    """One worker for the tests of this module that do not kill theirs, at DEBUG
+    (docs/field-cases.md C14 greps its log)."""
     worker = Solo(tmp_path_factory.mktemp("solo"), f"issue3-{os.getpid()}-{uuid.uuid4().hex[:6]}", loglevel="debug",
                   CP_LOG_LEVEL="DEBUG").start()
     yield worker
@@ -235,7 +236,7 @@ def test_the_saved_prompt_holds_requirement_plan_dependency_output_and_docs(on_s
     assert served == var(attempt.prompt_path).read_bytes()
 
 
-# ----------------------------------------------------------------------------- secrets (C14)
+# --------------------------------------------------------- secrets (docs/field-cases.md C14)
 
 
 EMITTER = r'''
@@ -365,7 +366,7 @@ def test_c14_secrets_an_agent_prints_reach_no_store_and_no_page(solo, route, mak
     assert leaks == []
 
 
-# ----------------------------------------------------------------------------- deadlines (C06, C08)
+# --------------------------------------------------------- deadlines (docs/field-cases.md C06, C08)
 
 
 STUBBORN = r'''

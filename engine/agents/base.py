@@ -23,7 +23,7 @@ USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cache_creation_
 FAILURE_KINDS = ("missing_executable", "auth_failed", "timeout", "malformed_result", "crashed", "cancelled",
                  "interactive_prompt")
 
-#: What a CLI waiting for a person prints (field case C10: an approval or login prompt). The
+#: What a CLI waiting for a person prints (docs/field-cases.md C10: an approval or login prompt). The
 #: agent's stdin is /dev/null or the prompt file, so it reads EOF and exits; this names why.
 _PROMPT_PATTERNS = re.compile(
     r"\[(?:Y/n|y/N|y/n|Y/N)\]|\((?:y/n|Y/n|y/N|yes/no)\)|Press (?:Enter|any key)|Enter (?:the )?(?:authorization )?code"
@@ -161,7 +161,7 @@ def classify_process(result) -> tuple[str | None, str]:
 def interactive_prompt(log_path: str, failure_kind: str | None, failure_message: str,
                        window: int = 8192) -> tuple[str | None, str]:
     """Turn a ``crashed`` attempt whose output ends at a question for a person into
-    ``interactive_prompt`` (C10); other outcomes are returned unchanged."""
+    ``interactive_prompt`` (docs/field-cases.md C10); other outcomes are returned unchanged."""
     if failure_kind != "crashed":
         return failure_kind, failure_message
     try:

@@ -9,7 +9,7 @@ against the real binary):
   in EOF and has no size limit of an argument;
 * ``--max-turns`` is not in ``--help`` but works; always passed;
 * a fresh ``HOME`` per attempt (no user-level settings of the worker can loosen the policy,
-  field case C28); only the login (``.credentials.json``) is copied in when present;
+  docs/field-cases.md C28); only the login (``.credentials.json``) is copied in when present;
 * ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`` (no telemetry or title side call),
   ``CLAUDE_CODE_MAX_RETRIES`` small;
 * role flags: reviewer ``--tools Read,Grep,Glob`` (removes every mutating tool, Bash
@@ -99,9 +99,10 @@ def parse_stream(raw_path: str) -> dict:
 
     Returns ``{"result": dict | None, "last_text": str, "session_id": str, "version": str,
     "auth_error": bool, "refusals": [{"tool", "message"}]}``: the last ``result`` object (None
-    when missing or cut: C11), the last assistant text (the fallback final message, C29), the
-    session id of the init event, and the tool calls the CLI refused or that failed (tool
-    results with ``is_error``: a removed tool, a denied permission; at most 200).
+    when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
+    message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
+    CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
+    permission; at most 200).
     """
     found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
              "refusals": []}
