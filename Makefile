@@ -33,8 +33,9 @@ demo: install agents
 test: install agents browser
 	$(BIN)/python -m pytest -q --durations=15
 
+## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those)
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not pipeline"
 
 migrate: install
 	$(BIN)/python manage.py migrate

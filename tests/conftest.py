@@ -268,3 +268,58 @@ def run_row(make_pipeline):
             StageRun.objects.create(run=run, key=keys[order], order=order, status=stage_status)
         return run
     return factory
+
+
+# ----------------------------------------------------------------------------- tiers
+
+#: Helpers that drive a whole run in-process (agents in the sandbox, real git, real gates).
+_DRIVERS = frozenset({"drive", "start_and_drive"})
+#: Modules whose every test drives runs: the hostile-agent suite and the verification scenarios.
+_PIPELINE_MODULES = ("tests/security/", "tests/test_verification.py", "tests/test_context_regressions.py",
+                     "tests/test_acceptance_runs.py")
+
+
+def _names_a_driver(code, scope: dict, seen: set) -> bool:
+    """True when ``code`` calls a run driver, directly or through a helper of the test modules
+    (a function of ``scope``, the module's globals, defined under tests/), followed recursively."""
+    if code in seen:
+        return False
+    seen.add(code)
+    if _DRIVERS & set(code.co_names):
+        return True
+    for const in code.co_consts:
+        if hasattr(const, "co_names") and _names_a_driver(const, scope, seen):
+            return True
+    for name in code.co_names:
+        helper = scope.get(name)
+        helper_code = getattr(helper, "__code__", None)
+        if helper_code is not None and "/tests/" in helper_code.co_filename.replace("\\", "/"):
+            if _names_a_driver(helper_code, getattr(helper, "__globals__", scope), seen):
+                return True
+    return False
+
+
+def _drives(item) -> bool:
+    """True when the test, or a fixture it uses, calls a run driver (``_DRIVERS``), or lives in a
+    ``_PIPELINE_MODULES`` module."""
+    path = Path(str(item.fspath)).as_posix()
+    if any(part in path for part in _PIPELINE_MODULES):
+        return True
+    seen: set = set()
+    function = getattr(item, "function", None)
+    if function is not None and _names_a_driver(function.__code__, function.__globals__, seen):
+        return True
+    for defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values():
+        for fixturedef in defs:
+            func = getattr(fixturedef, "func", None)
+            if hasattr(func, "__code__") and _names_a_driver(func.__code__, getattr(func, "__globals__", {}), seen):
+                return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark ``pipeline`` every test that drives a whole run (``make test-fast`` leaves them to
+    ``make test``): the fast tier is what needs no worker and no whole run."""
+    for item in items:
+        if _drives(item):
+            item.add_marker(pytest.mark.pipeline)
