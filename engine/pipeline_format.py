@@ -41,6 +41,7 @@ from .pipeline_schema import (
     Scenario,
     key_path,
 )
+from .redaction import redact_text, secret_env_values
 
 __all__ = [
     "ADAPTERS",
@@ -195,7 +196,6 @@ def load_file(path) -> dict:
 
 def _secret_env(path: str, value: str) -> bool:
     """True for a profile ``env`` entry whose name says it is a secret (PASSWORD, TOKEN, ...)."""
-    from .redaction import secret_env_values
 
     parts = path.split(".")
     if len(parts) < 4 or parts[0] != "profiles" or parts[2] != "env":
@@ -212,7 +212,6 @@ def _refuse_credentials(value, path: str, errors: list, source: str, credentials
     that looks like a credential (engine.redaction's patterns, a secret-named profile ``env``): a
     pipeline is saved and frozen into every run, so a pasted key would be stored three times
     (docs/field-cases.md C14). Scenarios and scripted endpoints are checked for NUL only."""
-    from .redaction import redact_text
 
     if isinstance(value, dict):
         for key, item in value.items():

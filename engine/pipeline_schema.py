@@ -46,12 +46,12 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     WrapValidator,
-    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticUseDefault
 
 from . import globs
+from .scripted_endpoint import ScenarioError, normalize_scenario
 from .agents.netproxy import is_internal_host, split_host_port
 
 #: The only format version this module reads (top-level key ``format``).
@@ -1078,7 +1078,6 @@ def _endpoint(data, loc: tuple):
     """A scripted model endpoint's scenario: ``{default: TURNS, stages: {key: {operation: TURNS}}}``
     where TURNS is the endpoint's own scenario, checked by engine/scripted_endpoint.py
     (``normalize_scenario``). Returns ``(a deep copy or None, problems)``."""
-    from .scripted_endpoint import ScenarioError, normalize_scenario
 
     if not isinstance(data, dict):
         return None, [(loc, f"must be a mapping with 'default' and/or 'stages', got {kind(data)}")]
