@@ -38,6 +38,7 @@ from .common import (
 )
 from .gates import MAX_BOUND_PROTECTED, gate_commands, gate_results, remove_bytecode
 from .paths import control_path, process_marker_prefix, remove_scratch, run_env, scratch_dirs, sha256_file, var_path
+from .plans import CrashOutcome, Outcome, Plan, StagePlan, StepPlan
 
 #: What each step kind of a stage does before it runs (the run locked; returns its plan).
 BEGINNERS = {"implement": implement.begin, "repair": implement.begin, "review": review.begin,
@@ -57,9 +58,9 @@ _final_checkout = final.final_checkout
 _remove_final_checkout = final.remove_final_checkout
 
 
-def begin(run: Run, step: machine.Step, lease: str) -> dict:
+def begin(run: Run, step: machine.Step, lease: str) -> Plan:
     """Persist the intent of ``step`` (run locked by the caller) and return its plan."""
-    plan = {"kind": step.kind, "run_id": run.pk, "lease": lease, "stage_id": step.stage_id}
+    plan: StepPlan = {"kind": step.kind, "run_id": run.pk, "lease": lease, "stage_id": step.stage_id}
     if step.kind == "finish":
         return final.begin(run, plan)
     stage = StageRun.objects.select_related("run").get(pk=step.stage_id)
@@ -68,12 +69,12 @@ def begin(run: Run, step: machine.Step, lease: str) -> dict:
         machine.start_stage(stage, previous.checkpoint_commit if previous else run.commit)
     elif stage.status != StageStatus.RUNNING:
         machine.start_stage(stage, stage.base_commit)
-    plan["stage_key"] = stage.key
+    stage_plan: StagePlan = {**plan, "stage_key": stage.key}
     beginner = BEGINNERS.get(step.kind)
-    return beginner(run, stage, plan) if beginner is not None else plan
+    return beginner(run, stage, stage_plan) if beginner is not None else stage_plan
 
 
-def execute(plan: dict, should_stop) -> dict:
+def execute(plan: Plan, should_stop) -> Outcome:
     """Do the step's slow work outside any transaction; returns its outcome dict."""
     executor = EXECUTORS.get(plan["kind"])
     return executor(plan, should_stop) if executor is not None else {}
@@ -83,7 +84,7 @@ def execute(plan: dict, should_stop) -> dict:
 _STOP_CODES = ("nested_repository", "boundary_not_enforced")
 
 
-def crashed(plan: dict, exc: BaseException) -> dict:
+def crashed(plan: Plan, exc: BaseException) -> CrashOutcome:
     """The outcome of a step whose own machinery raised: infrastructure broke, not the agent; or
     a refusal an agent's files caused (a nested repository found by the manifest, a boundary the
     sandbox cannot enforce), whose code becomes the stop reason."""
@@ -96,7 +97,7 @@ def crashed(plan: dict, exc: BaseException) -> dict:
     return {"crashed": True, "failure_kind": "crashed", "failure_message": f"{type(exc).__name__}: {exc}"}
 
 
-def finish(run: Run, plan: dict, outcome: dict) -> None:
+def finish(run: Run, plan: Plan, outcome: Outcome) -> None:
     """Record the outcome of a step on the locked ``run`` and move it on or stop it."""
     if plan["kind"] == "finish":
         final.finish(run, plan, outcome)
@@ -117,7 +118,7 @@ def finish(run: Run, plan: dict, outcome: dict) -> None:
     FINISHERS[plan["kind"]](run, stage, plan, outcome)
 
 
-def record_late(run: Run, plan: dict, outcome: dict) -> None:
+def record_late(run: Run, plan: Plan, outcome: Outcome) -> None:
     """A result that arrived after the run moved on: kept as evidence, changes nothing."""
     if plan.get("attempt_id"):
         attempt = Attempt.objects.get(pk=plan["attempt_id"])

@@ -35,11 +35,16 @@ from .common import (
 )
 from .gates import gate_commands
 from .paths import control_path, process_marker_prefix, run_env, scratch_dirs, sha256_file, var_path
+from .plans import AgentOutcome, AgentPlan, Tamper
 from .prompts import build_prompt
 
 
 def begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: str,
                   profile_name: str | None = None) -> dict:
+    """Record the Attempt of ``operation`` by ``role`` (its profile: ``profile_name`` or the role's)
+    before anything launches, with its deadline (cut to what is left of the run's active-time
+    budget) and its folder of control records; returns the plan's attempt keys (engine/steps/plans.py
+    ``AgentPlan``)."""
     definition = run.definition
     profile_name = profile_name or definition["roles"][role]
     profile = definition["profiles"][profile_name]
@@ -124,7 +129,10 @@ def _reset_for_retry(run: Run, stage: StageRun, attempt: Attempt, lease: str) ->
                               stage=stage, attempt=attempt, decision=decision)
 
 
-def execute_agent(plan: dict, should_stop) -> dict:
+def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
+    """Prepare the worktree, write the prompt, launch the agent under the lease guard and look at
+    what it left: the .git file, nested repositories (both before any git reads the files), then
+    the manifest, the patch, protected files and outward symlinks."""
     stage = stage_row(plan)
     run = stage.run
     attempt = Attempt.objects.get(pk=plan["attempt_id"])
@@ -213,7 +221,7 @@ def execute_agent(plan: dict, should_stop) -> dict:
     return outcome
 
 
-def tamper_report(run: Run, current: dict, folder: str, secrets: list[str]) -> dict | None:
+def tamper_report(run: Run, current: dict, folder: str, secrets: list[str]) -> Tamper | None:
     """Compare the protected files with a manifest; on tampering write the report and return
     ``{"changes": [...], "report": rel path of the .diff, "files": rel path of the .json}``, else
     None."""
@@ -238,7 +246,7 @@ def tamper_report(run: Run, current: dict, folder: str, secrets: list[str]) -> d
     return {"changes": changes, "report": report_rel, "files": report_rel[:-len(".diff")] + ".json"}
 
 
-def apply_attempt_result(attempt: Attempt, outcome: dict) -> None:
+def apply_attempt_result(attempt: Attempt, outcome: AgentOutcome) -> None:
     if not outcome.get("launched"):
         if attempt.log_path:
             with open(var_path(attempt.log_path), "a", encoding="utf-8") as log:
@@ -279,7 +287,7 @@ def refuse_attempt(evidence: dict, kind: str, message: str) -> None:
         machine.refuse_attempt(evidence["attempt"], kind, message)
 
 
-def stop_tampered(run: Run, stage: StageRun, tamper: dict, who: str, evidence: dict) -> None:
+def stop_tampered(run: Run, stage: StageRun, tamper: Tamper, who: str, evidence: dict) -> None:
     changes = tamper["changes"]
     text = protected.describe(changes)
     refuse_attempt(evidence, "protected_files_changed", f"changed protected files: {text}")
@@ -311,7 +319,7 @@ def stop_outward(run: Run, stage: StageRun, links: list[dict], who: str, evidenc
                  stage=stage, evidence={**evidence, "links": links[:100]})
 
 
-def finish_attempt(run: Run, stage: StageRun, plan: dict, outcome: dict) -> Attempt | None:
+def finish_attempt(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) -> Attempt | None:
     """Apply an agent attempt's result to its row and check its files the same way for every
     role: no nested repository, an intact .git file, the active-time budget, no protected file
     changed, no symlink out of the worktree, nothing outside the role's scope. Returns the

@@ -11,20 +11,21 @@ from .. import faults, machine, protected, workspace
 from ..models import JournalEntry, Run, StageRun
 from .common import lock_wait_seconds, lock_waiter, manifest_excludes, stage_row
 from .paths import control_path, var_path
+from .plans import CheckpointOutcome, CheckpointPlan, StagePlan
 
 
-def begin(run: Run, stage: StageRun, plan: dict) -> dict:
+def begin(run: Run, stage: StageRun, plan: StagePlan) -> CheckpointPlan:
     """Journal the checkpoint (a JournalEntry) before git runs; ``started`` bounds its waits for
     git's index lock."""
     entry = machine.journal_intent(run, stage)
-    plan = {**plan, "journal_id": entry.pk, "started": timezone.now().timestamp()}
+    checkpoint: CheckpointPlan = {**plan, "journal_id": entry.pk, "started": timezone.now().timestamp()}
     machine.event(run, "checkpoint_intent",
                   f"Checkpoint of stage '{stage.key}' journaled (entry {entry.uid}) before git runs.",
                   stage=stage)
-    return plan
+    return checkpoint
 
 
-def execute(plan: dict, should_stop=None) -> dict:
+def execute(plan: CheckpointPlan, should_stop=None) -> CheckpointOutcome:
     """Commit the stage's accepted files (once, found again after a crash), and copy the files it
     added to the protected set into the control records (``carried``: their records)."""
     outcome = _commit_checkpoint(plan)
@@ -38,7 +39,7 @@ def execute(plan: dict, should_stop=None) -> dict:
     return outcome
 
 
-def _commit_checkpoint(plan: dict) -> dict:
+def _commit_checkpoint(plan: CheckpointPlan) -> CheckpointOutcome:
     """Commit the stage's accepted files once and make the worktree's index agree with the commit.
 
     A commit found by the entry's journal trailer (an earlier try of this step committed and
@@ -81,7 +82,8 @@ def _commit_checkpoint(plan: dict) -> dict:
     return {"commit": result["commit"], "created": result["created"]}
 
 
-def _settle_worktree(run: Run, stage: StageRun, plan: dict, commit: str, outcome: dict) -> dict:
+def _settle_worktree(run: Run, stage: StageRun, plan: CheckpointPlan, commit: str,
+                     outcome: CheckpointOutcome) -> CheckpointOutcome:
     """What a checkpoint that died after its commit left undone: the worktree's index reset to
     ``commit`` (``workspace.reset_index_to``, living with git's index lock) and its deliverable
     files put to the commit's when they differ (``restore``: the paths undone). A failure is
@@ -113,7 +115,9 @@ def _earlier_checkpoint(run: Run, stage: StageRun, tree: str) -> str | None:
     return None
 
 
-def finish(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+def finish(run: Run, stage: StageRun, plan: CheckpointPlan, outcome: CheckpointOutcome) -> None:
+    """Settle the journal entry (and those of earlier, crashed tries) and pass the stage, or say
+    why it is not checkpointed (files changed: verified again; git failed: a stop)."""
     entry = JournalEntry.objects.get(pk=plan["journal_id"])
     if outcome.get("changed"):
         machine.journal_abandoned(entry)

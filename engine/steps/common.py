@@ -13,13 +13,14 @@ from django.db import transaction
 from .. import machine, workspace
 from ..models import AttemptStatus, Manifest, Run, RunStatus, StageRun
 from .paths import control_path, sha256_file, var_path
+from .plans import CheckpointPlan, StagePlan
 
 
 #: Kept for callers of this module: engine/machine.py decides what a stored value may hold.
 storable = machine.storable
 
 
-def stage_row(plan: dict) -> StageRun:
+def stage_row(plan: StagePlan) -> StageRun:
     return StageRun.objects.select_related("run").get(pk=plan["stage_id"])
 
 
@@ -62,7 +63,7 @@ def lock_waiter(run: Run, plan: dict, what: str):
     return on_wait
 
 
-def lock_wait_seconds(plan: dict) -> float:
+def lock_wait_seconds(plan: CheckpointPlan) -> float:
     """Seconds the step of ``plan`` may still wait for git's index lock: CP_INDEX_LOCK_WAIT from the
     step's start (``plan["started"]``, a ``time.time()``), or all of it when the plan has none."""
     limit = float(settings.CP_INDEX_LOCK_WAIT)

@@ -6,19 +6,20 @@ from __future__ import annotations
 from .. import machine
 from ..models import AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
+from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
-def begin(run: Run, stage: StageRun, plan: dict) -> dict:
+def begin(run: Run, stage: StageRun, plan: StagePlan) -> AgentPlan:
     """Record the documenter's attempt before it launches."""
     return {**plan, **begin_attempt(run, stage, "document", "documenter", plan["lease"])}
 
 
-def execute(plan: dict, should_stop) -> dict:
+def execute(plan: AgentPlan, should_stop) -> AgentOutcome:
     """Run the documenter's session."""
     return execute_agent(plan, should_stop)
 
 
-def finish(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) -> None:
     """The documentation agent's attempt: a failure stops the run (docs_failed); changed docs are
     verified and reviewed again before the checkpoint."""
     attempt = finish_attempt(run, stage, plan, outcome)

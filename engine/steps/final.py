@@ -13,22 +13,23 @@ from .. import machine, workspace
 from ..models import Check, Manifest, Run
 from .gates import check_sentence, run_gate
 from .paths import run_env, scratch_dirs
+from .plans import CrashOutcome, FinalOutcome, FinalPlan, StepPlan
 
 log = logging.getLogger("engine.steps")
 
 
-def begin(run: Run, plan: dict) -> dict:
+def begin(run: Run, plan: StepPlan) -> FinalPlan:
     """The final checkpoint to verify (the last stage's, or the run's commit without stages), said on the run."""
     last = run.stages.order_by("-order").first()
-    plan = {**plan, "checkpoint": last.checkpoint_commit if last else run.commit}
+    final: FinalPlan = {**plan, "checkpoint": last.checkpoint_commit if last else run.commit}
     machine.event(run, "final_verify",
                   f"Every stage is checkpointed; verifying the whole result: every baseline check and every "
-                  f"stage's gates run again on a clean checkout of the final checkpoint {plan['checkpoint'][:12]} "
+                  f"stage's gates run again on a clean checkout of the final checkpoint {final['checkpoint'][:12]} "
                   f"(exactly what was committed).")
-    return plan
+    return final
 
 
-def execute(plan: dict, should_stop) -> dict:
+def execute(plan: FinalPlan, should_stop) -> FinalOutcome:
     """Run every baseline check and every stage's gates (Check kind final), each on a fresh clean
     checkout of the final checkpoint: exactly what was committed, nothing an agent left beside it
     (files git ignores or the exclusions drop are tested nowhere else), and nothing an earlier
@@ -68,7 +69,7 @@ def execute(plan: dict, should_stop) -> dict:
             log.warning("run %s: the final checkout %s could not be unregistered: %s", run.pk, folder, exc)
 
 
-def finish(run: Run, plan: dict, outcome: dict) -> None:
+def finish(run: Run, plan: FinalPlan, outcome: FinalOutcome | CrashOutcome) -> None:
     """Succeed only when every check passed on the final checkpoint; else stop naming what failed."""
     checkpoint = plan["checkpoint"]
     if outcome.get("crashed"):

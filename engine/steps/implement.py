@@ -6,23 +6,24 @@ from __future__ import annotations
 from .. import machine
 from ..models import AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
+from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
 
 
 
-def begin(run: Run, stage: StageRun, plan: dict) -> dict:
+def begin(run: Run, stage: StageRun, plan: StagePlan) -> AgentPlan:
     """Record the implementer's attempt before it launches (an implement or a repair: ``plan["kind"]``)."""
     return {**plan, **begin_attempt(run, stage, plan["kind"], "implementer", plan["lease"])}
 
 
-def execute(plan: dict, should_stop) -> dict:
+def execute(plan: AgentPlan, should_stop) -> AgentOutcome:
     """Run the implementer's session (a first attempt after a person's retry starts from the
     stage's starting checkpoint: engine/steps/attempts.py)."""
     return execute_agent(plan, should_stop)
 
 
-def finish(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) -> None:
     """Record the attempt; files that pass every attempt's checks go to the gates, a failed
     attempt stops the run."""
     attempt = finish_attempt(run, stage, plan, outcome)

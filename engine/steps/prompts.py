@@ -16,9 +16,10 @@ from ..models import AttemptStatus, Check, Manifest, Run, StageRun
 from ..redaction import redact_text
 from .common import fenced
 from .paths import control_path, var_path
+from .plans import AgentPlan
 
 
-def build_prompt(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
+def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:
     """The prompt of an implement, repair or review session (raises context.ContextError)."""
     pipeline = run.definition["pipeline"]
     if plan["operation"] == "review":
@@ -68,7 +69,7 @@ def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
     return summaries
 
 
-def _initial_spec_index(run: Run, stage: StageRun, plan: dict) -> str | None:
+def _initial_spec_index(run: Run, stage: StageRun, plan: AgentPlan) -> str | None:
     """The engine's initial specification index when the repository has none at the pipeline's
     ``spec_index`` (None otherwise); kept with the attempt (``spec-index.md``), announced once per run."""
     rel = run.definition["pipeline"].get("spec_index")
@@ -89,7 +90,7 @@ def _initial_spec_index(run: Run, stage: StageRun, plan: dict) -> str | None:
     return text
 
 
-def _document_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
+def _document_section(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:
     """What the documentation agent is told: its paths, the verified diff and the knowledge base."""
     pipeline = run.definition["pipeline"]
     paths = list(pipeline["documentation_paths"])
@@ -134,7 +135,7 @@ def _tracked_and_new(worktree: str) -> list[str]:
     return [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
 
 
-def _repair_section(run: Run, stage: StageRun, plan: dict, start: dict) -> str:
+def _repair_section(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:
     """What a repair session is told: the defect, its evidence, and the current patch."""
     defect = stage.last_defect or {}
     allowance = stage.spec.get("repair_allowance", 0)

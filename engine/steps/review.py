@@ -9,15 +9,16 @@ from ..models import Attempt, AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
 from .common import defect, passed_reviewers, reviewers, storable
 from .gates import gate_results
+from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
-def begin(run: Run, stage: StageRun, plan: dict) -> dict:
+def begin(run: Run, stage: StageRun, plan: StagePlan) -> AgentPlan:
     """Record the attempt of the next reviewer (in ``roles.reviewer`` order) before it launches."""
     return {**plan, **begin_attempt(run, stage, "review", "reviewer", plan["lease"],
                                     profile_name=_next_reviewer(run, stage))}
 
 
-def execute(plan: dict, should_stop) -> dict:
+def execute(plan: AgentPlan, should_stop) -> AgentOutcome:
     """Run the reviewer's session; when it ran and its files passed the checks made before git
     reads them (a manifest was taken), parse its verdict (``verdict``, or ``verdict_problem``)."""
     outcome = execute_agent(plan, should_stop)
@@ -30,7 +31,7 @@ def execute(plan: dict, should_stop) -> dict:
     return outcome
 
 
-def finish(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) -> None:
     """Record the reviewer's attempt; when its files pass every attempt's checks, act on its verdict."""
     attempt = finish_attempt(run, stage, plan, outcome)
     if attempt is not None:
@@ -42,7 +43,7 @@ def _next_reviewer(run: Run, stage: StageRun) -> str:
     return next(name for name in reviewers(run) if name not in passed)
 
 
-def _finish_review(run: Run, stage: StageRun, attempt: Attempt, outcome: dict) -> None:
+def _finish_review(run: Run, stage: StageRun, attempt: Attempt, outcome: AgentOutcome) -> None:
     """Record a reviewer's verdict and act on it: pass, repair (a defect) or escalate."""
     who = f"Reviewer '{attempt.profile_name}' (attempt {attempt.number})"
     if not outcome.get("launched"):  # the workspace, not the reviewer, is at fault (e.g. head_moved)

@@ -21,16 +21,17 @@ from .common import (
 )
 from .gates import check_sentence, run_gate
 from .paths import run_env
+from .plans import StagePlan, VerifyOutcome
 
 
-def begin(run: Run, stage: StageRun, plan: dict) -> dict:
+def begin(run: Run, stage: StageRun, plan: StagePlan) -> StagePlan:
     """Say that the stage's gates run now; nothing else is persisted before they do."""
     machine.event(run, "verify", f"Verifying stage '{stage.key}': running its gates on the worktree.",
                   stage=stage)
     return plan
 
 
-def execute(plan: dict, should_stop) -> dict:
+def execute(plan: StagePlan, should_stop) -> VerifyOutcome:
     """Run the baseline checks and the stage's gates until they ran on one unchanged artifact.
 
     A gate that changes the files (or anything else that does) makes passing results belong to
@@ -85,7 +86,9 @@ def execute(plan: dict, should_stop) -> dict:
     return {"unstable": True, "checks": checks}
 
 
-def finish(run: Run, stage: StageRun, plan: dict, outcome: dict) -> None:
+def finish(run: Run, stage: StageRun, plan: StagePlan, outcome: VerifyOutcome) -> None:
+    """Record the gates' results: every gate passed on files inside the scope goes to the review
+    (or past it, when every reviewer already passed these files), a failed gate is a defect."""
     checks = list(Check.objects.filter(pk__in=outcome.get("checks", [])).order_by("id"))
     if outcome.get("cancelled"):
         machine.stop(run, "interrupted", f"Verification of stage '{stage.key}' was stopped before it finished.",
