@@ -96,7 +96,7 @@ USAGE_SHOWN = ("input_tokens", "output_tokens", "cached_tokens", "cost_usd")
 
 _ATTEMPT_OUTCOME = {"preparing": "live", "running": "live", "succeeded": "ok", "failed": "bad", "timeout": "bad",
                     "cancelled": "off", "interrupted": "warn"}
-#: Failure kinds of an attempt whose work the engine refused (engine/steps.py), shown red whatever its exit.
+#: Failure kinds of an attempt whose work the engine refused (engine/steps/attempts.py), shown red whatever its exit.
 REFUSED_KINDS = ("protected_files_changed", "external_symlink", "nested_repository", "workspace_tampered",
                  "scope_violation")
 _VERDICT_OUTCOME = {"pass": "ok", "repair": "warn", "escalate": "warn"}

@@ -239,7 +239,7 @@ def _interrupted_checkpoint(run: Run) -> tuple | None:
 
 def _resume_checkpoint(run: Run, lease: str, found: tuple, notes: str) -> bool:
     """Finish the checkpoint step the dead worker began, with its own journal entry, as the step
-    itself would (engine/steps.py ``execute`` and ``finish``: the commit is found by its trailer,
+    itself would (engine/steps/checkpoint.py ``execute`` and ``finish``: the commit is found by its trailer,
     never made twice; the worktree's index is reset to it; protected files carried; the entry
     done; the stage passed), then hand the run to its next step. ``lease`` is the reconciler's;
     a heartbeat keeps it fresh meanwhile. Returns False when the lease was lost meanwhile."""

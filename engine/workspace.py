@@ -669,7 +669,7 @@ def _summary(stderr: str) -> str:
 #: The protocols a fetch of the base commit's submodules may use (``protocol.allow`` is ``never``
 #: otherwise). ``file`` is among them for the URLs of the base commit's ``.gitmodules`` only: the
 #: repository a person chose (a local path is the common case), read before any agent ran; an
-#: agent's ``.gitmodules`` is never fetched from (steps.py, final verification).
+#: agent's ``.gitmodules`` is never fetched from (engine/steps/final.py, final verification).
 SUBMODULE_PROTOCOLS = ("https", "http", "ssh", "git", "file")
 
 

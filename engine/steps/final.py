@@ -1,0 +1,147 @@
+"""The final verification (the run's ``finish`` step): every baseline check and every stage's
+gates run again, each on a fresh clean checkout of the final checkpoint, and the run succeeds or
+stops naming what failed."""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+
+from .. import machine, workspace
+from ..models import Check, Manifest, Run
+from .gates import check_sentence, run_gate
+from .paths import run_env, scratch_dirs
+from .plans import CrashOutcome, FinalOutcome, FinalPlan, StepPlan
+
+log = logging.getLogger("engine.steps")
+
+
+def begin(run: Run, plan: StepPlan) -> FinalPlan:
+    """The final checkpoint to verify (the last stage's, or the run's commit without stages), said on the run."""
+    last = run.stages.order_by("-order").first()
+    final: FinalPlan = {**plan, "checkpoint": last.checkpoint_commit if last else run.commit}
+    machine.event(run, "final_verify",
+                  f"Every stage is checkpointed; verifying the whole result: every baseline check and every "
+                  f"stage's gates run again on a clean checkout of the final checkpoint {final['checkpoint'][:12]} "
+                  f"(exactly what was committed).")
+    return final
+
+
+def execute(plan: FinalPlan, should_stop) -> FinalOutcome:
+    """Run every baseline check and every stage's gates (Check kind final), each on a fresh clean
+    checkout of the final checkpoint: exactly what was committed, nothing an agent left beside it
+    (files git ignores or the exclusions drop are tested nowhere else), and nothing an earlier
+    final check wrote (a check runs the agent's code, which could rewrite the files, a protected
+    test among them, or leave an ignored helper for the checks after it). Each checkout is a
+    detached worktree under the run's scratch folder with a TMPDIR and data folder of its own,
+    removed after its check. Every check runs, so the report names all that fail.
+    """
+    run = Run.objects.get(pk=plan["run_id"])
+    checkpoint = plan["checkpoint"]
+    folder = Path(scratch_dirs(run.pk)["tmp"]).parent / f"final-{checkpoint[:12]}"
+    own = folder.parent / f"{folder.name}-scratch"
+    tree = workspace.git(["rev-parse", f"{checkpoint}^{{tree}}"], run.repo_path).stdout.decode().strip()
+    manifest_row = Manifest.objects.filter(run=run, digest=tree).order_by("-id").first()
+    pipeline = run.definition["pipeline"]
+    stages = list(run.stages.order_by("order"))
+    plan_gates = [(stages[0] if stages else None, g) for g in pipeline.get("baseline_checks") or []]
+    plan_gates += [(stage, g) for stage in stages for g in stage.spec.get("gates") or []]
+    checks = []
+    try:
+        for stage, gate in plan_gates:
+            final_checkout(run, checkpoint, folder, own)
+            env = {**run_env(run, "final"), "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"),
+                   "CP_TMP_DIR": str(own / "tmp"), "CP_DATA_DIR": str(own / "data")}
+            check = run_gate(run, stage, gate, Check.Kind.FINAL, tree, env, should_stop, 1,
+                             cwd=str(folder), lease=plan["lease"])
+            if manifest_row is not None:
+                Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
+            checks.append(check.pk)
+            if should_stop():
+                return {"cancelled": True, "checks": checks}
+        return {"checks": checks, "digest": tree}
+    finally:
+        try:
+            remove_final_checkout(run, folder, own)
+        except workspace.WorkspaceError as exc:  # the checks' result stands; the leftover is said
+            log.warning("run %s: the final checkout %s could not be unregistered: %s", run.pk, folder, exc)
+
+
+def finish(run: Run, plan: FinalPlan, outcome: FinalOutcome | CrashOutcome) -> None:
+    """Succeed only when every check passed on the final checkpoint; else stop naming what failed."""
+    checkpoint = plan["checkpoint"]
+    if outcome.get("crashed"):
+        if outcome.get("stop_reason"):
+            machine.stop(run, outcome["stop_reason"], f"The final verification was refused: {outcome['failure_message']}")
+            return
+        machine.stop(run, "crashed", f"The engine failed during the final verification: {outcome['failure_message']}")
+        return
+    if outcome.get("cancelled"):
+        machine.stop(run, "interrupted", "The final verification was stopped before it finished.")
+        return
+    checks = list(Check.objects.filter(pk__in=outcome["checks"]).select_related("stage").order_by("id"))
+    for check in checks:
+        machine.event(run, "check_passed" if check.passed else "check_failed",
+                      f"Final verification on {checkpoint[:12]}: " + check_sentence(check), stage=check.stage,
+                      gate_check=check)
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        names = ", ".join(f"'{c.name}' of stage '{c.stage.key}'" if c.stage else f"'{c.name}'" for c in failed)
+        machine.stop(run, "final_verification_failed",
+                     f"The whole result does not verify: {names} failed on the final checkpoint {checkpoint[:12]} "
+                     f"({check_sentence(failed[0])}) A later stage may have broken an earlier stage's gate.",
+                     evidence={"checkpoint": checkpoint, "checks": [c.pk for c in failed],
+                               "failed": [c.name for c in failed]})
+        return
+    machine.succeed(run)
+
+
+def _lock_dir() -> str:
+    """The folder of the per-repository lock files (engine/workspace.py ``repo_lock``)."""
+    return str(Path(settings.VAR_DIR) / "locks")
+
+
+def remove_final_checkout(run: Run, folder: Path, own: Path) -> None:
+    """The files first (checks ran agent code there: git must not read what they left), then git's
+    record of this checkout only (``workspace.remove_worktree``, holding the repository lock):
+    other registrations of the user's repository, one whose folder is missing too, are never
+    pruned. Raises workspace.WorkspaceError (the repository cannot be read)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(own, ignore_errors=True)
+    workspace.remove_worktree(run.repo_path, str(folder), lock_dir=_lock_dir())
+
+
+def final_checkout(run: Run, checkpoint: str, folder: Path, own: Path) -> None:
+    """A fresh detached checkout of ``checkpoint`` at ``folder`` (whatever was there removed without
+    git reading it), its submodules from the starting commit's ``.gitmodules``, and an empty
+    ``own`` folder for its TMPDIR and data folder."""
+    remove_final_checkout(run, folder, own)
+    workspace.add_detached_worktree(run.repo_path, str(folder), checkpoint, lock_dir=_lock_dir())
+    _final_submodules(run, checkpoint, folder)
+    for sub in ("tmp", "data"):
+        (own / sub).mkdir(parents=True, exist_ok=True)
+
+
+def _final_submodules(run: Run, checkpoint: str, folder: Path) -> None:
+    """Populate the final checkout's submodules from the run's starting commit's ``.gitmodules`` only.
+
+    The checkpoint's ``.gitmodules`` may have been written by an agent: if it is not the
+    starting commit's (same blob), nothing is fetched and the run stops ``nested_repository``
+    (an agent's URL could name a repository the agent cannot read, whose content would reach a
+    check log). Its gitlinks are those of the starting commit (a new one stops the run earlier).
+    Raises workspace.WorkspaceError (``nested_repository``, ``submodule_init_failed``)."""
+    def blob(commit: str) -> str:
+        proc = workspace.git(["rev-parse", "-q", "--verify", f"{commit}:.gitmodules"], run.repo_path, check=False)
+        return proc.stdout.decode().strip() if proc.returncode == 0 else ""
+
+    final, start = blob(checkpoint), blob(run.commit)
+    if final != start:
+        raise workspace.WorkspaceError(
+            "nested_repository",
+            f"The final checkpoint {checkpoint[:12]} changes .gitmodules (where submodules are fetched from); the "
+            f"final verification fetches only what the run's starting commit {run.commit[:12]} names, and fetched "
+            f"nothing.")
+    if final:
+        workspace.init_submodules(str(folder))  # noqa: the starting commit's URLs

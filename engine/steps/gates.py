@@ -1,0 +1,218 @@
+"""Gate commands: each runs with ``bash -eo pipefail -c`` inside the agents' sandbox (bytecode
+removed first, the run's protected files bound read-only, a gate's ``network_allow`` reached
+through its own egress proxy) and is recorded as a Check; the latest results of a stage's gates
+on a set of files, and the sentence that says how a check ended."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .. import boundary, machine, process
+from ..agents import sandbox
+from ..agents.network import egress, network_record
+from ..models import Check, Run, StageRun
+from ..redaction import Redactor, secret_env_values
+from .common import LeaseLost, fenced, hosts_sentence, lease_guard
+from .paths import control_path, process_marker_prefix, scratch_dirs, var_path
+
+
+def gate_commands(run: Run) -> list[str]:
+    """Every gate command of the run's frozen definition: baseline checks, then each stage's gates."""
+    pipeline = run.definition["pipeline"]
+    commands = [g["command"] for g in pipeline.get("baseline_checks") or []]
+    return commands + [g["command"] for stage in pipeline["stages"] for g in stage.get("gates") or []]
+
+
+def run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, env: dict, should_stop,
+             round_no: int, cwd: str | None = None, lease: str | None = None) -> Check:
+    """Run one frozen gate command with ``bash -eo pipefail -c`` in the worktree (or ``cwd``) and record a Check.
+
+    ``lease``: the step's fencing token; a gate whose lease is gone by the time it starts is
+    stopped at once (LeaseLost)."""
+    argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
+    cwd = cwd or run.worktree
+    if gate.get("network_allow"):  # the only hosts this gate reaches, through its own egress proxy
+        with egress({"network_allow": gate["network_allow"]}, deny=boundary.service_addresses()) as (proxy, policy):
+            check = _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, policy)
+        record = network_record(proxy)
+        Check.objects.filter(pk=check.pk).update(network=record)
+        if record["refused"] and lease:
+            with transaction.atomic():
+                if fenced(run.pk, lease) is not None:
+                    machine.event(run, "network_refused",
+                                  f"Check '{gate['name']}' tried to reach what its network_allow does not name: "
+                                  f"{hosts_sentence(record['refused'])}. Its egress proxy refused each.",
+                                  stage=stage, gate_check=check, data={"refused": record["refused"][:50]})
+        return check
+    return _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, None)
+
+
+def _run_gate_in(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str], cwd: str,
+                 env: dict, should_stop, lease: str | None, network) -> Check:
+    """``run_gate`` inside the sandbox, with ``network`` (a NetworkPolicy) or none."""
+    env, launch = _gate_sandbox(run, argv, cwd, env, network)
+    try:
+        return _run_gate_process(run, stage, gate, kind, digest_before, argv, cwd, env, launch, should_stop, lease)
+    finally:
+        shutil.rmtree(env["HOME"], ignore_errors=True)
+
+
+def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str],
+                      cwd: str, env: dict, launch: list[str], should_stop, lease: str | None) -> Check:
+    """Record the Check, run ``launch`` under supervision, and fill the Check in."""
+    check = Check.objects.create(
+        run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
+        started_at=timezone.now(), manifest_digest=digest_before,
+    )
+    log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
+    check.log_path = log_rel  # recorded before it runs: a running gate's log can be followed
+    check.save(update_fields=["log_path"])
+    deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
+    try:
+        result = process.run_supervised(
+            launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+            redactor=Redactor(secret_env_values(env)), marker=f"{process_marker_prefix(run)}check-{check.pk}",
+            should_stop=should_stop, grace_seconds=5.0, on_start=lease_guard(run.pk, lease) if lease else None,
+        )
+    except LeaseLost:
+        Check.objects.filter(pk=check.pk).update(failure_kind="cancelled", ended_at=timezone.now())
+        raise
+    if launch is not argv and result.signal is None and result.exit_code is not None and result.exit_code > 128:
+        # bubblewrap reports a command killed by signal N as exit 128 + N
+        result.signal, result.exit_code = result.exit_code - 128, None
+    failure = ""
+    if result.missing_executable:
+        failure = "missing_executable"
+    elif result.timed_out:
+        failure = "timeout"
+    elif result.cancelled:
+        failure = "cancelled"
+    elif result.signal is not None:
+        failure = "killed"
+    elif result.exit_code == 127:
+        failure = "command_not_found"
+    elif result.exit_code != 0:
+        failure = "nonzero_exit"
+    check.log_path = log_rel
+    check.ended_at = timezone.now()
+    check.elapsed_seconds = result.elapsed_seconds
+    check.exit_code = result.exit_code
+    check.signal = result.signal
+    check.passed = result.exit_code == 0 and not result.timed_out and not result.cancelled
+    check.failure_kind = failure
+    check.save()
+    return check
+
+
+def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) -> tuple[dict, list[str]]:
+    """The environment and argument array of a gate: inside the agents' bubblewrap sandbox.
+
+    A gate runs code an agent wrote, so it gets what an agent gets (engine/agents/sandbox.py):
+    an allow-listed view (system folders, the Python install and PATH folders read-only), ``cwd``
+    (the worktree or the final checkout), the run's TMPDIR and data folder and a fresh HOME of its
+    own writable (``gate-home-*``, removed after the check: what one gate's code leaves there, a
+    ``.pth`` file in the user site folder or a ``.gitconfig``, never reaches the next gate), its own PID namespace (nothing it starts outlives it) and its own network
+    namespace with no way out: loopback only, where two runs' gates may bind the same port. The
+    run's protected files are bound read-only in ``cwd`` (``_protected_in``).
+    ``network``: a gate with ``network_allow`` gets its egress proxy's NetworkPolicy (those hosts only).
+
+    Raises boundary.BoundaryNotEnforced when no sandbox can be made, or the self-check finds a
+    Control Panel service reachable from inside: a gate never runs unguarded.
+    """
+    boundary.self_check()
+    home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=Path(scratch_dirs(run.pk)["tmp"]).parent))
+    remove_bytecode(cwd)
+    env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
+    writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
+    visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
+    read_only = [os.path.join(cwd, ".git"), *_protected_in(run, cwd)]
+    return env, sandbox.wrap(argv, writable=writable, read_only=read_only,
+                             hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible, network=network)
+
+
+#: Protected files bound read-only one by one while a gate runs, at most (each is three bwrap
+#: arguments; a command line has a size limit).
+MAX_BOUND_PROTECTED = 4000
+
+
+def remove_bytecode(top: str) -> int:
+    """Remove every ``__pycache__`` folder and ``*.pyc``/``*.pyo`` file under ``top`` (not in its
+    ``.git``, following no symlink); returns how many were removed.
+
+    Called before every gate: bytecode is excluded from manifests (never a deliverable, never
+    seen by the tamper checks), and Python runs a ``.pyc`` whose header matches a source file's
+    size and mtime instead of that source, or a sourceless ``x.pyc`` as module ``x``: an agent
+    (or an earlier gate's code) could plant one for a protected helper.
+    """
+    removed = 0
+    for folder, dirs, files in os.walk(top, followlinks=False):
+        if folder == top and ".git" in dirs:
+            dirs.remove(".git")
+        for name in list(dirs):
+            if name == "__pycache__":
+                dirs.remove(name)
+                path = os.path.join(folder, name)
+                if os.path.islink(path):
+                    os.unlink(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+                removed += 1
+        for name in files:
+            if name.endswith((".pyc", ".pyo")) or name == "__pycache__":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
+                removed += 1
+    return removed
+
+
+def _protected_in(run: Run, cwd: str) -> list[str]:
+    """The run's protected files as they lie in ``cwd``, to be bound read-only while a gate runs:
+    code a gate runs (the agent's) must not rewrite a protected test before the runner reads it
+    (and put it back after, out of the manifests' sight). Regular files only, whose real path is
+    inside ``cwd``: a symlink, or a file reached through one, is never bound (the tamper checks
+    report what changed)."""
+    top = os.path.realpath(cwd)
+    found = []
+    # the records the patterns or a gate name first, then the folder rule's: past the cap, the
+    # manifests before and after the gates still see a change (only a rewrite put back unseen)
+    records = sorted(run.protected_files or [], key=lambda r: not r["why"].startswith(("matches", "named", "read by")))
+    for record in records[:MAX_BOUND_PROTECTED]:
+        path = os.path.join(top, record["path"])
+        real = os.path.realpath(path)
+        if real == path and real.startswith(top + os.sep) and os.path.isfile(path) and not os.path.islink(path):
+            found.append(path)
+    return found
+
+
+def gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
+    """The latest non-stale result of each of the stage's gates on the files ``digest``;
+    a gate that did not run on them counts as not passed."""
+    pipeline = stage.run.definition["pipeline"]
+    names = [g["name"] for g in pipeline.get("baseline_checks") or []] + [g["name"] for g in stage.spec["gates"]]
+    results = {name: False for name in names}
+    for check in stage.checks.filter(manifest_digest=digest, stale=False).order_by("id"):
+        if check.name in results:
+            results[check.name] = check.passed
+    return results
+
+
+def check_sentence(check: Check) -> str:
+    label = {"baseline": "Baseline check", "gate": "Gate"}.get(check.kind, "Check")
+    if check.passed:
+        return f"{label} '{check.name}' passed: `{check.command}` exited 0."
+    reasons = {
+        "command_not_found": f"`{check.command}` failed: command not found (exit 127)",
+        "missing_executable": f"`{check.command}` could not start: bash was not found",
+        "timeout": f"`{check.command}` passed its deadline and was killed",
+        "killed": f"`{check.command}` was killed by signal {check.signal}",
+        "cancelled": f"`{check.command}` was stopped because the run stopped",
+    }
+    why = reasons.get(check.failure_kind, f"`{check.command}` exited {check.exit_code}")
+    return f"{label} '{check.name}' failed: {why}; only an exit status of 0 passes."

@@ -1,0 +1,164 @@
+"""Every prompt an agent is given, assembled in one place: the implementer's and the
+documenter's from the stage's context (engine/context.py reads the documents and lays out the
+sections; here: the dependencies' accepted output and the initial specification index), a
+repair's defect and current patch, the documenter's task and knowledge base, and the reviewer's
+(engine/review.py writes its text from the reviewed patch and the checks)."""
+from __future__ import annotations
+
+import json
+import os
+
+from django.db import transaction
+
+from .. import context, globs, machine, process, workspace
+from .. import review as verdicts
+from ..models import AttemptStatus, Check, Manifest, Run, StageRun
+from ..redaction import redact_text
+from .common import fenced
+from .paths import control_path, var_path
+from .plans import AgentPlan
+
+
+def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:
+    """The prompt of an implement, repair or review session (raises context.ContextError)."""
+    pipeline = run.definition["pipeline"]
+    if plan["operation"] == "review":
+        patch_rel = control_path(run, plan["folder"], "reviewed.diff")
+        workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
+        checks = [{"name": c.name, "command": c.command, "exit_code": c.exit_code, "passed": c.passed}
+                  for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).order_by("id")]
+        return verdicts.prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
+                             patch=var_path(patch_rel).read_text(encoding="utf-8", errors="replace"), checks=checks,
+                             reviewer=f"reviewer '{plan['profile_name']}'")
+    text = context.assemble_prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
+                                   operation=plan["operation"], dependencies=_dependency_summaries(run, stage.spec),
+                                   spec_index_text=_initial_spec_index(run, stage, plan))
+    if plan["operation"] == "repair":
+        text += _repair_section(run, stage, plan, start)
+    elif plan["operation"] == "document":
+        text += _document_section(run, stage, plan, start)
+    return text
+
+
+def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
+    """The accepted output of the stages ``stage_def`` depends on: the files of the manifest its
+    checkpoint committed, and the final message of the implementer (or repairer) that wrote them."""
+    summaries = []
+    for key in stage_def.get("depends_on") or []:
+        dep = run.stages.get(key=key)
+        accepted = (Manifest.objects.filter(run=run, stage=dep, digest=dep.accepted_manifest).order_by("-id").first()
+                    if dep.accepted_manifest else None)
+        author = (dep.attempts.filter(operation__in=("implement", "repair"), status=AttemptStatus.SUCCEEDED,
+                                      late=False).order_by("-number").first())
+        lines = []
+        if accepted is not None:
+            data = json.loads(var_path(accepted.path).read_text(encoding="utf-8"))
+            lines += [f"- {c['status']}: {c['path']}" for c in data["changes"]]
+        if author is not None and author.final_message:
+            lines += ["", "Agent's final message:", author.final_message]
+        if accepted is not None and dep.checkpoint_commit:
+            docs = [c["path"] for c in data["changes"] if c["status"] != "deleted"
+                    and globs.matches(c["path"], list(run.definition["pipeline"]["documentation_paths"]))]
+            for rel in docs[:20]:
+                shown = workspace.git(["show", f"{dep.checkpoint_commit}:{rel}"], run.worktree, check=False)
+                if shown.returncode == 0:
+                    lines += ["", f"Documentation {rel} (as checkpointed):",
+                              shown.stdout[:32_000].decode("utf-8", "replace").strip()]
+        summaries.append({"key": key, "checkpoint": dep.checkpoint_commit,
+                          "summary": "\n".join(lines) or "(no file changes)"})
+    return summaries
+
+
+def _initial_spec_index(run: Run, stage: StageRun, plan: AgentPlan) -> str | None:
+    """The engine's initial specification index when the repository has none at the pipeline's
+    ``spec_index`` (None otherwise); kept with the attempt (``spec-index.md``), announced once per run."""
+    rel = run.definition["pipeline"].get("spec_index")
+    if not rel or os.path.isfile(context.resolve_inside(run.worktree, rel)):
+        return None
+    text = redact_text(context.initial_spec_index(run.worktree, rel))[0]
+    record = control_path(run, plan["folder"], "spec-index.md")
+    var_path(record).write_text(text, encoding="utf-8")
+    with transaction.atomic():
+        locked = fenced(run.pk, plan["lease"])
+        if locked is not None and not locked.events.filter(kind="spec_index_created").exists():
+            listed = sum(1 for line in text.splitlines() if line.startswith("- `"))
+            machine.event(locked, "spec_index_created",
+                          f"The repository has no specification index at {rel}: the engine created an initial one "
+                          f"listing its {listed} documentation file(s), gave it to the agents and kept it at "
+                          f"{record}. It is not written into the repository.",
+                          stage=stage, data={"path": record, "spec_index": rel, "files": listed})
+    return text
+
+
+def _document_section(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:
+    """What the documentation agent is told: its paths, the verified diff and the knowledge base."""
+    pipeline = run.definition["pipeline"]
+    paths = list(pipeline["documentation_paths"])
+    patch_rel = control_path(run, plan["folder"], "verified.diff")
+    workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
+    patch = var_path(patch_rel).read_text(encoding="utf-8", errors="replace")
+    if len(patch) > 100_000:
+        patch = patch[:100_000] + "\n[... cut; read the files for the rest]\n"
+    lines = ["", "## Your task: update the documentation",
+             "The change below passed every check and the independent review. Bring the documentation up to "
+             "date with it: the specification index and the notes it lists that this change affects. Describe "
+             "the behaviour as implemented and the commands that verify it (the gates above). You may change "
+             f"only these paths: {', '.join(paths)}; any other change stops the run. If a note is missing, "
+             "create it and list it in the index.", ""]
+    lines += _knowledge_base(run.worktree, pipeline, paths)
+    lines += ["", "## The verified change (against the stage's starting checkpoint)", "```diff",
+              patch.rstrip() or "(empty)", "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _knowledge_base(worktree: str, pipeline: dict, paths: list[str], limit: int = 200_000) -> list[str]:
+    """The notes under the documentation paths, each as a section (cut at ``limit`` bytes in all)."""
+    index = pipeline.get("spec_index")
+    notes = sorted(e for e in _tracked_and_new(worktree) if globs.matches(e, paths) and e != index
+                   and e.endswith((".md", ".rst", ".txt")))
+    lines, used = ["### The knowledge base" + (f" (index: {index})" if index else "")], 0
+    for rel in notes:
+        try:
+            text = context.read_inside(worktree, rel, required=False) or ""
+        except context.ContextError:
+            continue
+        if used + len(text) > limit:
+            lines.append(f"- {rel} (not included: the knowledge base passed {limit} bytes; read it yourself)")
+            continue
+        used += len(text)
+        lines += [f"#### {rel}", text.strip()]
+    return lines if len(lines) > 1 else lines + ["(no notes yet)"]
+
+
+def _tracked_and_new(worktree: str) -> list[str]:
+    out = workspace.git(["ls-files", "-z", "--cached", "--others", "--exclude-standard"], worktree).stdout
+    return [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
+
+
+def _repair_section(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:
+    """What a repair session is told: the defect, its evidence, and the current patch."""
+    defect = stage.last_defect or {}
+    allowance = stage.spec.get("repair_allowance", 0)
+    lines = ["", f"## Repair {stage.repairs_used} of {allowance}: what failed",
+             "A fresh session: the files below are the current attempt's; fix the defect without weakening any "
+             "check (protected files and gate commands cannot change).", "", defect.get("message", "")]
+    evidence = defect.get("evidence") or {}
+    if evidence.get("check"):
+        check = Check.objects.filter(pk=evidence["check"]).first()
+        if check is not None and check.log_path:
+            tail = process.tail_text(var_path(check.log_path), 16 * 1024)
+            lines += ["", f"### Output of `{check.command}` (exit {check.exit_code}; last 16 KiB)", "```",
+                      tail.rstrip(), "```"]
+    for finding in evidence.get("findings") or []:
+        where = finding.get("file") or "(general)"
+        if finding.get("line"):
+            where += f":{finding['line']}"
+        lines.append(f"- [{finding.get('severity')}] {where}: {finding.get('text')}")
+    patch_rel = control_path(run, plan["folder"], "current.diff")
+    workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
+    patch = var_path(patch_rel).read_text(encoding="utf-8", errors="replace")
+    if len(patch) > 100_000:
+        patch = patch[:100_000] + "\n[... cut; read the files for the rest]\n"
+    lines += ["", "### The current patch (against the stage's starting checkpoint)", "```diff",
+              patch.rstrip() or "(empty)", "```"]
+    return "\n".join(lines) + "\n"
