@@ -180,3 +180,27 @@ def test_an_unlisted_stop_reason_or_event_kind_is_refused(db):
         machine.stop(run, "made_up_reason", "no")
     with pytest.raises(machine.IllegalTransition, match="event kind"):
         machine.event(run, "made_up_kind", "no")
+
+
+def test_the_first_claim_records_when_the_start_request_was_claimed(run_row, sent):
+    from engine import operations
+    from engine.models import StartRequest
+
+    run = run_row()
+    operations.request_start(run, requested_by="t", source="test")
+    assert StartRequest.objects.get(run=run).claimed_at is None
+    token = machine.claim(run.pk, None, "test:1")
+    assert token
+    claimed = StartRequest.objects.get(run=run).claimed_at
+    assert claimed is not None
+    run.refresh_from_db()
+    assert (run.status, run.lease_owner, machine.lease_state(run)) == ("running", "test:1", machine.Lease.HELD)
+    assert machine.claim(run.pk, None, "test:2") is None  # a second claim of a queued run wins nothing
+    assert StartRequest.objects.get(run=run).claimed_at == claimed
+
+
+def test_a_lease_move_the_table_does_not_allow_is_refused(run_row):
+    run = run_row(status="running", stage_statuses=("running",))
+    run.lease_token, run.lease_owner = "", ""  # fixture data: a running run whose lease is free
+    with pytest.raises(machine.IllegalTransition, match="lease"):
+        machine.hand_off(run)
