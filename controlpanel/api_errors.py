@@ -11,6 +11,7 @@ import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
@@ -115,7 +116,8 @@ def exception_handler(exc, context):
                     status=status.HTTP_500_INTERNAL_SERVER_ERROR)
 
 
+@csrf_exempt  # it changes nothing: a POST to a wrong path gets the JSON 404, not the HTML CSRF page
 def not_found(request, *args, **kwargs):
-    """A JSON 404 for any path under /api/ that names no endpoint."""
+    """A JSON 404 for any path under /api/ that names no endpoint (any method)."""
     return JsonResponse(body("not_found", f"There is no API endpoint {request.path!r}; see README.md, "
                              "section 'JSON API'.", ""), status=404)

@@ -243,6 +243,16 @@ def _check(table: dict, current: str, target: str, what: str) -> None:
         raise IllegalTransition(f"{what}: {current} -> {target} is not allowed")
 
 
+#: Columns a move sets itself: a caller's ``fields`` never carry them.
+_MOVED_COLUMNS = frozenset({"status", "state", "phase", "lease_owner", "lease_token", "stop_reason"})
+
+
+def _plain(fields: dict) -> None:
+    moved = _MOVED_COLUMNS & set(fields)
+    if moved:
+        raise IllegalTransition(f"fields {sorted(moved)} are set by the machine's moves, not by a caller")
+
+
 def _check_reason(reason: str) -> None:
     if reason not in STOP_REASONS:
         raise IllegalTransition(f"stop reason {reason!r} is not one of STOP_REASONS")
@@ -723,6 +733,7 @@ def end_attempt(attempt: Attempt, status: str, **fields) -> None:
     ``fields`` are set with it; ``ended_at`` is now unless given. Saves the attempt. Raises
     IllegalTransition for an attempt that already ended."""
     _check(ATTEMPT_TRANSITIONS, attempt.status, status, f"attempt {attempt.pk}")
+    _plain(fields)
     for name, value in fields.items():
         setattr(attempt, name, value)
     if "ended_at" not in fields:
@@ -765,6 +776,7 @@ def refuse_attempt(attempt_id: int, kind: str, message: str) -> None:
 
 def _decide(decision: Decision, state: str, **fields) -> None:
     _check(DECISION_TRANSITIONS, decision.state, state, f"decision {decision.pk}")
+    _plain(fields)
     for name, value in fields.items():
         setattr(decision, name, value)
     decision.state = state

@@ -230,6 +230,16 @@ def test_unknown_paths_and_methods_answer_json(operator, pending):
     assert_error(operator.get("/api/runs/"), 405, "method_not_allowed")
 
 
+@pytest.mark.django_db
+def test_a_post_to_a_path_that_names_no_endpoint_is_the_json_404(operator, pending):
+    """The API client enforces CSRF checks like a browser: a token-authenticated POST to a wrong
+    path must get the JSON 404, never Django's HTML CSRF page."""
+    client = APIClient(enforce_csrf_checks=True)
+    client.credentials(HTTP_AUTHORIZATION=operator._credentials["HTTP_AUTHORIZATION"])
+    for path in ("/api/runs", f"/api/runs/{pending.pk}", f"/api/runs/{pending.pk}/frob/"):
+        assert_error(client.post(path, {}, format="json"), 404, "not_found")
+
+
 # ----------------------------------------------------------------------------- create and status
 
 

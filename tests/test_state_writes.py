@@ -10,6 +10,7 @@ bench/ and tests/ build fixture rows directly and are not scanned.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,11 @@ from engine.models import AttemptStatus, Decision, JournalEntry, RunStatus, Stag
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The columns only the machine writes.
-GUARDED = frozenset({"status", "state", "phase", "lease_owner", "lease_token"})
+GUARDED = frozenset({"status", "state", "phase", "lease_owner", "lease_token", "stop_reason"})
 WRITERS = frozenset({"update", "create", "get_or_create", "update_or_create", "bulk_create"})
+#: The engine's models whose rows hold a guarded column (a constructor call with one is a write).
+MODELS = frozenset({"Run", "StageRun", "Attempt", "Decision", "JournalEntry"})
+_SQL_WRITE = re.compile(r"\b(UPDATE|INSERT)\b.*\b(" + "|".join(sorted(GUARDED)) + r")\b", re.I | re.S)
 
 
 def _modules():
@@ -31,10 +35,50 @@ def _modules():
             yield path
 
 
+def _constant(node):
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def _writer_name(func) -> str | None:
+    """``update`` for ``qs.update`` and for ``getattr(qs, "update")``."""
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr" \
+            and len(func.args) >= 2:
+        return _constant(func.args[1])
+    return None
+
+
+def _keyword_writes(node: ast.Call, what: str, where: str) -> list[str]:
+    found = []
+    for keyword in node.keywords:
+        if keyword.arg in GUARDED:
+            found.append(f"{where}: {what}({keyword.arg}=...)")
+        elif keyword.arg is None:  # **mapping: a literal is read, anything else may hold a guarded key
+            if isinstance(keyword.value, ast.Dict):
+                found += [f"{where}: {what}(**{{{_constant(k)!r}: ...}})" for k in keyword.value.keys
+                          if _constant(k) in GUARDED or k is None]
+            else:
+                found.append(f"{where}: {what}(**{ast.unparse(keyword.value)})")
+        elif keyword.arg == "defaults":
+            if isinstance(keyword.value, ast.Dict):
+                found += [f"{where}: {what}(defaults={{{_constant(k)!r}: ...}})" for k in keyword.value.keys
+                          if _constant(k) in GUARDED or k is None]
+            else:
+                found.append(f"{where}: {what}(defaults={ast.unparse(keyword.value)})")
+    return found
+
+
 def writes_outside_machine(source: str, filename: str) -> list[str]:
-    """``file:line: what`` for every guarded write in ``source``."""
+    """``file:line: what`` for every guarded write in ``source``: an attribute assignment, an
+    item assignment through ``__dict__`` / ``vars()``, ``setattr`` / ``__setattr__``, a keyword
+    (or an unknown ``**mapping``) of a queryset writer or a model constructor, ``bulk_update``
+    of a guarded field, or SQL text that updates one. (A full ``save()`` of a row read with a
+    status cannot be told from the code; the machine's functions are the callers that change
+    one, and the runner and operations save only rows they locked.)"""
     found = []
     for node in ast.walk(ast.parse(source, filename)):
+        where = f"{filename}:{getattr(node, 'lineno', 0)}"
         targets = []
         if isinstance(node, ast.Assign):
             targets = node.targets
@@ -43,22 +87,35 @@ def writes_outside_machine(source: str, filename: str) -> list[str]:
         for target in targets:
             for leaf in ast.walk(target):
                 if isinstance(leaf, ast.Attribute) and leaf.attr in GUARDED and isinstance(leaf.ctx, ast.Store):
-                    found.append(f"{filename}:{node.lineno}: assigns .{leaf.attr}")
+                    found.append(f"{where}: assigns .{leaf.attr}")
+                if isinstance(leaf, ast.Subscript) and isinstance(leaf.ctx, ast.Store):
+                    holder = leaf.value
+                    through = (isinstance(holder, ast.Attribute) and holder.attr == "__dict__") or (
+                        isinstance(holder, ast.Call) and isinstance(holder.func, ast.Name) and holder.func.id == "vars")
+                    if through and (_constant(leaf.slice) in GUARDED or _constant(leaf.slice) is None):
+                        found.append(f"{where}: assigns {ast.unparse(leaf)}")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL_WRITE.search(node.value):
+            found.append(f"{where}: SQL writes a guarded column")
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Name) and func.id == "setattr" and len(node.args) >= 2:
+        setter = (isinstance(func, ast.Name) and func.id == "setattr") or (
+            isinstance(func, ast.Attribute) and func.attr == "__setattr__")
+        if setter and len(node.args) >= 2:
             name = node.args[1]
-            if not isinstance(name, ast.Constant) or name.value in GUARDED:
-                found.append(f"{filename}:{node.lineno}: setattr of {ast.unparse(name)}")
-        if isinstance(func, ast.Attribute) and func.attr in WRITERS:
-            for keyword in node.keywords:
-                if keyword.arg in GUARDED:
-                    found.append(f"{filename}:{node.lineno}: .{func.attr}({keyword.arg}=...)")
-                if keyword.arg == "defaults" and isinstance(keyword.value, ast.Dict):
-                    for key in keyword.value.keys:
-                        if isinstance(key, ast.Constant) and key.value in GUARDED:
-                            found.append(f"{filename}:{node.lineno}: .{func.attr}(defaults={{{key.value!r}: ...}})")
+            if _constant(name) is None or _constant(name) in GUARDED:
+                found.append(f"{where}: setattr of {ast.unparse(name)}")
+        writer = _writer_name(func)
+        if writer in WRITERS:
+            found += _keyword_writes(node, f".{writer}", where)
+        if writer == "bulk_update":
+            fields = node.args[1] if len(node.args) >= 2 else next(
+                (k.value for k in node.keywords if k.arg == "fields"), None)
+            if not isinstance(fields, (ast.List, ast.Tuple)) or any(
+                    _constant(item) in GUARDED or _constant(item) is None for item in fields.elts):
+                found.append(f"{where}: .bulk_update of {ast.unparse(fields) if fields else '?'}")
+        if isinstance(func, ast.Name) and func.id in MODELS:
+            found += _keyword_writes(node, func.id, where)
     return found
 
 
@@ -80,6 +137,18 @@ def test_no_module_but_the_machine_writes_a_status_or_state():
     "Profile.objects.update_or_create(pk=1, defaults={'status': 'x'})",
     "setattr(stage, 'phase', 'verify')",
     "setattr(stage, name, value)",
+    "qs.update(**{'status': 'failed'})",
+    "qs.update(**values)",
+    "Run.objects.bulk_update(runs, ['status'])",
+    "Run.objects.bulk_update(runs, fields=names)",
+    "cursor.execute('UPDATE engine_run SET status = %s WHERE id = %s', [s, i])",
+    "run.__dict__['status'] = 'failed'",
+    "vars(run)['lease_token'] = ''",
+    "object.__setattr__(run, 'status', 'failed')",
+    "Profile.objects.update_or_create(pk=1, defaults=values)",
+    "getattr(qs, 'update')(status='failed')",
+    "Run(pk=1, status='failed').save()",
+    "run.stop_reason = 'anything'",
 ])
 def test_the_scan_finds_each_kind_of_write(snippet):
     assert writes_outside_machine(snippet, "x.py"), snippet
@@ -90,6 +159,10 @@ def test_the_scan_finds_each_kind_of_write(snippet):
     "Response(data, status=404)",
     "x = attempt.status",
     "dict(item, status='in_progress')",
+    "qs.update(**{'heartbeat_at': now})",
+    "Run.objects.bulk_update(runs, ['active_seconds'])",
+    "cursor.execute('SELECT status FROM engine_run')",
+    "Check(run=run, name='unit', failure_kind='x')",
 ])
 def test_the_scan_leaves_reads_and_other_status_words_alone(snippet):
     assert writes_outside_machine(snippet, "x.py") == []
@@ -204,3 +277,16 @@ def test_a_lease_move_the_table_does_not_allow_is_refused(run_row):
     run.lease_token, run.lease_owner = "", ""  # fixture data: a running run whose lease is free
     with pytest.raises(machine.IllegalTransition, match="lease"):
         machine.hand_off(run)
+
+
+def test_a_move_refuses_fields_that_only_the_machine_sets(run_row):
+    from engine.models import Attempt
+
+    run = run_row(status="running", stage_statuses=("running",))
+    attempt = Attempt.objects.create(run=run, stage=run.stages.get(), operation="implement", number=1,
+                                     role="implementer", profile_name="scripted", adapter="scripted",
+                                     deadline_seconds=60, status="running")
+    with pytest.raises(machine.IllegalTransition, match="lease_token"):
+        machine.end_attempt(attempt, "failed", lease_token="")
+    attempt.refresh_from_db()
+    assert attempt.status == "running"

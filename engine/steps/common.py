@@ -111,7 +111,8 @@ def save_manifest(run: Run, stage: StageRun | None, data: dict) -> Manifest:
         counts[key] += 1
     return Manifest.objects.create(
         run=run, stage=stage, digest=data["digest"], base_commit=data["base"], path=rel, sha256=sha256_file(path),
-        files=len(data["entries"]), excluded=data.get("excluded", []), **counts,
+        files=len(data["entries"]), excluded=data.get("excluded", []), added=counts["added"],
+        modified=counts["modified"], deleted=counts["deleted"],
     )
 
 
