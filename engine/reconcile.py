@@ -185,8 +185,9 @@ def inspect_effects(run: Run) -> dict:
     intents = [str(uid) for uid in JournalEntry.objects.filter(run=run, state=JournalEntry.State.INTENT)
                .values_list("uid", flat=True)]
     if intents:
-        sentences.append(f"{len(intents)} checkpoint journal entr{'y' if len(intents) == 1 else 'ies'} still say "
-                         f"'intent': reconciliation looks for its commit by its trailer.")
+        say = "entry still says" if len(intents) == 1 else "entries still say"
+        sentences.append(f"{len(intents)} checkpoint journal {say} 'intent': reconciliation looks for its commit "
+                         f"by its trailer.")
     return {"attempts": found, "journal_intents": intents, "sentence": " ".join(sentences)}
 
 
