@@ -291,7 +291,11 @@ def interrupt(run_id: int, token: str, heartbeat_at):
         return False
     run = Run.objects.get(pk=run_id)
     reaping = reap_run(run)
-    lock = _clear_index_lock(run)
+    if reaping["unconfirmed"]:  # a git of another host may hold it: its processes are not confirmed gone
+        lock = {"state": "unknown", "path": None, "holders": [], "sentence": "git's index lock was left alone: "
+                "attempts of another host could not be confirmed stopped."}
+    else:
+        lock = _clear_index_lock(run)
     found = _interrupted_checkpoint(run)
     if found is not None:
         note = f" Processes reaped: {reaping['reaped']}." if reaping["reaped"] else ""

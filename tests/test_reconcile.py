@@ -171,3 +171,26 @@ def test_a_missing_repository_never_stops_a_reconcile_pass(make_pipeline, repo, 
     assert JournalEntry.objects.get(pk=gone_entry.pk).state == "intent"
     [event] = RunEvent.objects.filter(run=gone, kind="journal_unresolved")
     assert event.data["journal"] == gone_entry.pk and "cannot be read" in event.message
+
+
+def test_an_index_lock_is_left_alone_while_another_hosts_attempt_is_unconfirmed(run_row, monkeypatch):
+    """The reconciler cannot see another host's processes: a git there may hold the lock."""
+    from django.utils import timezone
+
+    from engine import reconcile as reconciliation
+    from engine import workspace
+    from engine.models import Attempt
+
+    looked = []
+    monkeypatch.setattr(workspace, "clear_stale_index_lock", lambda *a, **k: looked.append(a) or {})
+    stale = timezone.now() - timezone.timedelta(seconds=600)
+    run = run_row(status="running", stage_statuses=("running",), lease_owner="w:1", lease_token="t" * 32,
+                  heartbeat_at=stale, worktree="/nonexistent/worktree")
+    Attempt.objects.create(run=run, stage=run.stages.get(), operation="implement", number=1, role="implementer",
+                           profile_name="scripted", adapter="scripted", deadline_seconds=60, status="running",
+                           host="another-host", started_at=stale)
+    assert reconciliation.interrupt(run.pk, run.lease_token, stale) is True
+    run.refresh_from_db()
+    assert looked == []
+    assert (run.status, run.stop_reason) == ("waiting_review", "interrupted")
+    assert "index lock was left alone" in run.stop_message and "another host" in run.stop_message
