@@ -670,3 +670,18 @@ def test_a_bad_scripted_endpoint_names_the_field():
     with pytest.raises(PipelineFormatError) as info:
         _with_endpoint({"default": {"turns": [{"stauts": 401}]}})
     assert any(field.startswith("profiles.c.scripted_endpoint.default") for _, field, _ in info.value.errors)
+
+
+def test_a_problem_inside_a_scripted_endpoint_file_names_its_field_from_the_files_top(tmp_path):
+    """`<file>: <field>: <problem>` with the field path from the endpoint file's top (an earlier
+    version printed it with a stray leading dot: `.stages.a.implement`)."""
+    (tmp_path / "x.yaml").write_text("stages:\n  a:\n    implement:\n      turns:\n        - {tool: Write, bogus: 1}\n"
+                                     "        - done\n", encoding="utf-8")
+    (tmp_path / "p.yaml").write_text(
+        "name: ep\nstages:\n  - {key: a, requirement: r, scope: ['**'], gates: ['true']}\n"
+        "roles: {implementer: c, reviewer: c, documenter: c}\n"
+        "profiles:\n  c: {adapter: claude-code, scripted_endpoint: x.yaml}\n", encoding="utf-8")
+    with pytest.raises(PipelineFormatError) as info:
+        load_file(tmp_path / "p.yaml")
+    assert any(source.endswith("x.yaml") and field == "stages.a.implement" and "turn 0" in problem
+               for source, field, problem in info.value.errors), info.value.errors
