@@ -249,6 +249,7 @@ def run_row(make_pipeline):
     """Factory of a Run row with its stages, made in the database only (no repository, no git,
     no process): for tests of what the engine reads from records. ``status`` and the stages'
     ``stage_statuses`` are written as fixture data (engine/machine.py makes them in a real run)."""
+    from engine import answers
     from engine.models import Run, StageRun
 
     def factory(status="pending", stage_statuses=("pending",), **fields):
@@ -260,9 +261,13 @@ def run_row(make_pipeline):
         pipeline = make_pipeline(**kwargs)
         definition = {"pipeline": pipeline.definition, "roles": pipeline.definition["roles"],
                       "profiles": pipeline.definition["profiles"]}
+        roles = definition["roles"]
+        used = {name for names in roles.values() for name in ([names] if isinstance(names, str) else names)}
+        reason = answers.run_simulation(definition["profiles"], used)  # as engine/operations.py create_run
         run = Run.objects.create(pipeline=pipeline, pipeline_name=pipeline.name, repo_path="/nonexistent",
                                  revision="main", commit="0" * 40, definition=definition,
-                                 definition_sha256="0" * 64, status=status, **fields)
+                                 definition_sha256="0" * 64, status=status, simulated=bool(reason),
+                                 simulated_reason=reason, **fields)
         keys = [s["key"] for s in pipeline.definition["stages"]]
         for order, stage_status in enumerate(stage_statuses):
             StageRun.objects.create(run=run, key=keys[order], order=order, status=stage_status)

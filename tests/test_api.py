@@ -81,9 +81,11 @@ def operator(api_user):
 
 
 @pytest.fixture
-def pending(make_pipeline, repo):
-    """A pending run of a quick simulated pipeline."""
-    return operations.create_run(make_pipeline(stages=QUICK_STAGE, scenario=QUICK_SCENARIO), str(repo), "main")
+def pending(run_row):
+    """A pending run of a quick simulated pipeline, built as database rows only (no repository,
+    no git): what these tests check is the HTTP layer and the operations' answers; the tests of
+    real runs below create theirs with ``operations.create_run``."""
+    return run_row(pipeline_kwargs={"stages": QUICK_STAGE, "scenario": QUICK_SCENARIO})
 
 
 def refusal(operation, *args, **kwargs) -> dict:
