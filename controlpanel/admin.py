@@ -41,8 +41,9 @@ from engine.models import (
     StageRun,
     StartRequest,
 )
+from engine.steps import sha256_file
 
-from .attempt_files import ATTEMPT_FILES, attempt_file, file_sha256
+from .attempt_files import ATTEMPT_FILES, attempt_file
 from .forms import CreateRunForm, PipelineDefinitionForm
 from .views import RunPages
 
@@ -328,7 +329,7 @@ class AttemptAdmin(ReadOnlyAdmin):
             check = ""
             recorded = getattr(obj, sha_field) if sha_field else ""
             if recorded:
-                same = file_sha256(found) == recorded
+                same = sha256_file(found) == recorded
                 check = f"sha256 {recorded} ({'matches the file' if same else 'DIFFERS from the file now'})"
             items.append(format_html('<li><a href="{}">view the {}</a> ({} bytes) {}</li>',
                                      reverse("admin:engine_attempt_file", args=[obj.pk, kind]), label,

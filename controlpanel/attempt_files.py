@@ -7,7 +7,6 @@ arbitrary path.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -40,12 +39,3 @@ def attempt_file(attempt: Attempt, kind: str) -> Path | None:
     if not real.startswith(base + os.sep) or not os.path.isfile(real):
         return None
     return Path(real)
-
-
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of the file at ``path``, read in 1 MiB chunks (OSError when it cannot be read)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
