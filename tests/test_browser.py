@@ -250,7 +250,9 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     submit(tab, "form.cp-action-start input[type=submit]")
     assert messages(tab, "success") == [f"Start requested by admin: run {run.pk} is queued for a worker."]
     tail = tab.locator('.cp-tail[data-cp-tail="live"] pre')
-    tail.filter(has_text="line-2").wait_for(timeout=WAIT_MS)
+    # the first step makes the worktree and runs the baseline checks first: on a loaded CI host
+    # (two suites on two cores) that alone has taken most of a minute
+    tail.filter(has_text="line-2").wait_for(timeout=2 * WAIT_MS)
     assert "line-5" not in tail.inner_text()
     tab.evaluate("window.cpMarker = 'set before line-5'")
     loads = []
