@@ -88,6 +88,12 @@ def pending(run_row):
     return run_row(pipeline_kwargs={"stages": QUICK_STAGE, "scenario": QUICK_SCENARIO})
 
 
+@pytest.fixture
+def real_pending(make_pipeline, repo):
+    """A pending run created by ``operations.create_run`` on a real repository: a worker runs it."""
+    return operations.create_run(make_pipeline(stages=QUICK_STAGE, scenario=QUICK_SCENARIO), str(repo), "main")
+
+
 def refusal(operation, *args, **kwargs) -> dict:
     """The OperationError ``as_dict()`` of calling ``operation`` directly (it must be refused)."""
     with pytest.raises(operations.OperationError) as info:
@@ -442,7 +448,8 @@ def roomy_live_server(live_server):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_50_api_starts_at_once_over_http_one_202_and_49_conflicts(workers, roomy_live_server, api_user, pending):
+def test_50_api_starts_at_once_over_http_one_202_and_49_conflicts(workers, roomy_live_server, api_user, real_pending):
+    pending = real_pending
     user, _ = api_user("load", "start_run")
     key = f"Token {Token.objects.get(user=user).key}"
     barrier = threading.Barrier(STARTS)
@@ -483,7 +490,8 @@ def test_50_api_starts_at_once_over_http_one_202_and_49_conflicts(workers, roomy
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_50_start_run_processes_at_once_one_accepted(workers, pending):
+def test_50_start_run_processes_at_once_one_accepted(workers, real_pending):
+    pending = real_pending
     argv = [sys.executable, "manage.py", "start_run", str(pending.pk)]
     env = workers.env()
     procs = [subprocess.Popen(argv, cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
