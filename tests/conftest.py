@@ -35,6 +35,15 @@ def git(repo, *args, check=True) -> str:
     return result.stdout
 
 
+def index_is(worktree: str, commit: str) -> bool:
+    """The worktree's index holds exactly ``commit``'s tree: ``git diff --cached --quiet`` through
+    the engine's one hardened invocation (engine/workspace.py ``git``), read-only (no index lock)."""
+    from engine import workspace
+
+    return workspace.git(["--no-optional-locks", "diff", "--cached", "--quiet", commit, "--"], str(worktree),
+                         check=False).returncode == 0
+
+
 def run_data_dir(run) -> Path:
     """The run's data folder (``$CP_DATA_DIR``), made now: a file a test puts there before Start
     is seen by the run's agents and gates, which see nothing else of the host outside the worktree."""

@@ -4,7 +4,6 @@ find the truth from git and never make a second commit: with the commit made, re
 finishes the step and the run goes on by itself; without it, a person's Recover checkpoints the
 stage. Real worker processes, a real database."""
 import os
-import subprocess
 import time
 import uuid
 
@@ -13,7 +12,7 @@ import pytest
 from engine import operations, reconcile
 from engine.models import JournalEntry, Run
 
-from .conftest import git, wait_for
+from .conftest import git, index_is, wait_for
 from .test_run_records import Solo, route  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -79,8 +78,7 @@ def test_a_crash_inside_the_checkpoint_never_makes_a_second_commit(route, make_p
         if point == "checkpoint.after_commit":
             assert commits[0] == entry.commit  # the crashed step's commit, reused
             assert run.events.filter(kind="checkpoint", message__contains="found already committed").exists()
-            assert subprocess.run(["git", "--no-optional-locks", "diff", "--cached", "--quiet", commits[0], "--"],
-                                  cwd=run.worktree).returncode == 0  # the index is the checkpoint's
+            assert index_is(run.worktree, commits[0])  # the index is the checkpoint's
     finally:
         first.kill()
         if second is not None:

@@ -27,7 +27,8 @@ from django.utils import timezone
 from engine import machine, operations, reconcile, runner, steps, workspace
 from engine.models import JournalEntry, Run, RunEvent
 
-from .conftest import ANSWER_STEP, git, make_repo, wait_for
+from .conftest import git, index_is, make_repo, wait_for
+from .test_crash_recovery import wait_until as until
 from .test_run_records import QUICK, Solo, route  # noqa: F401  (fixture)
 from .test_steps import drive
 
@@ -77,24 +78,6 @@ class Holder:
         self.lock.unlink(missing_ok=True)
 
 
-def index_is(worktree: str, commit: str) -> bool:
-    """The worktree's index holds exactly ``commit``'s tree (read-only: no lock is taken)."""
-    return subprocess.run(["git", "--no-optional-locks", "diff", "--cached", "--quiet", commit, "--"], cwd=worktree,
-                          capture_output=True).returncode == 0
-
-
-def until(predicate, timeout: float, what: str, logs=()):
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            tails = "\n".join(log.text()[-4000:] for log in logs)
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
-        time.sleep(0.1)
-
-
 def advance_until_checkpoint(run_id: int, sent: list) -> Run:
     """Take steps in this process until the run's next step is its stage's checkpoint."""
     for _ in range(30):
@@ -126,6 +109,7 @@ def test_a_stale_lock_is_removed_and_a_live_one_never(repo, tmp_path):
         holder.kill()
 
     lock.write_text("")  # a live git working in the worktree (here: waiting on its stdin) may own it
+    # a git of somebody else's (not the engine's), alive in the worktree: the holder to detect
     live_git = subprocess.Popen(["git", "hash-object", "--stdin"], cwd=str(worktree), stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL)
     try:
