@@ -86,10 +86,14 @@ ATTEMPT_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 DECISION_TRANSITIONS: dict[str, frozenset[str]] = {
+    # a human gate's approval decision is approved or sent back with a person's findings
+    # (changes_requested); a review decision is recovered; any pending one can be superseded
     Decision.State.PENDING: frozenset(
-        {Decision.State.APPROVED, Decision.State.RECOVERED, Decision.State.SUPERSEDED}
+        {Decision.State.APPROVED, Decision.State.CHANGES_REQUESTED, Decision.State.RECOVERED,
+         Decision.State.SUPERSEDED}
     ),
     Decision.State.APPROVED: frozenset(),
+    Decision.State.CHANGES_REQUESTED: frozenset(),
     Decision.State.RECOVERED: frozenset(),
     Decision.State.SUPERSEDED: frozenset(),
 }

@@ -134,6 +134,8 @@ class Run(models.Model):
     definition = models.JSONField(help_text="frozen definition and profiles at creation")
     definition_sha256 = models.CharField(max_length=64)
     profile_override = models.JSONField(default=dict, blank=True)
+    rerun_of = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="reruns",
+                                 help_text="the ended run this run re-runs (its frozen inputs, or the latest pipeline)")
     simulated = models.BooleanField(default=False, help_text="uses the scripted test adapter or a scripted model")
     simulated_reason = models.CharField(max_length=200, blank=True)
     not_included = models.JSONField(
@@ -379,6 +381,7 @@ class Decision(models.Model):
     class State(models.TextChoices):
         PENDING = "pending", "pending"
         APPROVED = "approved", "approved"
+        CHANGES_REQUESTED = "changes_requested", "changes requested"
         RECOVERED = "recovered", "recovered"
         SUPERSEDED = "superseded", "superseded"
 
@@ -391,6 +394,9 @@ class Decision(models.Model):
     artifact = models.CharField(max_length=64, blank=True, help_text="manifest digest it is about")
     decided_by = models.CharField(max_length=150, blank=True)
     note = models.TextField(blank=True)
+    comments = models.JSONField(
+        default=list, blank=True,
+        help_text="a request for changes' comments on the diff: [{file, line (or null), text}]")
     action = models.CharField(max_length=20, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     decided_at = models.DateTimeField(null=True, blank=True)
@@ -447,3 +453,50 @@ class RunEvent(models.Model):
 
     def __str__(self):
         return f"run {self.run_id} [{self.kind}] {self.message}"
+
+
+class Notification(models.Model):
+    """One delivery of one notice through one channel (an outbox row, written in the transaction
+    that made the notice): a run started waiting for a person (``key`` ``decision:ID``, once per
+    decision) or ended (``key`` ``end:RUN_UID``). ``state`` moves pending -> sending -> delivered,
+    or back to pending with ``next_attempt_at`` (backoff) after a failed try, or to failed when
+    its tries are used up (engine/machine.py NOTIFICATION_TRANSITIONS; engine/notifications.py
+    delivers)."""
+
+    class Channel(models.TextChoices):
+        EMAIL = "email", "email"
+        WEBHOOK = "webhook", "webhook"
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        SENDING = "sending", "sending"
+        DELIVERED = "delivered", "delivered"
+        FAILED = "failed", "failed"
+
+    uid = models.UUIDField(default=uuid.uuid4, unique=True, editable=False,
+                           help_text="the delivery id a receiver can de-duplicate on")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="notifications")
+    decision = models.ForeignKey(Decision, on_delete=models.SET_NULL, null=True, blank=True,
+                                 related_name="notifications")
+    key = models.CharField(max_length=100, help_text="decision:ID or end:RUN_UID: one notice, once per channel")
+    kind = models.CharField(max_length=20, help_text="waiting or ended")
+    channel = models.CharField(max_length=20, choices=Channel.choices)
+    target = models.CharField(max_length=1000, help_text="the webhook URL or the email addresses")
+    payload = models.JSONField(default=dict)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    tries = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.IntegerField(null=True, blank=True, help_text="the webhook's last HTTP status")
+    last_error = models.TextField(blank=True)
+    log = models.JSONField(default=list, blank=True, help_text="each try: {at, status, error, seconds}")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["key", "channel"], name="notification_once_per_channel")]
+        indexes = [models.Index(fields=["state", "next_attempt_at"])]
+
+    def __str__(self):
+        return f"notification {self.pk} ({self.kind}, {self.channel}) of run {self.run_id}: {self.state}"
