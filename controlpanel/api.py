@@ -112,6 +112,25 @@ class ApproveInput(StrictSerializer):
     reviewer = TextField(required=False, allow_blank=True)
 
 
+class CommentInput(StrictSerializer):
+    """One comment on the diff of a request for changes: ``{file, line, text}`` (file and line may be null)."""
+
+    file = TextField(required=False, allow_null=True, allow_blank=False)
+    line = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    text = TextField()
+
+
+class RequestChangesInput(StrictSerializer):
+    """POST /api/runs/<id>/request-changes/: the pending approval decision, the digest of the files
+    looked at, the note (what must change) and optional comments on the diff."""
+
+    decision = DecisionField()
+    artifact = TextField(allow_blank=True)
+    note = TextField(allow_blank=True)
+    comments = CommentInput(many=True, required=False)
+    reviewer = TextField(required=False, allow_blank=True)
+
+
 class RecheckInput(StrictSerializer):
     """POST /api/runs/<id>/recheck/: what was corrected (a blank note is refused by the operation)."""
 
@@ -234,10 +253,11 @@ class RunViewSet(viewsets.ViewSet):
     lookup_value_regex = "[^/]+"  # any id text: the operation says 404 unknown_run for a bad one
 
     PERMISSIONS = {"create": "engine.add_run", "retrieve": "engine.view_run", "start": "engine.start_run",
-                   "approve": "engine.approve_run", "recheck": "engine.recheck_run", "recover": "engine.recover_run",
-                   "fail": "engine.fail_run"}
-    INPUTS = {"create": CreateRunInput, "start": StartInput, "approve": ApproveInput, "recheck": RecheckInput,
-              "recover": RecoverInput, "fail": FailInput}
+                   "approve": "engine.approve_run", "request_changes": "engine.approve_run",
+                   "recheck": "engine.recheck_run", "recover": "engine.recover_run", "fail": "engine.fail_run"}
+    INPUTS = {"create": CreateRunInput, "start": StartInput, "approve": ApproveInput,
+              "request_changes": RequestChangesInput, "recheck": RecheckInput, "recover": RecoverInput,
+              "fail": FailInput}
 
     @property
     def route_action(self) -> str:
@@ -300,6 +320,18 @@ class RunViewSet(viewsets.ViewSet):
         data = self.read(request)
         decision = operations.approve(run_id, data["decision"], data["artifact"],
                                       self.person(request, data.get("reviewer")))
+        return self.ack(ApproveAckSerializer, decision.run_id, decision=decision)
+
+    @action(detail=True, methods=["post"], url_path="request-changes", url_name="request-changes")
+    def request_changes(self, request, run_id=None):
+        """POST /api/runs/<id>/request-changes/ -> 200 ``{run, status, simulated, decision}``: the files at
+        the human gate go back to a repair session with the note and comments (queued), or, with the
+        stage's repair allowance used up, the run waits for review (``repair_exhausted``)."""
+        data = self.read(request)
+        comments = [{"file": c.get("file"), "line": c.get("line"), "text": c["text"]}
+                    for c in data.get("comments") or []]
+        decision = operations.request_changes(run_id, data["decision"], data["artifact"],
+                                              self.person(request, data.get("reviewer")), data["note"], comments)
         return self.ack(ApproveAckSerializer, decision.run_id, decision=decision)
 
     @action(detail=True, methods=["post"])

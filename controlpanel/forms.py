@@ -33,6 +33,26 @@ class ApproveForm(forms.Form):
                                widget=forms.TextInput(attrs=_required({"size": 44, "spellcheck": "false"})))
 
 
+class RequestChangesForm(forms.Form):
+    """Request changes at a human gate: the pending decision and files (as for Approve), what must
+    change, and optional comments on the diff, one a line: ``path:line: text`` or ``path: text``."""
+
+    decision = forms.IntegerField(min_value=1, label="decision id", widget=forms.NumberInput(attrs=_required()))
+    artifact = forms.CharField(required=False, max_length=64, label="artifact (files' digest)",
+                               widget=forms.TextInput(attrs=_required({"size": 44, "spellcheck": "false"})))
+    note = forms.CharField(required=False, label="what must change (the agent reads it)",
+                           widget=forms.Textarea(attrs=_required({"rows": 3, "cols": 60})))
+    comments = forms.CharField(required=False, label="comments on the diff (one a line: path:line: text)",
+                               widget=forms.Textarea(attrs={**_TEXT, "rows": 3, "cols": 60,
+                                                            "placeholder": "textstats/core.py:12: count hyphenated words once"}))
+
+    def clean_comments(self) -> list[dict]:
+        """``[{"file", "line", "text"}]`` from the lines typed (engine.operations.parse_comment; a
+        line without ``path:`` is a general comment); the operation checks files and lines."""
+        return [operations.parse_comment(line) for line in (self.cleaned_data.get("comments") or "").splitlines()
+                if line.strip()]
+
+
 class RecheckForm(forms.Form):
     """Recheck A Corrected Result: what was corrected."""
 

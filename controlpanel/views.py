@@ -61,7 +61,8 @@ from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Chec
                            Run, RunStatus)
 
 from .attempt_files import attempt_file
-from .forms import ApproveForm, FailForm, RecheckForm, RecoverForm, StartForm, first_error, mark_kept, typed_fields
+from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, StartForm, first_error,
+                    mark_kept, typed_fields)
 
 #: Bytes of an attempt's display log the tail endpoint returns (read from the end, never the whole file).
 TAIL_BYTES = 64 * 1024
@@ -86,6 +87,7 @@ KEPT_KEY = "cp_run_kept_forms"
 ACTIONS = {
     "start": ("engine.start_run", StartForm, "Start"),
     "approve": ("engine.approve_run", ApproveForm, "Approve"),
+    "request_changes": ("engine.approve_run", RequestChangesForm, "Request changes"),
     "recheck": ("engine.recheck_run", RecheckForm, "Recheck"),
     "recover": ("engine.recover_run", RecoverForm, "Recover"),
     "fail": ("engine.fail_run", FailForm, "Fail"),
@@ -712,7 +714,7 @@ class RunPages:
                 mark_kept(form, typed.get("field", ""))
                 if "decision" in initial and str(form.initial.get("decision")) != str(initial["decision"]):
                     entry["hints"]["decision"] = f"the pending decision is {initial['decision']}"
-            if verb == "approve":
+            if verb in ("approve", "request_changes"):
                 entry["files"] = page["approval_entry"]
             forms.append(entry)
         sim = " (simulated)" if run.simulated else ""
@@ -879,6 +881,17 @@ def _approve(run: Run, data: dict, who: str) -> str:
     return f"Decision {decision.pk} approved by {who} for files {decision.artifact[:12]}: the run continues."
 
 
+def _request_changes(run: Run, data: dict, who: str) -> str:
+    decision = operations.request_changes(run, data["decision"], data["artifact"], reviewer=who, note=data["note"],
+                                          comments=data["comments"])
+    run.refresh_from_db()
+    if run.status == "waiting_review":
+        return (f"Changes requested by {who} on decision {decision.pk}, but the stage's repair allowance is used up: "
+                f"the run waits for review ({run.stop_reason}).")
+    return (f"Changes requested by {who} on decision {decision.pk}: a repair session gets your note; the gates, "
+            f"the review and the documentation run on its files before the gate asks again.")
+
+
 def _recheck(run: Run, data: dict, who: str) -> str:
     stage = operations.recheck(run, data["note"], requested_by=who)
     return f"Recheck of stage '{stage.key}' requested by {who}: its gates and reviews run again."
@@ -895,4 +908,4 @@ def _fail(run: Run, data: dict, who: str) -> str:
 
 
 #: verb -> the call of engine.operations it makes: (run, cleaned form data, user name) -> the success sentence.
-PERFORM = {"start": _start, "approve": _approve, "recheck": _recheck, "recover": _recover, "fail": _fail}
+PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck, "recover": _recover, "fail": _fail}

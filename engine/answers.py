@@ -74,8 +74,8 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None) -> str:
         RunStatus.PENDING: "Waiting for Start.",
         RunStatus.QUEUED: "Waiting for a worker to claim it.",
         RunStatus.WAITING_REVIEW: "Waiting for a person: recover it (retry or verify), recheck it, or fail it.",
-        RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, recheck or "
-                                     f"fail it." if approval else "Waiting for approval."),
+        RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, request "
+                                     f"changes, recheck or fail it." if approval else "Waiting for approval."),
     }.get(run.status, "")
 
 
@@ -94,12 +94,13 @@ class Action:
 
 
 #: Every action a person can take on a run, in the order they are shown.
-ACTION_NAMES = ("start", "approve", "recheck", "recover", "fail")
+ACTION_NAMES = ("start", "approve", "request_changes", "recheck", "recover", "fail")
 
 
 def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Action]:
     """Every action of ``ACTION_NAMES`` for ``run`` now: Start (pending); Approve (waiting_approval
-    with a pending approval decision: its id and artifact); Recheck (waiting_review or
+    with a pending approval decision: its id and artifact); Request changes (as Approve, and not
+    while the run's budget is exhausted); Recheck (waiting_review or
     waiting_approval); Recover (waiting_review with a pending review decision: its id); Recheck
     and Recover not while the run's budget is exhausted (a new run is needed); Fail (any status
     but succeeded or failed). The operations in engine/operations.py refuse what does not apply
@@ -121,6 +122,10 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
         add("approve", "", {"decision": approval.pk, "artifact": approval.artifact})
     exhausted = exhausted_budget(run) if status in RUN_WAITING else None
     spent = f"the run's budget is exhausted ({exhausted}): a new run is needed" if exhausted else ""
+    if "approve" in found and not found["approve"].applies:
+        add("request_changes", found["approve"].why)
+    else:
+        add("request_changes", spent, {"decision": approval.pk, "artifact": approval.artifact})
     add("recheck", spent if status in RUN_WAITING else f"the run is {status}; only a waiting run is rechecked")
     review = pending.get(Decision.Kind.REVIEW)
     if status != RunStatus.WAITING_REVIEW:

@@ -208,6 +208,7 @@ EVENT_KINDS: dict[str, str] = {
     "artifact_changed": "the files changed after verification; they are verified again",
     "waiting_approval": "a human gate waits for a person's approval",
     "approved": "a person approved a human gate",
+    "changes_requested": "a person sent the files at a human gate back with findings (a repair follows)",
     "recheck": "a person asked for verification again",
     "recovered": "a person recovered a stopped run",
     "checkpoint_intent": "a checkpoint was journaled before git ran",
@@ -443,11 +444,22 @@ def gates_passed(stage: StageRun, digest: str) -> None:
 def reviewed(run: Run, stage: StageRun) -> None:
     """Every reviewer passed the verified files: the documentation agent updates the docs for
     them (once per stage); documented files go to the checkpoint, or first to a person's
-    approval when the stage has a human gate."""
-    if not stage.documented_manifest:
+    approval when the stage has a human gate. After a person's request for changes the
+    documentation agent runs once more, on the reworked files (``_documented_since_request``)."""
+    if not stage.documented_manifest or not _documented_since_request(stage):
         _set_stage(stage, StageStatus.RUNNING, StagePhase.DOCUMENT)
     else:
         _to_checkpoint(run, stage)
+
+
+def _documented_since_request(stage: StageRun) -> bool:
+    """False when a person requested changes at the stage's human gate after its last
+    documentation attempt began (the rework may change what the notes must say)."""
+    asked = stage.decisions.filter(state=Decision.State.CHANGES_REQUESTED).order_by("-decided_at").first()
+    if asked is None:
+        return True
+    last = stage.attempts.filter(operation="document").order_by("-number").first()
+    return last is not None and last.created_at > asked.decided_at
 
 
 def documented(run: Run, stage: StageRun, started_from: str, changed: bool) -> None:
@@ -494,12 +506,52 @@ def approved(run: Run, stage: StageRun, decision: Decision, reviewer: str) -> No
                            f"checkpointed next.", stage=stage, decision=decision)
 
 
+def changes_requested(run: Run, stage: StageRun, decision: Decision, reviewer: str, note: str,
+                      comments: list[dict]) -> str:
+    """A person looked at the files waiting at the stage's human gate and sent them back with
+    findings (``note``; ``comments``: ``[{"file", "line" (or None), "text"}]`` on the diff).
+
+    The approval ``decision`` becomes ``changes_requested`` (it can never be approved after
+    this). With a repair left in the stage's ``repair_allowance`` (shared with the gates and
+    reviewers; nothing resets it) one is consumed: the person's findings become the stage's
+    last defect, the evidence a fresh repair session gets, and the stage goes to the repair
+    phase; verification, review and documentation then run on the changed files, and a new
+    approval decision is made for them (``await_approval``). Documentation runs again, since the
+    rework may change what the notes must say (``reviewed``). Returns ``REPAIR``; with the allowance used up the
+    run stops ``repair_exhausted`` (waiting_review, a review decision) and ``REPAIR_EXHAUSTED``
+    is returned."""
+    _decide(decision, Decision.State.CHANGES_REQUESTED, decided_by=reviewer, note=note, comments=comments,
+            action="request_changes")
+    allowance = int(stage.spec.get("repair_allowance", 0))
+    event(run, "changes_requested",
+          f"{reviewer} requested changes at the human gate of stage '{stage.key}' on files "
+          f"{decision.artifact[:12]} ({len(comments)} comment(s) on the diff). Note: {note}",
+          stage=stage, decision=decision, data={"comments": comments, "artifact": decision.artifact})
+    if stage.repairs_used >= allowance:
+        stop(run, "repair_exhausted",
+             f"{reviewer} requested changes at the human gate of stage '{stage.key}', but its repair allowance "
+             f"({stage.repairs_used} of {allowance}) is used up: a person decides (recover with a retry, which "
+             f"carries the findings to the agent, or fail the run).", stage=stage,
+             evidence={"decision": decision.pk, "repairs_used": stage.repairs_used, "allowance": allowance})
+        return REPAIR_EXHAUSTED
+    _requeue(run)
+    stage.repairs_used += 1
+    findings = [{"severity": "person", "file": c.get("file"), "line": c.get("line"), "text": c.get("text")}
+                for c in comments]
+    stage.last_defect = {"kind": "person", "name": reviewer, "digest": decision.artifact,
+                         "message": f"{reviewer} requested changes at the human gate: {note}",
+                         "evidence": {"decision": decision.pk, "findings": findings}}
+    stage.accepted_manifest = ""
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.REPAIR)
+    return REPAIR
+
+
 def rechecked(run: Run, stage: StageRun, note: str, requested_by: str) -> int:
     """A person asked for verification again (a corrected result): the stage's pending decisions
     are superseded, its files are verified and reviewed again and, with a human gate, a new
     approval is asked for. Repair counters and budgets are kept. Returns the decisions superseded."""
     superseded = _supersede(run.decisions.filter(stage=stage, state=Decision.State.PENDING),
-                            decided_at=timezone.now(), decided_by=requested_by, action="recheck")
+                            decided_at=timezone.now(), decided_by=requested_by, action="recheck", note=note)
     _requeue(run)
     stage.accepted_manifest = ""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from .models import (
     RUN_STOPPED,
     RUN_TERMINAL,
     Decision,
+    Manifest,
     Pipeline,
     Profile,
     Run,
@@ -425,27 +427,8 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
     run = get_run(run)
     if not (reviewer or "").strip():
         raise OperationError("reviewer_required", "The approving person's name is required.", "reviewer")
-    artifact = (artifact or "").strip().lower()
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
-        decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
-        if decision is None or decision.kind != Decision.Kind.APPROVAL:
-            raise OperationError("unknown_decision", f"Run {run.pk} has no approval decision {decision_id!r}.",
-                                 "decision")
-        if decision.state != Decision.State.PENDING:
-            raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}"
-                                 f"{' by ' + decision.decided_by if decision.decided_by else ''}, not pending: it "
-                                 f"cannot be approved again (run {run.pk} is {run.status}"
-                                 f"{': ' + run.stop_reason if run.stop_reason else ''}).", "decision")
-        if run.status != RunStatus.WAITING_APPROVAL:
-            raise OperationError("not_waiting_approval", f"Run {run.pk} is {run.status}; only a run waiting for "
-                                 f"approval can be approved.", "run")
-        stage = decision.stage
-        current = stage.accepted_manifest if stage is not None else ""
-        if len(artifact) < 12 or not decision.artifact.startswith(artifact) or decision.artifact != current:
-            raise OperationError("artifact_mismatch", f"The artifact {artifact or '(none)'!r} is not the files "
-                                 f"waiting for approval ({decision.artifact}); approve what you looked at, and look "
-                                 f"again if the files changed.", "artifact")
+        run, decision, stage, current = _pending_approval(run, decision_id, artifact)
         failed = [name for name, passed in gate_results(stage, current).items() if not passed]
         if failed:
             raise OperationError("checks_missing", f"Stage '{stage.key}' has no passing result of "
@@ -454,6 +437,132 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
         machine.approved(run, stage, decision, reviewer)
         _wake_on_commit(run)
     return decision
+
+
+def _pending_approval(run: Run, decision_id, artifact: str) -> tuple[Run, Decision, StageRun, str]:
+    """Lock ``run`` (inside the caller's transaction) and return ``(run, decision, stage, files)``
+    when ``decision_id`` is its pending approval decision for the stage's current files and
+    ``artifact`` names those files (the digest, or a unique prefix of at least 12 hex digits).
+    Raises OperationError ``unknown_decision`` / ``stale_decision`` [decision],
+    ``not_waiting_approval`` [run], ``artifact_mismatch`` [artifact]."""
+    artifact = (artifact or "").strip().lower()
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
+    if decision is None or decision.kind != Decision.Kind.APPROVAL:
+        raise OperationError("unknown_decision", f"Run {run.pk} has no approval decision {decision_id!r}.",
+                             "decision")
+    if decision.state != Decision.State.PENDING:
+        raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}"
+                             f"{' by ' + decision.decided_by if decision.decided_by else ''}, not pending: it "
+                             f"cannot be decided again (run {run.pk} is {run.status}"
+                             f"{': ' + run.stop_reason if run.stop_reason else ''}).", "decision")
+    if run.status != RunStatus.WAITING_APPROVAL:
+        raise OperationError("not_waiting_approval", f"Run {run.pk} is {run.status}; only a run waiting for "
+                             f"approval can be approved or sent back.", "run")
+    stage = decision.stage
+    current = stage.accepted_manifest if stage is not None else ""
+    if len(artifact) < 12 or not decision.artifact.startswith(artifact) or decision.artifact != current:
+        raise OperationError("artifact_mismatch", f"The artifact {artifact or '(none)'!r} is not the files "
+                             f"waiting for approval ({decision.artifact}); decide on what you looked at, and look "
+                             f"again if the files changed.", "artifact")
+    return run, decision, stage, current
+
+
+#: At most this many comments on the diff go with one request for changes, each at most COMMENT_CHARS.
+MAX_COMMENTS, COMMENT_CHARS = 200, 4000
+
+#: A comment typed as one line: ``path:line: text`` or ``path: text`` (a path has no space or colon,
+#: and a dot or a slash: "Note: ..." is a general comment).
+_COMMENT_LINE = re.compile(r"^(?P<file>[^\s:]*[./][^\s:]*):(?:(?P<line>\d+):)?\s(?P<text>.*)$", re.DOTALL)
+
+
+def parse_comment(text: str) -> dict:
+    """``{"file", "line", "text"}`` of a comment typed as text (the command's ``--comment``, a line of
+    the page's form): ``path:line: text``, ``path: text``, or anything else as a general comment
+    (file and line None). ``request_changes`` checks the result."""
+    found = _COMMENT_LINE.match(text.strip())
+    if found is None:
+        return {"file": None, "line": None, "text": text.strip()}
+    return {"file": found.group("file"), "line": int(found.group("line")) if found.group("line") else None,
+            "text": found.group("text").strip()}
+
+
+def request_changes(run, decision_id, artifact: str, reviewer: str, note: str,
+                    comments: list[dict] | None = None) -> Decision:
+    """Send the files waiting at a human gate back with a person's findings.
+
+    ``decision_id`` and ``artifact`` must name the pending approval decision and its files, as
+    for ``approve``; ``note``: what must change (required); ``comments``: optional
+    ``[{"file": path in the diff, "line": 1-based line or None, "text": ...}]``. One repair of the
+    stage's allowance is consumed and a fresh repair session gets the requirement, the current
+    patch and these findings; verification, review and documentation run on the changed files
+    and a new approval decision is made for them (this one is then stale). With the allowance
+    used up the run waits for review (``repair_exhausted``). Raises OperationError:
+    ``reviewer_required`` [reviewer], ``note_required`` [note], ``invalid_comments`` [comments],
+    the refusals of ``approve`` (``unknown_decision``, ``stale_decision``, ``not_waiting_approval``,
+    ``artifact_mismatch``), ``budget_exhausted`` [run].
+    """
+    run = get_run(run)
+    if not (reviewer or "").strip():
+        raise OperationError("reviewer_required", "The name of the person requesting changes is required.",
+                             "reviewer")
+    note = (note or "").strip()
+    if not note:
+        raise OperationError("note_required", "A note is required: what must change (the agent reads it).", "note")
+    with transaction.atomic():
+        run, decision, stage, current = _pending_approval(run, decision_id, artifact)
+        checked = _checked_comments(comments, _changed_paths(run, stage, current))
+        _refuse_exhausted(run, "run")
+        outcome = machine.changes_requested(run, stage, decision, reviewer.strip(), note, checked)
+        if outcome == machine.REPAIR:
+            _wake_on_commit(run)
+    return decision
+
+
+def _changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
+    """The paths the manifest ``digest`` of ``stage`` lists as changed (added, modified, deleted)."""
+    manifest = Manifest.objects.filter(run=run, stage=stage, digest=digest).order_by("-id").first()
+    if manifest is None:
+        return set()
+    try:
+        data = json.loads((Path(settings.VAR_DIR) / manifest.path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    return {change["path"] for change in data.get("changes") or []}
+
+
+def _checked_comments(comments, changed: set[str]) -> list[dict]:
+    """``comments`` as stored (``[{"file", "line", "text"}]``); OperationError ``invalid_comments``
+    [comments] naming the first bad one (not a mapping, no text, a file not in the diff, a line
+    that is not a positive whole number)."""
+    if comments in (None, ""):
+        return []
+    if not isinstance(comments, list):
+        raise OperationError("invalid_comments", "comments must be a list of {file, line, text}.", "comments")
+    if len(comments) > MAX_COMMENTS:
+        raise OperationError("invalid_comments", f"At most {MAX_COMMENTS} comments go with one request.", "comments")
+    checked = []
+    for number, comment in enumerate(comments, 1):
+        if not isinstance(comment, dict) or set(comment) - {"file", "line", "text"}:
+            raise OperationError("invalid_comments", f"Comment {number} must be a mapping with file, line and "
+                                 "text only.", "comments")
+        text = comment.get("text")
+        if not isinstance(text, str) or not text.strip() or len(text) > COMMENT_CHARS:
+            raise OperationError("invalid_comments", f"Comment {number} needs a text of 1 to {COMMENT_CHARS} "
+                                 "characters.", "comments")
+        file = comment.get("file")
+        if file is not None and (not isinstance(file, str) or file not in changed):
+            shown = ", ".join(sorted(changed)[:10]) or "none"
+            raise OperationError("invalid_comments", f"Comment {number} is on {file!r}, which is not a file of the "
+                                 f"diff waiting for approval (its files: {shown}).", "comments")
+        line = comment.get("line")
+        if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
+            raise OperationError("invalid_comments", f"Comment {number}: line must be a positive whole number or "
+                                 "null.", "comments")
+        if line is not None and file is None:
+            raise OperationError("invalid_comments", f"Comment {number} names a line but no file.", "comments")
+        checked.append({"file": file, "line": line, "text": text.strip()})
+    return checked
 
 
 # ----------------------------------------------------------------------------- Recheck A Corrected Result
@@ -578,5 +687,5 @@ def run_stopped(run: Run) -> bool:
 
 
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
-           "recheck", "fail_run", "exhausted_budget",
+           "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget",
            "run_status", "run_stopped", "get_run", "get_pipeline"]

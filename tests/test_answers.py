@@ -36,7 +36,7 @@ def test_the_current_stage_is_the_first_that_has_not_passed(run_row):
     ("queued", {"fail"}),
     ("running", {"fail"}),
     ("waiting_review", {"recheck", "recover", "fail"}),
-    ("waiting_approval", {"approve", "recheck", "fail"}),
+    ("waiting_approval", {"approve", "request_changes", "recheck", "fail"}),
     ("succeeded", set()),
     ("failed", set()),
 ])

@@ -34,6 +34,7 @@ ENDPOINTS = [
     ("get", "", None, "engine.view_run"),
     ("post", "start/", {}, "engine.start_run"),
     ("post", "approve/", {"decision": 1, "artifact": "0" * 40}, "engine.approve_run"),
+    ("post", "request-changes/", {"decision": 1, "artifact": "0" * 40, "note": "n"}, "engine.approve_run"),
     ("post", "recheck/", {"note": "fixed"}, "engine.recheck_run"),
     ("post", "recover/", {"decision": 1, "note": "why", "action": "retry"}, "engine.recover_run"),
     ("post", "fail/", {"reason": "not needed"}, "engine.fail_run"),
@@ -195,6 +196,8 @@ INVALID = [
     ("approve/", {"decision": 1}, "artifact"),
     ("approve/", {"decision": 1, "artifact": {"digest": "x"}}, "artifact"),
     ("approve/", {"decision": 1, "artifact": "0" * 40, "reviewer": 5}, "reviewer"),
+    ("request-changes/", {"decision": 1, "artifact": "0" * 40}, "note"),
+    ("request-changes/", {"decision": 1, "artifact": "0" * 40, "note": "n", "comments": "x"}, "comments"),
     ("recheck/", {}, "note"),
     ("recheck/", {"note": None}, "note"),
     ("recover/", {"note": "n", "action": "retry"}, "decision"),
@@ -215,7 +218,7 @@ def test_bad_input_is_400_invalid_naming_the_field(operator, pending, sent, tail
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("tail", [None, "start/", "approve/", "recheck/", "recover/", "fail/"])
+@pytest.mark.parametrize("tail", [None, "start/", "approve/", "request-changes/", "recheck/", "recover/", "fail/"])
 @pytest.mark.parametrize("raw, content_type", [
     ('{"note": ', "application/json"),  # cut short
     ("[1, 2]", "application/json"),  # JSON, but not an object

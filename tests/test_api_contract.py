@@ -39,6 +39,7 @@ def test_the_url_names_and_paths_are_the_ones_the_api_always_had():
     assert reverse("api-run", args=["7"]) == "/api/runs/7/"
     for verb in ("start", "approve", "recheck", "recover", "fail"):
         assert reverse(f"api-run-{verb}", args=["7"]) == f"/api/runs/7/{verb}/"
+    assert reverse("api-run-request-changes", args=["7"]) == "/api/runs/7/request-changes/"
 
 
 def test_run_status_keeps_every_contract_key(django_user_model, pending):

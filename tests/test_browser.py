@@ -54,6 +54,8 @@ WAIT_FOR_RELEASE = {**ANSWER_STEP, "run": [
     'while [ ! -f "$CP_DATA_DIR/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done']}
 ESCALATE = {"verdict": {"verdict": "escalate", "findings": [
     {"file": "app/core.py", "line": 4, "severity": "major", "text": "Is 42 the right answer?"}]}}
+#: A repair session's answer to a request for changes: the same answer, with a docstring.
+REWORKED = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    """From the guide."""\n    return 42\n'}}
 #: The repository's own tests (tests/test_core.py): a real check of the answer, in about a second.
 GATE = {"name": "unit", "command": "python -m pytest -q"}
 
@@ -145,7 +147,7 @@ def buttons(tab) -> set[str]:
     for form in tab.locator("form.cp-action").all():
         verb = form.get_attribute("data-cp-action")
         submit = form.locator("input[type=submit]")
-        assert submit.is_visible() and submit.get_attribute("value") == verb.capitalize(), verb
+        assert submit.is_visible() and submit.get_attribute("value") == verb.replace("_", " ").capitalize(), verb
         found.add(verb)
     return found
 
@@ -221,8 +223,8 @@ def start_quietly(run, monkeypatch) -> None:
 def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, make_pipeline, repo,
                                                              django_user_model):
     user(django_user_model, "admin", superuser=True)
-    pipeline = make_pipeline(name="browser-demo", stages=stage(human_gate=True),
-                             scenario={"stages": {"answer": {"implement": [SIX_LINES]}}})
+    pipeline = make_pipeline(name="browser-demo", stages=stage(human_gate=True, repair_allowance=1),
+                             scenario={"stages": {"answer": {"implement": [SIX_LINES], "repair": [REWORKED]}}})
     tab = open_tab()
     log_in(tab, "admin")
 
@@ -265,7 +267,7 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
 
     # the human gate: the checks and the review passed, the page reloaded to say so and offers Approve
     wait_status(tab, run, "waiting_approval")
-    assert buttons(tab) == {"approve", "recheck", "fail"}
+    assert buttons(tab) == {"approve", "request_changes", "recheck", "fail"}
     check = Check.objects.filter(run=run, kind="gate", name=GATE["name"], stale=False).order_by("id").last()
     row = tab.locator(f"#check-{check.pk}")
     assert GATE["command"] in row.inner_text() and "pass" in row.inner_text() and "exit 0" in row.inner_text()
@@ -276,6 +278,24 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     done = tab.locator('.cp-tail[data-cp-tail="ended"] pre')
     assert done.count() == 0  # a finished attempt's output loads on demand
     screenshot(tab, "2-waiting-approval")
+
+    # Request changes: the files go back to a repair session with the note, then the gate asks again
+    assert buttons(tab) >= {"request_changes"}
+    assert tab.input_value("form.cp-action-request_changes input[name=artifact]") == decision.artifact
+    tab.fill("form.cp-action-request_changes textarea[name=note]", "Say where 42 comes from.")
+    tab.fill("form.cp-action-request_changes textarea[name=comments]", "app/core.py:4: a docstring here")
+    submit(tab, "form.cp-action-request_changes input[type=submit]")
+    assert messages(tab, "success")[0].startswith(f"Changes requested by admin on decision {decision.pk}")
+    wait_until(lambda: run.decisions.filter(state="pending", kind="approval").exclude(pk=decision.pk).exists(),
+               timeout=2 * WAIT_MS / 1000, what="a new decision after the repair")
+    wait_status(tab, run, "waiting_approval")
+    repair = Attempt.objects.get(run=run, operation="repair")
+    prompt = (Path(settings.VAR_DIR) / repair.prompt_path).read_text()
+    assert "Say where 42 comes from." in prompt and "app/core.py:4: a docstring here" in prompt
+    old, decision = decision, run.decisions.get(state="pending", kind="approval")
+    assert decision.artifact != old.artifact
+    assert tab.input_value("form.cp-action-approve input[name=artifact]") == decision.artifact
+    assert "changes_requested" in tab.inner_text(f"#decision-{old.pk}")
 
     submit(tab, "form.cp-action-approve input[type=submit]")
     assert messages(tab, "success") == [f"Decision {decision.pk} approved by admin for files {decision.artifact[:12]}: "
@@ -359,7 +379,8 @@ def test_each_state_shows_exactly_the_buttons_that_apply(open_tab, workers, make
         assert "Is 42 the right answer?" in tab.inner_text(".cp-findings")
         assert wait_for(approval.pk).status == "waiting_approval"
         tab.goto(detail_path(approval))
-        assert (status_of(tab), buttons(tab)) == ("waiting_approval", {"approve", "recheck", "fail"})
+        assert (status_of(tab), buttons(tab)) == ("waiting_approval", {"approve", "request_changes", "recheck",
+                                                                       "fail"})
     finally:
         release(running)
     # failed: pressing Fail on the run waiting for review, with a reason

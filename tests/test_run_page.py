@@ -234,13 +234,14 @@ def test_a_run_waiting_for_review_offers_recover_recheck_and_fail(staff, make_pi
     assert re.search(r'name="action" value="retry"[^>]*checked', text)
 
 
-def test_a_run_at_a_human_gate_offers_approve_recheck_and_fail(staff, make_pipeline, repo, sent):
+def test_a_run_at_a_human_gate_offers_approve_request_changes_recheck_and_fail(staff, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)
     text = page(staff, run)
-    assert buttons(text) == {"approve", "recheck", "fail"}
+    assert buttons(text) == {"approve", "request_changes", "recheck", "fail"}
     decision = run.decisions.get(state="pending", kind="approval")
-    assert prefilled(text, "approve", "decision") == str(decision.pk)
-    assert prefilled(text, "approve", "artifact") == decision.artifact
+    for verb in ("approve", "request_changes"):
+        assert prefilled(text, verb, "decision") == str(decision.pk)
+        assert prefilled(text, verb, "artifact") == decision.artifact
     assert f"approve files {decision.artifact[:12]}" in text
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timezone as dt_timezone
 
 from django.db import transaction
 
 from .. import context, globs, machine, process, workspace
 from .. import review as verdicts
-from ..models import AttemptStatus, Check, Manifest, Run, StageRun
+from ..models import AttemptStatus, Check, Manifest, Run, RunEvent, StageRun
 from ..redaction import redact_text
 from .common import fenced
 from .paths import control_path, var_path
@@ -29,15 +30,60 @@ def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str
                   for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).order_by("id")]
         return verdicts.prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
                              patch=var_path(patch_rel).read_text(encoding="utf-8", errors="replace"), checks=checks,
-                             reviewer=f"reviewer '{plan['profile_name']}'")
+                             reviewer=f"reviewer '{plan['profile_name']}'") + people_section(run, stage)
     text = context.assemble_prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
                                    operation=plan["operation"], dependencies=_dependency_summaries(run, stage.spec),
                                    spec_index_text=_initial_spec_index(run, stage, plan))
+    text += people_section(run, stage)
     if plan["operation"] == "repair":
         text += _repair_section(run, stage, plan, start)
     elif plan["operation"] == "document":
         text += _document_section(run, stage, plan, start)
     return text
+
+
+#: What each kind of person's decision is called in a prompt (``Decision.action``).
+_DECIDED = {"retry": "recovered the stopped run with a retry", "verify": "recovered the stopped run with a verification",
+            "recheck": "asked for a recheck", "request_changes": "requested changes at the human gate"}
+
+
+def people_section(run: Run, stage: StageRun) -> str:
+    """What people wrote about ``stage``, for every later prompt of it: each recovery, recheck and
+    request for changes with a note, oldest first, under a heading naming who wrote it and when
+    (UTC); a stop it answered comes first (the stop's sentence and, for a reviewer's escalation
+    or repair request, its findings); a request for changes lists its comments on the diff.
+    '' when nobody wrote anything. The text is redacted with the rest of the prompt
+    (engine/steps/attempts.py)."""
+    decided = [d for d in stage.decisions.exclude(note="").order_by("decided_at", "id") if d.action in _DECIDED]
+    if not decided:
+        return ""
+    stops = {e.decision_id: e for e in RunEvent.objects.filter(run=run, kind="stopped",
+                                                                decision__in=[d.pk for d in decided])}
+    lines = ["", "## From a person (read this first: it answers questions and sets what must change)"]
+    for decision in decided:
+        when = decision.decided_at.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") \
+            if decision.decided_at else "(time unknown)"
+        who = decision.decided_by or "an operator"
+        lines += ["", f"### Written by {who} on {when} ({_DECIDED[decision.action]})"]
+        stopped = stops.get(decision.pk)
+        if stopped is not None:
+            lines += [f"The run had stopped ({decision.reason}): {stopped.message}"]
+            for finding in (stopped.data or {}).get("findings") or []:
+                lines.append(f"- {_where(finding)}: {finding.get('text')}")
+        elif decision.action == "request_changes":
+            lines += [f"They read the diff of files {decision.artifact[:12]} waiting for approval and sent it back."]
+        lines += ["", f"{who} wrote:", "", *[f"> {line}" for line in decision.note.splitlines()]]
+        if decision.comments:
+            lines += ["", "Comments on the diff:"]
+            lines += [f"- {_where(comment)}: {comment.get('text')}" for comment in decision.comments]
+    return "\n".join(lines) + "\n"
+
+
+def _where(finding: dict) -> str:
+    where = finding.get("file") or "(general)"
+    if finding.get("line"):
+        where += f":{finding['line']}"
+    return f"[{finding['severity']}] {where}" if finding.get("severity") else where
 
 
 def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:

@@ -20,7 +20,8 @@ def waiting_hint(data: dict) -> str:
     if data["waiting_for"] == "approval" and pending:
         return (f"waits for approval of files {pending['artifact']}: python manage.py approve {data['id']} "
                 f"--decision {pending['id']} --artifact {pending['artifact'][:12]} --reviewer YOUR_NAME "
-                f"(or recheck {data['id']} --note TEXT after a correction)")
+                f"(or request_changes {data['id']} --decision {pending['id']} --artifact {pending['artifact'][:12]} "
+                f"--note TEXT to send it back; or recheck {data['id']} --note TEXT after a correction)")
     if data["waiting_for"] == "review" and data.get("stop_reason") == "budget_exhausted":
         return (f"its budget is exhausted: an exhausted execution budget requires a new run (python manage.py "
                 f"create_run ...); fail this one with python manage.py fail_run {data['id']} --reason TEXT")
