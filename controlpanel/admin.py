@@ -169,6 +169,9 @@ class PipelineAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request, pipeline) or not request.user.has_perm("engine.add_run"):
             raise PermissionDenied
         form = CreateRunForm(request.POST if request.method == "POST" else None, pipeline=pipeline)
+        start = request.method == "POST" and "_start" in request.POST  # "Create and start"
+        if start and not request.user.has_perm("engine.start_run"):
+            raise PermissionDenied
         if request.method == "POST":
             if not form.is_valid():
                 where, problem = next(((f, str(e[0])) for f, e in form.errors.items()), ("", "The form is not valid."))
@@ -176,7 +179,9 @@ class PipelineAdmin(ReadOnlyAdmin):
             else:
                 try:
                     run = operations.create_run(pipeline, form.cleaned_data["repo"].strip(),
-                                                form.cleaned_data["rev"].strip(), form.profile_override() or None)
+                                                form.cleaned_data["rev"].strip(), form.profile_override() or None,
+                                                start=start, requested_by=request.user.get_username(),
+                                                source="admin")
                 except operations.OperationError as exc:
                     where = f"field “{exc.field}”" if exc.field else "no single field"
                     messages.error(request, f"Create run refused ({exc.code}; {where}): {exc.message}")
@@ -185,12 +190,18 @@ class PipelineAdmin(ReadOnlyAdmin):
                     self.log_addition(request, run, f"Created from pipeline {pipeline.name!r} in the admin.")
                     messages.success(request, f"Run {run.pk} created from pipeline {pipeline.name} at commit "
                                               f"{run.commit[:12]} by {request.user.get_username()}.{sim} "
-                                              "Press Start to run it.")
+                                              + _after_create(start))
                     return redirect("admin:engine_run_detail", run.pk)
         context = {**self.admin_site.each_context(request), "opts": Pipeline._meta, "app_label": "engine",
                    "original": pipeline, "form": form, "title": f"Create a run of {pipeline.name}",
-                   "subtitle": None, "has_view_permission": True}
+                   "subtitle": None, "has_view_permission": True,
+                   "can_start_run": request.user.has_perm("engine.start_run")}
         return TemplateResponse(request, "admin/engine/pipeline/create_run.html", context)
+
+
+def _after_create(started: bool) -> str:
+    """What the create form's success message says comes next: Start, or (Create and start) the worker."""
+    return "Its start is requested: it is queued for a worker." if started else "Press Start to run it."
 
 
 @admin.register(Profile)

@@ -7,6 +7,7 @@
     POST /api/runs/<id>/recheck/   {note}                                              200
     POST /api/runs/<id>/recover/   {decision, note, action: retry|verify}              200
     POST /api/runs/<id>/fail/      {reason}                                            200
+    POST /api/runs/<id>/rerun/     {latest_pipeline?, start?}                          201 run_status (the new run)
 
 One REST framework viewset (``RunViewSet``) behind one router (``RunRouter``, routes named
 ``api-run-create``, ``api-run`` and ``api-run-<action>``; controlpanel/urls.py). Each action checks
@@ -29,7 +30,7 @@ from rest_framework.utils import formatting
 
 from engine import operations
 
-from .api_auth import RunPermission
+from .api_auth import MissingPermission, RunPermission
 
 _JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
 
@@ -77,6 +78,17 @@ class DecisionField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class FlagField(serializers.BooleanField):
+    """A JSON boolean, and only a boolean (REST framework's BooleanField would take "yes" or 1 too)."""
+
+    default_error_messages = {"not_a_boolean": "Must be true or false, not {kind}."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("not_a_boolean", kind=_json_type(data))
+        return data
+
+
 class StrictSerializer(serializers.Serializer):
     """A body that is a JSON object with only the fields the endpoint takes (a misspelt
     optional field is refused, not silently ignored)."""
@@ -98,6 +110,15 @@ class CreateRunInput(StrictSerializer):
     rev = TextField(help_text="commit, branch or tag")
     profiles = serializers.DictField(child=TextField(), required=False, default=dict,
                                      help_text="{role: profile name}")
+    start = FlagField(required=False, default=False, help_text="also start it (needs engine.start_run)")
+
+
+class RerunInput(StrictSerializer):
+    """POST /api/runs/<id>/rerun/: the arguments of operations.rerun (both optional, false by default)."""
+
+    latest_pipeline = FlagField(required=False, default=False,
+                                help_text="the saved pipeline's latest version instead of the run's own")
+    start = FlagField(required=False, default=False, help_text="also start it (needs engine.start_run)")
 
 
 class StartInput(StrictSerializer):
@@ -167,7 +188,7 @@ class RunStatusSerializer(serializers.BaseSerializer):
         "worktree", "stop_reason", "stop_message", "stop_evidence", "waiting_for", "active_seconds",
         "heartbeat_age_seconds", "heartbeat_stale", "definition_sha256", "control_records", "not_included", "roles",
         "protected_files", "budgets", "pending_decision", "created_at", "finished_at", "stages",
-    })
+    }) | frozenset({"rerun_of", "reruns"})  # re-run links (docs/run-status.md)
 
     def to_representation(self, instance) -> dict:
         return operations.run_status(instance)
@@ -297,9 +318,11 @@ class RunViewSet(viewsets.ViewSet):
         return Response(serializer_class({"run": operations.get_run(run_id), **parts}).data, status=code)
 
     def create(self, request):
-        """POST /api/runs/ -> 201 with operations.run_status of the new pending run."""
+        """POST /api/runs/ -> 201 with operations.run_status of the new pending run (queued with ``"start": true``)."""
         data = self.read(request)
-        run = operations.create_run(data["pipeline"], data["repo"], data["rev"], data["profiles"] or None)
+        self.also_start(request, data)
+        run = operations.create_run(data["pipeline"], data["repo"], data["rev"], data["profiles"] or None,
+                                    start=data["start"], requested_by=self.person(request), source="api")
         return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/runs/{run.pk}/"})
 
@@ -355,6 +378,30 @@ class RunViewSet(viewsets.ViewSet):
         data = self.read(request)
         run = operations.fail_run(run_id, data["reason"], requested_by=self.person(request))
         return self.ack(FailAckSerializer, run.pk)
+
+
+    # --------------------------------------------------------------- re-run, create-and-start
+
+    @staticmethod
+    def also_start(request, data: dict) -> None:
+        """A body asking ``"start": true`` needs ``engine.start_run`` too (MissingPermission, 403, naming it)."""
+        if data.get("start") and not request.user.has_perm("engine.start_run"):
+            raise MissingPermission(request.user, "engine.start_run")
+
+    @action(detail=True, methods=["post"])
+    def rerun(self, request, run_id=None):
+        """POST /api/runs/<id>/rerun/ {latest_pipeline?, start?} -> 201 with operations.run_status of the new run."""
+        data = self.read(request)
+        self.also_start(request, data)
+        run = operations.rerun(run_id, latest_pipeline=data["latest_pipeline"], start=data["start"],
+                               requested_by=self.person(request), source="api")
+        return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
+                        headers={"Location": f"/api/runs/{run.pk}/"})
+
+
+#: Re-run: a new run (engine.add_run; with "start": true, engine.start_run as well: RunViewSet.also_start).
+RunViewSet.PERMISSIONS["rerun"] = "engine.add_run"
+RunViewSet.INPUTS["rerun"] = RerunInput
 
 
 class RunRouter(SimpleRouter):

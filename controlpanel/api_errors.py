@@ -25,6 +25,8 @@ NOT_FOUND = frozenset({"unknown_run", "unknown_pipeline"})
 #: OperationError codes that say "not in this state" (HTTP 409): asking again later may work.
 CONFLICT = frozenset({"already_started", "not_waiting_review", "not_waiting_approval", "not_waiting",
                       "stale_decision", "already_finished", "budget_exhausted"})
+#: a re-run of a run that has not ended (engine/operations.py ``rerun``)
+CONFLICT |= {"not_ended"}
 
 
 def status_for(code: str) -> int:

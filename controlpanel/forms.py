@@ -78,6 +78,16 @@ class FailForm(forms.Form):
                              widget=forms.Textarea(attrs=_required({"rows": 2, "cols": 60})))
 
 
+class RerunForm(forms.Form):
+    """Re-run An Ended Run: the same pipeline version or the latest, and whether to start it at once
+    (``engine.operations.rerun``; starting needs ``engine.start_run`` too)."""
+
+    latest_pipeline = forms.BooleanField(required=False, label="latest pipeline", help_text=(
+        "Use the saved pipeline's latest version (with this run's profile choices) instead of this run's own."))
+    start = forms.BooleanField(required=False, initial=True, label="start it now",
+                               help_text="Request its start at once: the new run is queued for a worker.")
+
+
 def first_error(form: forms.Form) -> tuple[str, str]:
     """``(field, message)`` of the first error of an invalid bound form (field '' for a form-wide one)."""
     for field, errors in form.errors.items():

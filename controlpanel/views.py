@@ -61,8 +61,8 @@ from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Chec
                            Run, RunStatus)
 
 from .attempt_files import attempt_file
-from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, StartForm, first_error,
-                    mark_kept, typed_fields)
+from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, RerunForm, StartForm,
+                    first_error, mark_kept, typed_fields)
 
 #: Bytes of an attempt's display log the tail endpoint returns (read from the end, never the whole file).
 TAIL_BYTES = 64 * 1024
@@ -92,6 +92,8 @@ ACTIONS = {
     "recover": ("engine.recover_run", RecoverForm, "Recover"),
     "fail": ("engine.fail_run", FailForm, "Fail"),
 }
+#: Re-run an ended run (engine.add_run; "start it now" needs engine.start_run too: ``also_needs``).
+ACTIONS["rerun"] = ("engine.add_run", RerunForm, "Re-run")
 
 #: Usage keys summed and shown (engine.agents.base.USAGE_KEYS has more; these are the ones a person reads).
 USAGE_SHOWN = ("input_tokens", "output_tokens", "cached_tokens", "cost_usd")
@@ -705,6 +707,7 @@ class RunPages:
         kept = _take_kept(request, run)
         forms = []
         for verb, initial in allowed.items():
+            initial = {**initial, **_initial_for(request, verb)}
             typed = kept.get(verb)
             # ids of its own per form: Recheck and Recover both have a "note", and a label must find its field
             form = ACTIONS[verb][1](initial={**initial, **(typed or {}).get("fields", {})}, auto_id=f"id_{verb}_%s")
@@ -828,6 +831,12 @@ class RunPages:
             messages.error(request, f"{label} refused: field “{where}”: {message}")
             _keep(request, run, verb, typed_fields(form_class, request.POST), where)
             return back
+        lacking = [perm for perm in also_needs(verb, form.cleaned_data) if not request.user.has_perm(perm)]
+        if lacking:
+            messages.error(request, f"{label} refused (permission_denied; field “start”): starting it needs the "
+                                    f"permission {lacking[0]}; leave “start it now” unchecked, or ask for it.")
+            _keep(request, run, verb, typed_fields(form_class, request.POST), "start")
+            return back
         who = request.user.get_username()
         try:
             said = PERFORM[verb](run, form.cleaned_data, who)
@@ -836,6 +845,8 @@ class RunPages:
             messages.error(request, f"{label} refused ({exc.code}; {where}): {exc.message}")
             _keep(request, run, verb, typed_fields(form_class, request.POST), exc.field)
             return back
+        if isinstance(said, tuple):  # (sentence, the run whose page comes next): a re-run leads to the new run
+            said, back = said[0], redirect("admin:engine_run_detail", said[1])
         messages.success(request, said)
         return back
 
@@ -908,4 +919,35 @@ def _fail(run: Run, data: dict, who: str) -> str:
 
 
 #: verb -> the call of engine.operations it makes: (run, cleaned form data, user name) -> the success sentence.
-PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck, "recover": _recover, "fail": _fail}
+PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck,
+           "recover": _recover,
+           "fail": _fail}
+
+
+# ----------------------------------------------------------------------------- re-run
+
+
+def also_needs(verb: str, data: dict) -> list[str]:
+    """Permissions an action needs beyond its own (ACTIONS) for what its form asks: a re-run started at
+    once needs ``engine.start_run``."""
+    return ["engine.start_run"] if verb == "rerun" and data.get("start") else []
+
+
+def _initial_for(request, verb: str) -> dict:
+    """Initial values of a form that depend on the person: "start it now" of Re-run is unchecked for one
+    who may not start a run."""
+    if verb == "rerun" and not request.user.has_perm("engine.start_run"):
+        return {"start": False}
+    return {}
+
+
+def _rerun(run: Run, data: dict, who: str) -> tuple[str, int]:
+    new = operations.rerun(run, latest_pipeline=data["latest_pipeline"], start=data["start"], requested_by=who,
+                           source="admin")
+    which = "the latest pipeline version" if data["latest_pipeline"] else "the same pipeline version"
+    then = "queued for a worker" if data["start"] else "pending: press Start to run it"
+    return (f"Run {new.pk} created by {who} as a re-run of run {run.pk} ({which}, commit {new.commit[:12]}); "
+            f"it is {then}.", new.pk)
+
+
+PERFORM["rerun"] = _rerun

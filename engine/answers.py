@@ -96,6 +96,9 @@ class Action:
 #: Every action a person can take on a run, in the order they are shown.
 ACTION_NAMES = ("start", "approve", "request_changes", "recheck", "recover", "fail")
 
+#: Re-run (engine/operations.py ``rerun``): a new run from an ended (succeeded or failed) one, shown last.
+ACTION_NAMES += ("rerun",)
+
 
 def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Action]:
     """Every action of ``ACTION_NAMES`` for ``run`` now: Start (pending); Approve (waiting_approval
@@ -135,6 +138,8 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
     else:
         add("recover", spent, {"decision": review.pk, "action": "retry"})
     add("fail", f"the run has ended ({status})" if status in RUN_TERMINAL else "")
+    add("rerun", "" if status in RUN_TERMINAL else f"the run is {status}; only an ended run (succeeded or failed) "
+                                                   "is re-run")
     return found
 
 

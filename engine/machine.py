@@ -221,6 +221,7 @@ EVENT_KINDS: dict[str, str] = {
     "final_verify": "the final verification of the whole result starts",
     "late_result": "a result arrived after the run moved on; stored, it changed nothing",
     "fail_requested": "a person asked to fail the run",
+    "rerun": "a person re-ran the ended run: a new run of the same inputs (or the latest pipeline) links back to it",
     "stopped": "the run stopped for a person (its stop reason says why)",
     "failed": "the run failed",
     "succeeded": "the run succeeded",

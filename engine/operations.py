@@ -135,8 +135,10 @@ def get_run(ref) -> Run:
 # ----------------------------------------------------------------------------- Create A Run
 
 
-def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
-    definition = pipeline.definition
+def _effective_roles(pipeline: Pipeline, override: dict | None, definition: dict | None = None) -> dict:
+    """The roles of ``definition`` (default: the pipeline's saved one) with ``override`` applied,
+    each checked playable; OperationError [profile] otherwise."""
+    definition = pipeline.definition if definition is None else definition
     roles = dict(definition["roles"])
     for role, profile in (override or {}).items():
         if role not in ROLES:
@@ -170,14 +172,17 @@ def _effective_roles(pipeline: Pipeline, override: dict | None) -> dict:
     return roles
 
 
-def create_run(pipeline, repo_path: str, revision: str, profile_override: dict | None = None) -> Run:
+def create_run(pipeline, repo_path: str, revision: str, profile_override: dict | None = None, *,
+               start: bool = False, requested_by: str = "", source: str = "api") -> Run:
     """Validate the inputs, resolve the commit and freeze definition and profiles into a pending run.
 
     ``pipeline``: a Pipeline, its id or its name; ``repo_path``: any path inside a git work
     tree (the top level is recorded); ``revision``: a commit id, branch or tag (peeled to its
-    commit); ``profile_override``: ``{role: profile_name}``. Nothing is created when any input
-    is refused (OperationError with the field at fault). The original checkout is only read;
-    its uncommitted changes are listed on the run as not included.
+    commit); ``profile_override``: ``{role: profile_name}``. ``start``: also request its start
+    (``request_start``, by ``requested_by`` via ``source``) in the same transaction: create and
+    start in one step, the run then queued. Nothing is created when any input is refused
+    (OperationError with the field at fault). The original checkout is only read; its
+    uncommitted changes are listed on the run as not included.
     """
     pipeline = get_pipeline(pipeline)
     if not repo_path:
@@ -185,17 +190,14 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
     if not revision:
         raise OperationError("unknown_revision", "A revision is required.", "rev")
     roles = _effective_roles(pipeline, profile_override)
-    if os.path.exists(repo_path) and not os.path.isdir(repo_path):
-        raise OperationError("not_a_directory", f"The repository path {repo_path!r} is a file, not a folder.", "repo")
-    try:
-        repo = workspace.repo_root(repo_path)
-        commit = workspace.resolve_commit(repo, revision)
-        not_included = workspace.uncommitted_changes(repo)
-    except workspace.WorkspaceError as exc:
-        field = "repo" if exc.code in ("path_not_found", "not_a_repository") else "rev"
-        raise OperationError(exc.code, exc.message, field) from None
+    return _freeze_run(pipeline, _snapshot_of(pipeline, roles), repo_path, revision, profile_override,
+                       start=start, requested_by=requested_by, source=source)
+
+
+def _snapshot_of(pipeline: Pipeline, roles: dict) -> dict:
+    """The frozen inputs of a new run of ``pipeline``'s current definition with ``roles``."""
     definition = pipeline.definition
-    snapshot = {
+    return {
         "pipeline": definition,
         "pipeline_id": pipeline.pk,
         "pipeline_version": pipeline.version,
@@ -203,17 +205,43 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
         "roles": roles,
         "profiles": definition["profiles"],
     }
+
+
+def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: str, profile_override: dict | None,
+                *, commit_ref: str = "", rerun_of: Run | None = None, how: str = "", start: bool = False,
+                requested_by: str = "", source: str = "api") -> Run:
+    """Create a pending run of the frozen ``snapshot`` (its roles already validated) on ``repo_path``
+    at ``revision`` (resolved to its commit; ``commit_ref``: resolve that instead, a re-run's old
+    commit), shared by ``create_run`` and ``rerun``. ``rerun_of``: the ended run this one re-runs
+    (linked, and told with a ``rerun`` event; ``how`` says which pipeline version). ``start``: its
+    start requested in the same transaction. Raises OperationError [repo] / [rev]; nothing is left
+    (no row, no control records) when anything fails."""
+    if os.path.exists(repo_path) and not os.path.isdir(repo_path):
+        raise OperationError("not_a_directory", f"The repository path {repo_path!r} is a file, not a folder.", "repo")
+    try:
+        repo = workspace.repo_root(repo_path)
+        commit = workspace.resolve_commit(repo, commit_ref or revision)
+        not_included = workspace.uncommitted_changes(repo)
+    except workspace.WorkspaceError as exc:
+        field = "repo" if exc.code in ("path_not_found", "not_a_repository") else "rev"
+        if commit_ref and field == "rev":
+            raise OperationError(exc.code, f"The commit {commit_ref} of run {rerun_of.pk if rerun_of else '?'} "
+                                 f"cannot be found in {repo_path} any more: {exc.message}", field) from None
+        raise OperationError(exc.code, exc.message, field) from None
+    definition = snapshot["pipeline"]
+    roles = snapshot["roles"]
     digest = canonical_sha256(snapshot)
     used = {name for names in roles.values() for name in ([names] if isinstance(names, str) else names)}
-    reasons = answers.run_simulation(definition["profiles"], used)
+    reasons = answers.run_simulation(snapshot["profiles"], used)
     simulated = bool(reasons)
+    version = snapshot.get("pipeline_version", pipeline.version)
     control = None
     try:
         with transaction.atomic():
             run = Run.objects.create(
                 pipeline=pipeline, pipeline_name=pipeline.name, repo_path=repo, revision=revision, commit=commit,
                 definition=snapshot, definition_sha256=digest, profile_override=dict(profile_override or {}),
-                simulated=simulated, simulated_reason=reasons, not_included=not_included,
+                rerun_of=rerun_of, simulated=simulated, simulated_reason=reasons, not_included=not_included,
             )
             run.branch = f"{settings.CP_BRANCH_PREFIX}/run-{run.pk}"
             # the run's uid in the folder name: a database started afresh hands out ids again,
@@ -237,14 +265,72 @@ def create_run(pipeline, repo_path: str, revision: str, profile_override: dict |
             guarded = (f" {len(run.protected_files)} protected file(s) copied to the control records: "
                        f"{', '.join(p['path'] for p in run.protected_files[:8])}"
                        f"{' ...' if len(run.protected_files) > 8 else ''}." if run.protected_files else "")
-            machine.event(run, "created", f"Run created from pipeline {pipeline.name!r} v{pipeline.version} on "
+            again = f"Re-run of run {rerun_of.pk} ({how}). " if rerun_of is not None else ""
+            data = {"not_included": len(not_included), "protected": len(run.protected_files)}
+            if rerun_of is not None:
+                data["rerun_of"] = rerun_of.pk
+            machine.event(run, "created", f"{again}Run created from pipeline {pipeline.name!r} v{version} on "
                           f"{commit[:12]} ({revision}); definition frozen (sha256 {digest[:12]}).{guarded}{left}{sim}",
-                          data={"not_included": len(not_included), "protected": len(run.protected_files)})
+                          data=data)
+            if rerun_of is not None:
+                machine.event(rerun_of, "rerun", f"Re-run as run {run.pk} ({how}) by "
+                              f"{requested_by or 'an unnamed client'} via {source}"
+                              f"{'; its start was requested at once' if start else ''}.",
+                              data={"rerun": run.pk, "pipeline_version": version})
+            if start:
+                request_start(run, requested_by=requested_by, source=source)
     except Exception:
         if control is not None:
             shutil.rmtree(control, ignore_errors=True)
         raise
     return run
+
+
+# ----------------------------------------------------------------------------- Re-run An Ended Run
+
+
+def rerun(run, latest_pipeline: bool = False, start: bool = False, requested_by: str = "",
+          source: str = "api") -> Run:
+    """Create a new run from an ended (succeeded or failed) run: the same repository path,
+    revision text and commit, and the same pipeline version (its frozen snapshot, frozen again
+    unchanged: definition, version, roles, profiles), or with ``latest_pipeline`` the saved
+    pipeline's current definition with the old run's profile override. The new run's
+    ``rerun_of`` is the old run (``old.reruns`` lists the new one); its ``created`` event says
+    "Re-run of run N" and the old run gets a ``rerun`` event. ``start``: the new run's start
+    is requested in the same transaction (it is then queued).
+
+    Returns the new Run. Raises OperationError: ``unknown_run`` / ``not_ended`` [run] (only a
+    succeeded or failed run is re-run), ``definition_tampered`` [run] (its frozen snapshot no
+    longer matches its digest), ``unknown_profile`` / ``unknown_role`` / ``adapter_unavailable``
+    / ``agent_unavailable`` [profile] (e.g. the latest version lacks a profile the override
+    names), ``path_not_found`` / ``not_a_repository`` / ``not_a_directory`` [repo],
+    ``unknown_revision`` and the other revision codes [rev] (the old commit is gone from the
+    repository). Nothing is created when refused.
+    """
+    old = get_run(run)
+    old.refresh_from_db()
+    if old.status not in RUN_TERMINAL:
+        raise OperationError("not_ended", f"Run {old.pk} is {old.status}; only an ended run (succeeded or failed) "
+                             f"is re-run.", "run")
+    override = dict(old.profile_override or {})
+    pipeline = old.pipeline
+    if latest_pipeline:
+        pipeline.refresh_from_db()
+        roles = _effective_roles(pipeline, override or None)
+        snapshot = _snapshot_of(pipeline, roles)
+        how = f"the latest pipeline version v{pipeline.version}"
+    else:
+        snapshot = old.definition
+        if canonical_sha256(snapshot) != old.definition_sha256:
+            raise OperationError("definition_tampered", f"Run {old.pk}'s frozen definition no longer matches its "
+                                 f"digest {old.definition_sha256[:12]}; it cannot be frozen again (re-run it with "
+                                 f"the latest pipeline instead).", "run")
+        # the same checks as a new run: the snapshot's own profiles, the old override
+        _effective_roles(pipeline, override or None, definition={**snapshot["pipeline"],
+                                                                  "profiles": snapshot["profiles"]})
+        how = f"the same pipeline version v{snapshot.get('pipeline_version', '?')}"
+    return _freeze_run(pipeline, snapshot, old.repo_path, old.revision, override, commit_ref=old.commit,
+                       rerun_of=old, how=how, start=start, requested_by=requested_by, source=source)
 
 
 def _set_aside_stale_records(control: Path) -> None:
@@ -667,6 +753,7 @@ def run_status(run) -> dict:
         "heartbeat_stale": heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE,
         "definition_sha256": run.definition_sha256, "control_records": str(var / run.control_dir),
         "not_included": run.not_included, "roles": run.definition["roles"],
+        "rerun_of": run.rerun_of_id, "reruns": list(run.reruns.order_by("id").values_list("id", flat=True)),
         "protected_files": [{"path": p["path"], "sha256": p["sha256"], "why": p["why"]} for p in run.protected_files],
         "budgets": run.definition["pipeline"].get("budgets") or {},
         "pending_decision": ({"id": pending.pk, "kind": pending.kind, "reason": pending.reason,
@@ -689,3 +776,4 @@ def run_stopped(run: Run) -> bool:
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
            "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget",
            "run_status", "run_stopped", "get_run", "get_pipeline"]
+__all__ += ["rerun"]  # Re-run An Ended Run

@@ -37,8 +37,8 @@ def test_the_current_stage_is_the_first_that_has_not_passed(run_row):
     ("running", {"fail"}),
     ("waiting_review", {"recheck", "recover", "fail"}),
     ("waiting_approval", {"approve", "request_changes", "recheck", "fail"}),
-    ("succeeded", set()),
-    ("failed", set()),
+    ("succeeded", {"rerun"}),
+    ("failed", {"rerun"}),
 ])
 def test_every_action_says_whether_it_applies_and_why_not(run_row, status, applies):
     run = run_row(status=status, stage_statuses=("running",))

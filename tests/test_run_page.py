@@ -248,10 +248,10 @@ def test_a_run_at_a_human_gate_offers_approve_request_changes_recheck_and_fail(s
 def test_a_finished_run_offers_nothing(staff, make_pipeline, repo, sent):
     done = succeeded_run(make_pipeline, repo, sent)
     text = page(staff, done)
-    assert buttons(text) == set() and "This run has ended: no action applies." in text
+    assert buttons(text) == {"rerun"}  # an ended run is only re-run (tests/test_rerun.py)
     failed = operations.fail_run(pending_run(make_pipeline, repo), "not needed", "admin")
     text = page(staff, failed)
-    assert buttons(text) == set() and "failed_by_operator" in text
+    assert buttons(text) == {"rerun"} and "failed_by_operator" in text
 
 
 # ----------------------------------------------------------------------------- permissions
@@ -325,7 +325,7 @@ def test_approve_continues_a_human_gate(staff, make_pipeline, repo, sent):
     assert (approved.state, approved.decided_by) == ("approved", "admin")
     run = drive(run.pk, sent)
     assert run.status == "succeeded", run.stop_message
-    assert buttons(page(staff, run)) == set()
+    assert buttons(page(staff, run)) == {"rerun"}
 
 
 def test_recheck_asks_for_a_new_approval(staff, make_pipeline, repo, sent):
@@ -367,7 +367,7 @@ def test_fail_through_the_page(staff, make_pipeline, repo, sent):
     assert (run.status, run.stop_reason) == ("failed", "failed_by_operator")
     assert messages_of(text, "success") == [f"Run {run.pk} failed. {run.stop_message}"]
     assert "the requirement was wrong" in run.stop_message
-    assert buttons(text) == set() and "<code class=\"cp-stop-reason\">failed_by_operator</code>" in text
+    assert buttons(text) == {"rerun"} and "<code class=\"cp-stop-reason\">failed_by_operator</code>" in text
     refused = messages_of(press(staff, run, "fail", reason="again"), "error")
     assert len(refused) == 1 and "already_finished" in refused[0]
 

@@ -1,4 +1,6 @@
-"""``python manage.py create_run --pipeline NAME --repo PATH --rev REV [--profile ROLE=PROFILE]``."""
+"""``python manage.py create_run --pipeline NAME --repo PATH --rev REV [--profile ROLE=PROFILE] [--start]``."""
+import getpass
+
 from engine import operations
 
 from ._base import EngineCommand
@@ -13,6 +15,8 @@ class Command(EngineCommand):
         parser.add_argument("--rev", required=True, help="commit, branch or tag")
         parser.add_argument("--profile", action="append", default=[], metavar="ROLE=PROFILE",
                             help="use PROFILE for ROLE (implementer, reviewer, documenter); repeatable")
+        parser.add_argument("--start", action="store_true",
+                            help="also request its start (create and start in one step: the run is queued)")
 
     def handle(self, *args, **options):
         override = {}
@@ -22,5 +26,6 @@ class Command(EngineCommand):
                 raise operations.OperationError("bad_profile_override",
                                                 f"--profile takes ROLE=PROFILE, not {item!r}.", "profile")
             override[role.strip()] = profile.strip()
-        run = operations.create_run(options["pipeline"], options["repo"], options["rev"], override or None)
+        run = operations.create_run(options["pipeline"], options["repo"], options["rev"], override or None,
+                                    start=options["start"], requested_by=getpass.getuser(), source="cli")
         self.print_json(operations.run_status(run))
