@@ -33,6 +33,7 @@ from engine.models import (
     Decision,
     JournalEntry,
     Manifest,
+    Notification,
     Pipeline,
     Profile,
     Run,
@@ -405,3 +406,15 @@ class RunEventAdmin(ReadOnlyAdmin):
     list_display = ("at", "run", "kind", "message")
     list_filter = ("kind",)
     list_select_related = ("run",)
+
+
+@admin.register(Notification)
+class NotificationAdmin(ReadOnlyAdmin):
+    """The notification outbox (engine/notifications.py): one row per notice and channel, with
+    every try in its log. Read-only: deliveries are made by the engine, never edited by hand."""
+
+    list_display = ("uid", "run", "decision", "kind", "channel", "state", "tries", "last_status", "delivered_at",
+                    "created_at")
+    list_filter = ("kind", "channel", "state")
+    list_select_related = ("run", "decision")
+    readonly_fields = [f.name for f in Notification._meta.fields]

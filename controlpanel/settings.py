@@ -185,6 +185,38 @@ CP_PORT_SPAN = env.int("CP_PORT_SPAN", default=20)
 #: an address no agent or gate may reach (engine/boundary.py ``service_addresses``).
 CP_WEB_ADDRESS = env.str("CP_WEB_ADDRESS", default="127.0.0.1:8000")
 
+# ---------------------------------------------------------------- notifications (docs/notifications.md)
+# A run that starts waiting for a person, and a run that ends, is notified once per decision through
+# each configured channel (engine/notifications.py). No channel is configured by default.
+#: Email: the addresses (comma list) that get the notices; empty: no email is sent.
+CP_NOTIFY_EMAIL_TO = env.list("CP_NOTIFY_EMAIL_TO", default=[])
+#: Email: the sender of the notices.
+CP_NOTIFY_EMAIL_FROM = env.str("CP_NOTIFY_EMAIL_FROM", default="control-panel@localhost")
+#: Webhook: the URL a JSON notice is POSTed to; empty: no webhook.
+CP_NOTIFY_WEBHOOK_URL = env.str("CP_NOTIFY_WEBHOOK_URL", default="")
+#: Webhook: the HMAC-SHA256 key of the X-CP-Signature header; a webhook without one is not used.
+CP_NOTIFY_WEBHOOK_SECRET = env.str("CP_NOTIFY_WEBHOOK_SECRET", default="")
+#: Seconds a webhook POST may take before the try counts as failed.
+CP_NOTIFY_TIMEOUT = env.float("CP_NOTIFY_TIMEOUT", default=10.0)
+#: Tries per delivery (the first included) before it is marked failed.
+CP_NOTIFY_TRIES = env.int("CP_NOTIFY_TRIES", default=5)
+#: Seconds before the first retry; each further retry waits twice as long as the one before.
+CP_NOTIFY_BACKOFF = env.float("CP_NOTIFY_BACKOFF", default=30.0)
+#: Seconds after which a delivery still "sending" (its worker died mid-try) is claimed again.
+CP_NOTIFY_STALE = env.float("CP_NOTIFY_STALE", default=120.0)
+#: The Control Panel's address as a person reaches it, for the links in notices (no trailing slash).
+CP_PUBLIC_URL = env.str("CP_PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+# Django's mail framework sends the email: the console backend (prints to the process's output) unless
+# EMAIL_BACKEND says otherwise (django.core.mail.backends.smtp.EmailBackend with EMAIL_HOST etc.).
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

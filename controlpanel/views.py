@@ -622,12 +622,24 @@ def build_page(run: Run) -> dict:
         "active_time": seconds_text(active), "step_time": seconds_text(step_seconds),
         "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
         "stop_evidence": link_digests(stop_evidence, by_digest) if stop_evidence else "",
-        "tamper": tamper_rows(run),
+        "tamper": tamper_rows(run), "notifications": notification_rows(run),
         "waiting_for": _waiting_for(run, pending), "approval_entry": _approval_entry(run, pending),
         "live": run.status in RUN_ACTIVE, "follows": run.status not in RUN_TERMINAL,
         "version": _version(run.status, events[-1].pk if events else 0,
                             sorted(a.pk for a in attempts if a.status in ATTEMPT_OPEN)),
     }
+
+
+def notification_rows(run: Run) -> list:
+    """The run's notification deliveries (engine/models.py ``Notification``), oldest first, in one
+    query: each with ``event`` (run.waiting / run.ended) and ``outcome`` (the last HTTP status or
+    error, "—" before a try)."""
+    rows = list(run.notifications.order_by("id"))
+    for row in rows:
+        row.event = (row.payload or {}).get("event", row.kind)
+        parts = [str(row.last_status) if row.last_status is not None else "", row.last_error]
+        row.outcome = " ".join(part for part in parts if part) or "—"
+    return rows
 
 
 def event_rows(events: list, attempts: list, checks: list, stage_keys: dict) -> list[tuple]:

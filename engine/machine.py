@@ -34,6 +34,7 @@ from .models import (
     AttemptStatus,
     Decision,
     JournalEntry,
+    Notification,
     Run,
     RunEvent,
     RunStatus,
@@ -495,6 +496,7 @@ def await_approval(run: Run, stage: StageRun) -> Decision:
                                        reason="human_gate", artifact=stage.accepted_manifest)
     event(run, "waiting_approval", run.stop_message, stage=stage, decision=decision,
           data={"artifact": stage.accepted_manifest})
+    notify(run, "waiting", decision)
     return decision
 
 
@@ -687,6 +689,7 @@ def stop(run: Run, reason: str, message: str, *, stage: StageRun | None = None, 
             artifact=(stage.accepted_manifest if stage else ""),
         )
     event(run, "stopped", f"Stopped ({reason}): {message}", stage=stage, decision=decision, data=evidence or {})
+    notify(run, "waiting" if decision is not None else "ended", decision)
     return decision
 
 
@@ -698,6 +701,7 @@ def succeed(run: Run) -> None:
     run.save()
     event(run, "succeeded", "Every stage passed its gates, its review and was checkpointed, and every check passed "
                             "again on the final checkpoint; the run succeeded.")
+    notify(run, "ended")
 
 
 def _requeue(run: Run) -> None:
@@ -743,6 +747,7 @@ def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> l
             _set_stage(stage, StageStatus.FAILED)
     _supersede(run.decisions.filter(state=Decision.State.PENDING))
     event(run, "failed", f"Failed ({reason}): {message}", data=run.stop_evidence)
+    notify(run, "ended")
     return closed
 
 
@@ -887,3 +892,94 @@ def journal_found(entry_id: int, commit: str) -> bool:
     _check(JOURNAL_TRANSITIONS, JournalEntry.State.INTENT, JournalEntry.State.DONE, f"journal entry {entry_id}")
     return bool(JournalEntry.objects.filter(pk=entry_id, state=JournalEntry.State.INTENT).update(
         state=JournalEntry.State.DONE, commit=commit))
+
+
+# ----------------------------------------------------------------------------- notifications (the outbox)
+#
+# A notice (a run waits for a person, or ended) is written as one Notification row per configured
+# channel in the transaction that made it (``notify``, called by await_approval, stop, succeed and
+# fail); engine/notifications.py delivers the rows. A row's ``claimed_at`` is the fencing token of
+# one try: every move after the claim is a compare-and-swap on it, so a reconciler that re-claimed
+# a row stuck in sending makes the first try's late answer change nothing.
+
+NOTIFICATION_TRANSITIONS: dict[str, frozenset[str]] = {
+    Notification.State.PENDING: frozenset({Notification.State.SENDING}),
+    # sending -> sending: a try whose worker died is claimed again (it may have been delivered)
+    Notification.State.SENDING: frozenset(
+        {Notification.State.SENDING, Notification.State.DELIVERED, Notification.State.PENDING,
+         Notification.State.FAILED}
+    ),
+    Notification.State.DELIVERED: frozenset(),
+    Notification.State.FAILED: frozenset(),
+}
+
+
+def notify(run: Run, kind: str, decision: Decision | None = None) -> None:
+    """Write the outbox rows of a notice on the locked ``run`` (``kind`` "waiting" with the
+    ``decision`` that waits, or "ended"), inside the caller's transaction; the rows are sent after
+    commit (engine/notifications.py ``notice``). Does nothing when no channel is configured."""
+    from . import notifications
+
+    notifications.notice(run, kind, decision)
+
+
+def notification_outbox(run: Run, decision: Decision | None, *, uid, key: str, kind: str, channel: str, target: str,
+                        payload: dict) -> Notification | None:
+    """A new ``pending`` outbox row for the notice ``key`` on ``channel``; None when that notice
+    already has its row on that channel (the unique (key, channel): never a duplicate)."""
+    row, created = Notification.objects.get_or_create(
+        key=key, channel=channel,
+        defaults={"uid": uid, "run": run, "decision": decision, "kind": kind, "target": target,
+                  "payload": storable(payload), "state": Notification.State.PENDING})
+    return row if created else None
+
+
+def notification_claim(pk: int, now, stale_before=None):
+    """Claim one try of outbox row ``pk`` by compare-and-swap: pending and due
+    (``next_attempt_at`` empty or not after ``now``) -> sending; or, with ``stale_before``, a row
+    left in sending by a try claimed before it (its worker died) is claimed again. Counts the
+    try. Returns ``now`` (the try's fencing token, ``claimed_at``) when won, else None."""
+    from django.db.models import Q
+
+    _check(NOTIFICATION_TRANSITIONS, Notification.State.PENDING, Notification.State.SENDING, f"notification {pk}")
+    won = Notification.objects.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now), pk=pk,
+                                      state=Notification.State.PENDING).update(
+        state=Notification.State.SENDING, claimed_at=now, tries=F("tries") + 1)
+    if not won and stale_before is not None:
+        _check(NOTIFICATION_TRANSITIONS, Notification.State.SENDING, Notification.State.SENDING, f"notification {pk}")
+        won = Notification.objects.filter(pk=pk, state=Notification.State.SENDING, claimed_at__lt=stale_before).update(
+            claimed_at=now, tries=F("tries") + 1)
+    return now if won else None
+
+
+def _notification_tried(pk: int, claimed_at, target: str, entry: dict, **fields) -> bool:
+    _check(NOTIFICATION_TRANSITIONS, Notification.State.SENDING, target, f"notification {pk}")
+    _plain(fields)
+    with transaction.atomic():
+        row = Notification.objects.filter(pk=pk, state=Notification.State.SENDING, claimed_at=claimed_at).first()
+        if row is None:
+            return False
+        return bool(Notification.objects.filter(pk=pk, state=Notification.State.SENDING, claimed_at=claimed_at).update(
+            state=target, log=storable([*(row.log or []), entry]), **fields))
+
+
+def notification_delivered(pk: int, claimed_at, entry: dict, status: int | None) -> bool:
+    """sending -> delivered for the try claimed at ``claimed_at``; ``entry`` (the try:
+    ``{"at", "try", "status", "error", "seconds"}``) is appended to its log, ``status`` is the
+    HTTP status (None for email). False when the try is no longer the row's (re-claimed)."""
+    return _notification_tried(pk, claimed_at, Notification.State.DELIVERED, entry, delivered_at=timezone.now(),
+                               last_status=status, last_error="", next_attempt_at=None)
+
+
+def notification_retry(pk: int, claimed_at, entry: dict, status: int | None, error: str, next_attempt_at) -> bool:
+    """sending -> pending after a failed try: due again at ``next_attempt_at`` (the backoff);
+    ``entry`` appended to the log. False when the try is no longer the row's."""
+    return _notification_tried(pk, claimed_at, Notification.State.PENDING, entry, last_status=status,
+                               last_error=storable(error[:2000]), next_attempt_at=next_attempt_at)
+
+
+def notification_failed(pk: int, claimed_at, entry: dict, status: int | None, error: str) -> bool:
+    """sending -> failed: the last allowed try failed; ``entry`` appended to the log. False when
+    the try is no longer the row's."""
+    return _notification_tried(pk, claimed_at, Notification.State.FAILED, entry, last_status=status,
+                               last_error=storable(error[:2000]), next_attempt_at=None)

@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import machine, process, runner, steps, workspace
+from . import machine, notifications, process, runner, steps, workspace
 from .models import (ATTEMPT_OPEN, Attempt, Check, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageStatus,
                      StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
@@ -42,9 +42,10 @@ log = logging.getLogger("engine.reconcile")
 
 def reconcile() -> dict:
     """One pass. Returns counts: ``{"requeued", "handoffs", "interrupted", "resumed",
-    "journal_done"}`` (``resumed``: runs whose interrupted checkpoint was finished and which went
-    on). Never raises for one run's missing repository or worktree, nor for a fault while taking
-    one run over (logged, and said on the run): the other runs are reconciled all the same."""
+    "journal_done", "notified"}`` (``resumed``: runs whose interrupted checkpoint was finished and
+    which went on; ``notified``: notification tries made, engine/notifications.py ``sweep``).
+    Never raises for one run's missing repository or worktree, nor for a fault while taking one run
+    over (logged, and said on the run): the other runs are reconciled all the same."""
     now = timezone.now()
     counts = {"requeued": 0, "handoffs": 0, "interrupted": 0, "resumed": 0, "journal_done": 0}
     queued_cutoff = now - timedelta(seconds=settings.CP_QUEUED_STALE)
@@ -79,9 +80,20 @@ def reconcile() -> dict:
             continue
         if commit and machine.journal_found(entry.pk, commit):
             counts["journal_done"] += 1
+    counts["notified"] = _deliver_notifications()
     if any(counts.values()):
         log.info("reconcile: %s", counts)
     return counts
+
+
+def _deliver_notifications() -> int:
+    """The notification outbox's sweep (engine/notifications.py ``sweep``): due deliveries and
+    those a dead worker left sending. Never raises: a fault is logged, a later pass tries again."""
+    try:
+        return notifications.sweep()
+    except Exception:
+        log.exception("reconcile: the notification sweep failed; a later pass tries again")
+        return 0
 
 
 def _takeover_failed(run: Run, exc: BaseException) -> None:

@@ -8,7 +8,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready
 
-from . import boundary, runner
+from . import boundary, notifications, runner
 from . import reconcile as reconciliation
 
 log = logging.getLogger("engine.tasks")
@@ -24,6 +24,13 @@ def advance_run(run_id: int, token: str | None = None) -> str:
 def reconcile() -> dict:
     """One reconciliation pass (``engine.reconcile.reconcile``); safe to run twice at once."""
     return reconciliation.reconcile()
+
+
+@shared_task(name=notifications.NOTIFY_TASK, ignore_result=True)
+def notify(ids: list[int]) -> dict:
+    """Deliver the notification outbox rows ``ids`` (``engine.notifications.deliver_all``); a row
+    already delivered, not due or claimed by another is left alone, so a duplicate message sends nothing."""
+    return notifications.deliver_all(ids)
 
 
 def _reconcile_at_worker_start(sender=None, **kwargs) -> None:
