@@ -932,8 +932,7 @@ def _fail(run: Run, data: dict, who: str) -> str:
 
 #: verb -> the call of engine.operations it makes: (run, cleaned form data, user name) -> the success sentence.
 PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck,
-           "recover": _recover,
-           "fail": _fail}
+           "recover": _recover, "fail": _fail}
 
 
 # ----------------------------------------------------------------------------- re-run
