@@ -401,10 +401,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
         if run.status != RunStatus.WAITING_REVIEW:
             raise OperationError("not_waiting_review", f"Run {run.pk} is {run.status}; only a run waiting for review "
                                  "can be recovered.", "run")
-        decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
-        if decision is None or decision.kind != Decision.Kind.REVIEW:
-            raise OperationError("unknown_decision", f"Run {run.pk} has no review decision {decision_id!r}.",
-                                 "decision")
+        decision = _decision_of(run, decision_id, Decision.Kind.REVIEW)
         if decision.state != Decision.State.PENDING:
             raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending (run "
                                  f"{run.pk} is {run.status}; its pending decision is the one to use).", "decision")
@@ -525,6 +522,15 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
     return decision
 
 
+def _decision_of(run: Run, decision_id, kind: str) -> Decision:
+    """The decision ``decision_id`` of ``run`` when it is of ``kind``; OperationError
+    ``unknown_decision`` [decision] otherwise (any state: the caller says when it is stale)."""
+    decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
+    if decision is None or decision.kind != kind:
+        raise OperationError("unknown_decision", f"Run {run.pk} has no {kind} decision {decision_id!r}.", "decision")
+    return decision
+
+
 def _pending_approval(run: Run, decision_id, artifact: str) -> tuple[Run, Decision, StageRun, str]:
     """Lock ``run`` (inside the caller's transaction) and return ``(run, decision, stage, files)``
     when ``decision_id`` is its pending approval decision for the stage's current files and
@@ -533,10 +539,7 @@ def _pending_approval(run: Run, decision_id, artifact: str) -> tuple[Run, Decisi
     ``not_waiting_approval`` [run], ``artifact_mismatch`` [artifact]."""
     artifact = (artifact or "").strip().lower()
     run = Run.objects.select_for_update().get(pk=run.pk)
-    decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1).first()
-    if decision is None or decision.kind != Decision.Kind.APPROVAL:
-        raise OperationError("unknown_decision", f"Run {run.pk} has no approval decision {decision_id!r}.",
-                             "decision")
+    decision = _decision_of(run, decision_id, Decision.Kind.APPROVAL)
     if decision.state != Decision.State.PENDING:
         raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}"
                              f"{' by ' + decision.decided_by if decision.decided_by else ''}, not pending: it "

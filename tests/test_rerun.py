@@ -18,13 +18,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from engine import operations
 from engine.models import Run, RunEvent, StartRequest
 
 from .conftest import git, pipeline_definition
+from .test_api_contract import client_of
 
 pytestmark = pytest.mark.django_db
 
@@ -178,17 +177,9 @@ def test_the_rerun_and_create_run_start_commands(failed, make_pipeline, repo, se
 # ----------------------------------------------------------------------------- the API
 
 
-def api_client(django_user_model, name: str, *codenames: str) -> APIClient:
-    user = django_user_model.objects.create_user(name, f"{name}@example.invalid", "pw-for-tests-only")
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine", codename__in=codenames))
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
-
-
 def test_the_api_reruns_and_creates_and_starts(failed, repo, sent, django_user_model,
                                                django_capture_on_commit_callbacks):
-    adder = api_client(django_user_model, "adder", "add_run", "view_run")
+    adder = client_of(django_user_model, "adder", "add_run", "view_run")
     path = f"/api/runs/{failed.pk}/rerun/"
     # asking to start it needs engine.start_run as well: refused before anything is made
     response = adder.post(path, {"start": True}, format="json")
@@ -205,7 +196,7 @@ def test_the_api_reruns_and_creates_and_starts(failed, repo, sent, django_user_m
     assert adder.get(f"/api/runs/{failed.pk}/").json()["reruns"] == [body["id"]]
     conflict = adder.post(f"/api/runs/{body['id']}/rerun/", {}, format="json")
     assert (conflict.status_code, conflict.json()["error"], conflict.json()["field"]) == (409, "not_ended", "run")
-    starter = api_client(django_user_model, "starter", "add_run", "start_run")
+    starter = client_of(django_user_model, "starter", "add_run", "start_run")
     with django_capture_on_commit_callbacks(execute=True):
         response = starter.post(path, {"latest_pipeline": False, "start": True}, format="json")
     assert response.status_code == 201 and response.json()["status"] == "queued"
