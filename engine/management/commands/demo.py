@@ -89,8 +89,9 @@ class Command(EngineCommand):
         if not lacking:
             out("   Claude credentials found: the real claude CLI works with a real model.")
             return {role: "claude-code" for role in roles}
-        lines = [f"No Claude credentials ({lacking[0].label()}, or log in with `claude`): the REAL",
-                 "claude CLI runs, but its model is a SCRIPTED endpoint on 127.0.0.1. The run is labelled SIMULATED."]
+        lines = [f"The claude-code profile cannot run unattended here ({lacking[0].label()}, or log in",
+                 "with `claude`): the REAL claude CLI runs, but its model is a SCRIPTED endpoint on 127.0.0.1.",
+                 "The run is labelled SIMULATED."]
         width = max(len(line) for line in lines)
         out("   " + "*" * (width + 4))
         for line in lines:
