@@ -70,6 +70,14 @@ class RecoverForm(forms.Form):
                            widget=forms.Textarea(attrs=_required({"rows": 2, "cols": 60})))
     action = forms.ChoiceField(choices=ACTIONS, initial="retry", widget=forms.RadioSelect)
 
+    def __init__(self, *args, **kwargs):
+        """An unbound form whose ``initial`` says ``verify: False`` (engine/answers.py ``actions``: the
+        stage never produced a result) offers only retry, with why in the field's help text."""
+        super().__init__(*args, **kwargs)
+        if self.initial.get("verify") is False:
+            self.fields["action"].choices = [choice for choice in self.ACTIONS if choice[0] == "retry"]
+            self.fields["action"].help_text = self.initial.get("verify_why") or "verify does not apply"
+
 
 class FailForm(forms.Form):
     """End An Unsuccessful Run: the reason a person should know."""
@@ -117,6 +125,18 @@ def mark_kept(form: forms.Form, field: str) -> None:
         each.widget.attrs = attrs
 
 
+def preflight_labels(pipeline: Pipeline) -> dict[str, str]:
+    """``{profile name: what it lacks}`` for the pipeline's profiles that would be refused at creation
+    (``engine.operations.preflight_problems``), e.g. ``no credentials: set ANTHROPIC_API_KEY``."""
+    found = operations.preflight_problems(pipeline.definition)
+    return {name: "; ".join(dict.fromkeys(problem.label() for problem in problems)) for name, problems in found.items()}
+
+
+def labelled(name: str, lacking: dict[str, str]) -> str:
+    """A profile's choice label: its name, and what it lacks to run unattended when it does (``preflight_labels``)."""
+    return f"{name} ({lacking[name]})" if name in lacking else name
+
+
 class CreateRunForm(forms.Form):
     """Create A Run from a saved pipeline: a repository path, a revision, and optionally a profile per role.
 
@@ -136,12 +156,13 @@ class CreateRunForm(forms.Form):
     def __init__(self, *args, pipeline: Pipeline, **kwargs):
         super().__init__(*args, **kwargs)
         names = sorted(pipeline.definition.get("profiles", {}))
+        lacking = preflight_labels(pipeline)
         for role in operations.ROLES:
             current = pipeline.definition.get("roles", {}).get(role, "")
-            shown = current if isinstance(current, str) else ", ".join(current)
+            shown = ", ".join(labelled(name, lacking) for name in ([current] if isinstance(current, str) else current))
             self.fields[f"profile_{role}"] = forms.ChoiceField(
                 required=False, label=f"{role} profile", choices=[("", f"the pipeline's: {shown}")]
-                + [(name, name) for name in names])
+                + [(name, labelled(name, lacking)) for name in names])
 
     def profile_override(self) -> dict:
         """``{role: profile}`` for the roles whose profile was chosen (cleaned data; {} for none)."""

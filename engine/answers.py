@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.db.models import F, Q
 from django.utils import timezone
 
 from .machine import Step, budget_problem
-from .models import RUN_TERMINAL, RUN_WAITING, Decision, Run, RunStatus, StageRun, StageStatus
+from .models import RUN_TERMINAL, RUN_WAITING, AttemptStatus, Decision, Run, RunStatus, StageRun, StageStatus
 from .simulation import simulation
 
 __all__ = ["simulation", "run_simulation", "current_stage", "waiting_for", "waiting_sentence", "pending_decisions",
-           "exhausted_budget", "Action", "ACTION_NAMES", "actions", "applicable", "totals", "USAGE_KEYS"]
+           "exhausted_budget", "Action", "ACTION_NAMES", "actions", "applicable", "totals", "USAGE_KEYS",
+           "waiting_stage", "stage_has_result"]
 
 #: The usage keys summed over a run's attempts (what the adapters report: engine/agents/base.py).
 USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cost_usd")
@@ -79,6 +81,24 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None) -> str:
     }.get(run.status, "")
 
 
+def waiting_stage(run: Run) -> StageRun | None:
+    """The stage a waiting run waits at, the one Recheck verifies again: the first, in order, that
+    has neither passed nor is still pending (engine/operations.py ``recheck``); None when none is."""
+    return run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.PENDING]).order_by("order").first()
+
+
+def stage_has_result(stage: StageRun | None) -> bool:
+    """True when an implement or repair attempt of ``stage`` produced a result to verify: it has a
+    result manifest and either succeeded or changed the files (its result manifest differs from the
+    files it started on). An attempt that failed before doing anything (``auth_failed`` seconds
+    after Start) leaves a manifest of the unchanged files: that is no result. Recheck and
+    Recover's verify need one (engine/operations.py ``recheck``, ``recover``: ``nothing_to_verify``)."""
+    if stage is None:
+        return False
+    return stage.attempts.filter(operation__in=("implement", "repair"), result_manifest__isnull=False).filter(
+        Q(status=AttemptStatus.SUCCEEDED) | ~Q(result_manifest__digest=F("start_manifest"))).exists()
+
+
 @dataclass(frozen=True)
 class Action:
     """One action on a run: whether it ``applies`` now, ``why`` not when it does not, and the
@@ -104,7 +124,9 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
     """Every action of ``ACTION_NAMES`` for ``run`` now: Start (pending); Approve (waiting_approval
     with a pending approval decision: its id and artifact); Request changes (as Approve, and not
     while the run's budget is exhausted); Recheck (waiting_review or
-    waiting_approval); Recover (waiting_review with a pending review decision: its id); Recheck
+    waiting_approval, when the waiting stage produced a result: ``stage_has_result``); Recover
+    (waiting_review with a pending review decision: its id, and ``verify`` False with ``verify_why``
+    when the stage has no result, so that only retry is offered); Recheck
     and Recover not while the run's budget is exhausted (a new run is needed); Fail (any status
     but succeeded or failed). The operations in engine/operations.py refuse what does not apply
     with the same reasons."""
@@ -129,18 +151,37 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
         add("request_changes", found["approve"].why)
     else:
         add("request_changes", spent, {"decision": approval.pk, "artifact": approval.artifact})
-    add("recheck", spent if status in RUN_WAITING else f"the run is {status}; only a waiting run is rechecked")
+    add("recheck", (spent or _nothing_to_recheck(run)) if status in RUN_WAITING
+        else f"the run is {status}; only a waiting run is rechecked")
     review = pending.get(Decision.Kind.REVIEW)
     if status != RunStatus.WAITING_REVIEW:
         add("recover", f"the run is {status}; only a run waiting for review is recovered")
     elif review is None:
         add("recover", "no review decision is pending")
     else:
-        add("recover", spent, {"decision": review.pk, "action": "retry"})
+        add("recover", spent, {"decision": review.pk, "action": "retry", **_verify_offer(review.stage)})
     add("fail", f"the run has ended ({status})" if status in RUN_TERMINAL else "")
     add("rerun", "" if status in RUN_TERMINAL else f"the run is {status}; only an ended run (succeeded or failed) "
                                                    "is re-run")
     return found
+
+
+def _nothing_to_recheck(run: Run) -> str:
+    """Why Recheck does not apply to a waiting run whose stage never produced a result ('' when it did)."""
+    stage = waiting_stage(run)
+    if stage_has_result(stage):
+        return ""
+    where = f"stage '{stage.key}'" if stage is not None else "no stage"
+    return (f"{where} never produced a result (no implement or repair attempt left one): there is nothing to "
+            f"recheck; recover with retry")
+
+
+def _verify_offer(stage: StageRun | None) -> dict:
+    """Recover's ``initial`` about verify: ``{"verify": True}`` when the stage has a result to
+    verify, else ``{"verify": False, "verify_why": ...}`` (the form then offers only retry)."""
+    if stage is None or stage_has_result(stage):
+        return {"verify": True}
+    return {"verify": False, "verify_why": f"stage '{stage.key}' never produced a result: only retry applies"}
 
 
 def applicable(run: Run, decisions: list[Decision] | None = None) -> dict[str, dict]:

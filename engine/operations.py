@@ -30,7 +30,6 @@ from .models import (
     Run,
     RunStatus,
     StageRun,
-    StageStatus,
     StartRequest,
 )
 from .pipeline_format import PipelineFormatError, load_file
@@ -169,7 +168,53 @@ def _effective_roles(pipeline: Pipeline, override: dict | None, definition: dict
     if problems:
         raise OperationError("agent_unavailable", "The agent cannot play its role: " + "; ".join(problems) + ".",
                              "profile")
+    _refuse_preflight(definition, pairs)
     return roles
+
+
+# the order in which a refusal names its code: a missing credential first
+PREFLIGHT_CODES = ("credentials_missing", "gateway_not_allowed", "gateway_unreachable")
+
+
+def _refuse_preflight(definition: dict, pairs: list[tuple[str, str]]) -> None:
+    """Refuse a run whose chosen profiles cannot run unattended on the workers (the adapters'
+    ``preflight``: engine/agents/cli_adapter.py): OperationError ``credentials_missing``,
+    ``gateway_not_allowed`` or ``gateway_unreachable`` [profile], one sentence naming each role,
+    its profile and the variable, file or address to provide. Checked in this process, with its
+    environment and HOME, which the workers must share."""
+    found = preflight_problems(definition, sorted({name for _, name in pairs}))
+    if not found:
+        return
+    by_profile: dict[str, list[str]] = {}
+    for role, name in pairs:
+        if name in found:
+            by_profile.setdefault(name, []).append(role)
+    codes = {problem.code for problems in found.values() for problem in problems}
+    code = next(c for c in PREFLIGHT_CODES + tuple(sorted(codes)) if c in codes)
+    parts = [f"{', '.join(roles)} (profile {name!r}): {'; '.join(p.message for p in found[name])}"
+             for name, roles in by_profile.items()]
+    raise OperationError(code, "The profiles cannot run unattended on the workers: " + "; ".join(parts) +
+                         ". (Checked in the process that creates the run, with its environment: the workers must "
+                         "share it.)", "profile")
+
+
+def preflight_problems(definition: dict, names: list[str] | None = None) -> dict[str, list]:
+    """``{profile name: [PreflightProblem]}`` for the profiles ``names`` of ``definition`` (default:
+    every one) that lack something to run unattended (``Adapter.preflight``: a credential variable
+    or login file, a gateway the proxy allows and that answers); profiles lacking nothing, and
+    those whose adapter this engine does not have, are left out. Each problem has ``code``,
+    ``message``, ``provide`` and ``label()`` (engine/agents/base.py ``PreflightProblem``)."""
+    available = adapters()
+    profiles = definition.get("profiles") or {}
+    found = {}
+    for name in (sorted(profiles) if names is None else names):
+        profile = profiles.get(name)
+        if profile is None or profile.get("adapter") not in available:
+            continue
+        problems = available[profile["adapter"]]().preflight(profile)
+        if problems:
+            found[name] = problems
+    return found
 
 
 def create_run(pipeline, repo_path: str, revision: str, profile_override: dict | None = None, *,
@@ -407,7 +452,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
                                  f"{run.pk} is {run.status}; its pending decision is the one to use).", "decision")
         stage = decision.stage
         _refuse_exhausted(run, "action")
-        if action == "verify" and stage is not None and not stage.attempts.exclude(result_manifest=None).exists():
+        if action == "verify" and stage is not None and not answers.stage_has_result(stage):
             raise OperationError("nothing_to_verify", f"Stage '{stage.key}' has no result to verify; use retry.",
                                  "action")
         machine.recovered(run, stage, decision, action, note, reviewer)
@@ -676,9 +721,8 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
             raise OperationError("not_waiting", f"Run {run.pk} is {run.status}; only a run waiting for review or "
                                  f"approval can be rechecked.", "run")
         _refuse_exhausted(run, "run")
-        stage = run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.PENDING]).order_by("order").first()
-        if stage is None or not stage.attempts.filter(operation__in=("implement", "repair")).exclude(
-                result_manifest=None).exists():
+        stage = answers.waiting_stage(run)
+        if stage is None or not answers.stage_has_result(stage):
             raise OperationError("nothing_to_verify", f"Run {run.pk} has no stage whose implementation produced a "
                                  f"result; there is nothing to recheck.", "run")
         machine.rechecked(run, stage, note, requested_by)
@@ -777,6 +821,6 @@ def run_stopped(run: Run) -> bool:
 
 
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
-           "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget",
+           "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget", "preflight_problems",
            "run_status", "run_stopped", "get_run", "get_pipeline"]
 __all__ += ["rerun"]  # Re-run An Ended Run

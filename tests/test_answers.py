@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from controlpanel import views
 from engine import answers, operations
-from engine.models import Attempt, Decision, Profile
+from engine.models import Attempt, Decision, Manifest, Profile
 
 
 def test_a_claude_profile_against_a_scripted_endpoint_is_simulated_everywhere(db):
@@ -43,6 +43,12 @@ def test_the_current_stage_is_the_first_that_has_not_passed(run_row):
 def test_every_action_says_whether_it_applies_and_why_not(run_row, status, applies):
     run = run_row(status=status, stage_statuses=("running",))
     stage = run.stages.get()
+    if status in ("waiting_review", "waiting_approval"):  # the stage produced a result: Recheck applies
+        manifest = Manifest.objects.create(run=run, stage=stage, digest="b" * 40, base_commit="0" * 40,
+                                           path="m.json", sha256="0" * 64)
+        Attempt.objects.create(run=run, stage=stage, operation="implement", number=1, role="implementer",
+                               profile_name="scripted", adapter="scripted", deadline_seconds=60,
+                               status="succeeded", start_manifest="a" * 40, result_manifest=manifest)
     if status == "waiting_review":
         Decision.objects.create(run=run, stage=stage, kind=Decision.Kind.REVIEW, reason="gate_failed")
     if status == "waiting_approval":

@@ -510,7 +510,8 @@ def missing_cli_pipeline(make_pipeline, executable: Path):
 
 @pytest.mark.skipif(not PINNED_CLAUDE.exists(), reason="run `make agents` to install the pinned claude CLI")
 def test_an_executable_that_disappears_after_creation_stops_the_run_as_missing_executable(on_solo, make_pipeline,
-                                                                                          repo, tmp_path):
+                                                                                          repo, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-dummy-for-tests-0000")  # pre-flight: a credential is there
     exe = tmp_path / "bin" / "claude"
     exe.parent.mkdir()
     exe.write_text(f'#!/bin/sh\nexec {shlex.quote(str(PINNED_CLAUDE))} "$@"\n')

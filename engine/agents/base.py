@@ -142,6 +142,44 @@ class Adapter:
         ``--version``, a boundary the CLI cannot enforce); empty when it can."""
         return []
 
+    def preflight(self, profile: dict, environ: dict | None = None, deny=None) -> list["PreflightProblem"]:
+        """What ``profile`` lacks to run unattended on the workers (a credential, a reachable
+        gateway): a list of ``PreflightProblem``, empty when nothing is lacking. ``environ`` is the
+        environment the workers share (default: this process's ``os.environ``); ``deny`` the
+        ``(address, port)`` pairs the egress proxy never reaches (default: the Control Panel's
+        services). The base adapter (the scripted test adapter) needs nothing."""
+        return []
+
+    def auth_hint(self, profile: dict) -> str:
+        """The sentence an ``auth_failed`` message ends with: which variable or login to provide
+        (engine/agents/claude.py, engine/agents/codex.py); '' when there is nothing to set."""
+        return ""
+
+
+@dataclass(frozen=True)
+class PreflightProblem:
+    """One thing a profile lacks to run unattended, found before a run is created.
+
+    ``code``: ``credentials_missing`` (no credential variable and no login file),
+    ``gateway_not_allowed`` (the attempt's egress proxy would refuse the gateway) or
+    ``gateway_unreachable`` (the gateway's host:port does not answer a TCP connect);
+    ``message``: a sentence naming what to provide; ``provide``: the variable, file or address
+    (e.g. ``ANTHROPIC_API_KEY``, ``~/.claude/.credentials.json``, ``gw.example:443``).
+    """
+
+    code: str
+    message: str
+    provide: str = ""
+
+    #: A few words per code for a choice list (controlpanel/forms.py CreateRunForm).
+    LABELS = {"credentials_missing": "no credentials: set {provide}",
+              "gateway_not_allowed": "gateway {provide} refused by the egress proxy",
+              "gateway_unreachable": "gateway {provide} does not answer"}
+
+    def label(self) -> str:
+        """A few words for a choice list, e.g. ``no credentials: set ANTHROPIC_API_KEY``."""
+        return self.LABELS.get(self.code, self.code).format(provide=self.provide)
+
 
 def classify_process(result) -> tuple[str | None, str]:
     """Failure kind and sentence for a finished ``engine.process.ProcessResult`` (None when clean)."""

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import sandbox
 from ..scripted_endpoint import ScriptedEndpoint
-from .base import AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
+from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
 
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
@@ -88,10 +88,16 @@ def prepare_home(home: str, role: str, with_login: bool = True) -> str:
     (home_path / ".claude").mkdir(parents=True)
     settings_path = home_path / ".claude" / "settings.json"
     settings_path.write_text(json.dumps(policy_settings(role)), encoding="utf-8")
-    login = Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
+    login = login_file()
     if with_login and login.is_file():
         shutil.copy2(login, home_path / ".claude" / ".credentials.json")
     return str(settings_path)
+
+
+def login_file() -> Path:
+    """The worker's Claude Code login, ``~/.claude/.credentials.json`` (written by ``claude``'s
+    /login, 2.1.197), which ``prepare_home`` copies into each attempt's HOME."""
+    return Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
 
 
 def parse_stream(raw_path: str) -> dict:
@@ -203,6 +209,34 @@ class ClaudeCodeAdapter(CliAdapter):
 
     wrapper = staticmethod(sandboxed)
 
+    def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
+        """``credentials_missing`` unless the attempt would get a credential: one of
+        ANTHROPIC_API_KEY, ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_OAUTH_TOKEN (engine/boundary.py
+        ``CREDENTIALS``, the variables Claude Code reads) set in ``environ`` (or the profile's
+        ``env``, which engine/pipeline_format.py refuses to hold a credential), or the login file ``~/.claude/.credentials.json`` of this process's HOME
+        (``login_file``, what ``prepare_home`` copies). None when there is one."""
+        names = self.credential_names()
+        if any(self.worker_credentials(profile, environ).get(name) for name in names):
+            return None
+        login = login_file()
+        if login.is_file():
+            return None
+        return PreflightProblem(
+            "credentials_missing", f"no credentials for the claude CLI on the workers: set {names[0]} (or "
+            f"{' or '.join(names[1:])}) in the workers' environment, or log in once as "
+            f"the workers' user (run `claude`, then /login) so that ~/.claude/.credentials.json exists (looked "
+            f"for {login})", names[0])
+
+    def auth_hint(self, profile: dict) -> str:
+        """What to set after an ``auth_failed`` attempt of a real model (claude 2.1.197 asks a
+        person to "run /login", which a headless worker cannot do); '' for a scripted endpoint."""
+        if profile.get("scripted_endpoint"):
+            return ""
+        names = self.credential_names()
+        return (f"Set {names[0]} (or {' or '.join(names[1:])}) in the workers' environment, or log in as the "
+                f"workers' user (`claude`, then /login: ~/.claude/.credentials.json); a "
+                f"headless worker cannot log in by itself.")
+
     def environment(self, request: AgentRequest, home: str) -> dict:
         env = dict(request.env)
         env.update({
@@ -274,6 +308,8 @@ class ClaudeCodeAdapter(CliAdapter):
         final = ""
         if outcome is not None:
             final = str(outcome.get("result") or "") or parsed["last_text"]
+        if failure_kind == "auth_failed" and self.auth_hint(request.profile):
+            failure_message = f"{failure_message.rstrip().rstrip('.')}. {self.auth_hint(request.profile)}"
         usage = usage_of(outcome) if failure_kind != "auth_failed" else empty_usage()  # no model call was made
         return AgentResult(
             exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,

@@ -7,18 +7,22 @@
 * ``endpoint_turns``: the scripted model endpoint's scenario of one attempt (simulated runs);
 * ``CliAdapter``: the ``Adapter`` base of a real CLI: ``check`` (the binary, its version, the
   help words each role's boundary needs, the operating-system sandbox), ``version`` and
-  ``supervise`` (the attempt in the subclass's sandbox, ``wrapper``, with the prompt on stdin).
+  ``supervise`` (the attempt in the subclass's sandbox, ``wrapper``, with the prompt on stdin),
+  and ``preflight`` (at run creation: the CLI's credential, ``gateway_problems``).
 """
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Callable
 
 from . import sandbox
-from .base import Adapter, AgentRequest
+from .base import Adapter, AgentRequest, PreflightProblem
+from .netproxy import EgressProxy, split_host_port
+from .network import GATEWAY_ENV, network_allow, url_entry
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 TOOLS_BIN = BASE_DIR / "tools" / "agents" / "node_modules" / ".bin"
@@ -134,3 +138,97 @@ class CliAdapter(Adapter):
         """Run ``argv`` for the attempt in its sandbox with its egress proxy (``Adapter.sandboxed_run``),
         the prompt file on stdin; ``endpoint_url``: the scripted endpoint of a simulated attempt."""
         return self.sandboxed_run(argv, env, request, self.wrapper, endpoint_url, stdin_path=request.prompt_path)
+
+    # ------------------------------------------------------------------ pre-flight (at run creation)
+
+    def credential_names(self) -> tuple[str, ...]:
+        """The credential variables the engine passes to this CLI's agents (engine/boundary.py
+        ``CREDENTIALS``, through ``credential_env``), most usual first."""
+        from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
+
+        return tuple(boundary.CREDENTIALS.get(self.name, ()))
+
+    def worker_credentials(self, profile: dict, environ) -> dict[str, str]:
+        """The credential variables an attempt of ``profile`` would get: those of ``environ`` that
+        engine/boundary.py ``credential_env`` lets through, then the profile's ``env`` (which
+        engine/pipeline_format.py keeps free of credentials: in practice, the environment's)."""
+        from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
+
+        found = boundary.credential_env(self.name, environ)
+        found.update({k: str(v) for k, v in (profile.get("env") or {}).items() if k in self.credential_names()})
+        return found
+
+    def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
+        """A ``credentials_missing`` problem when neither a credential variable nor a login file
+        is there for the CLI; None when one is (subclasses: engine/agents/claude.py, codex.py)."""
+        return None
+
+    def preflight(self, profile: dict, environ: dict | None = None, deny=None) -> list[PreflightProblem]:
+        """What ``profile`` lacks to run unattended: its CLI's credential (``credential_problem``)
+        and its gateway (``gateway_problems``). A profile with ``scripted_endpoint`` needs neither
+        (the adapter starts the endpoint and gives the CLI its key).
+
+        It runs in the process that creates the run (the Control Panel, the API or a command),
+        with that process's environment and HOME (``environ``, default ``os.environ``): a
+        worker started with another environment or as another user is not what was checked, so
+        the workers and the Control Panel must share one (README.md, "Processes"). ``deny``:
+        ``(address, port)`` pairs the egress proxy never reaches (default: engine/boundary.py
+        ``service_addresses``). Returns a list of ``PreflightProblem`` (empty: nothing lacking)."""
+        if profile.get("scripted_endpoint"):
+            return []
+        environ = os.environ if environ is None else environ
+        problems = []
+        missing = self.credential_problem(profile, environ)
+        if missing is not None:
+            problems.append(missing)
+        if deny is None:
+            from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
+
+            deny = boundary.service_addresses()
+        return problems + gateway_problems(profile, deny)
+
+
+#: Seconds a gateway's host:port has to answer a TCP connect in the pre-flight check.
+GATEWAY_CONNECT_SECONDS = 3.0
+
+
+def gateway_urls(profile: dict) -> list[str]:
+    """The gateway URLs of a profile: its ``base_url``, then the GATEWAY_ENV variables of its
+    ``env`` (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``: engine/agents/network.py), without duplicates."""
+    urls = [profile.get("base_url")] + [(profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
+    return list(dict.fromkeys(str(url) for url in urls if url))
+
+
+def gateway_problems(profile: dict, deny=(), timeout: float = GATEWAY_CONNECT_SECONDS) -> list[PreflightProblem]:
+    """For each gateway of ``profile`` (``gateway_urls``): ``gateway_not_allowed`` when the
+    attempt's egress proxy would refuse its host:port (``EgressProxy.check`` on the attempt's own
+    allow-list, ``network_allow``, with ``deny``: the Control Panel's services), else
+    ``gateway_unreachable`` when a TCP connect to the address the proxy would use does not
+    succeed within ``timeout`` seconds. The proxy connects from the worker's host, as this check
+    does from the process that creates the run. Messages name host:port only (a URL's
+    user:password never reaches them)."""
+    urls = gateway_urls(profile)
+    if not urls:
+        return []
+    proxy = EgressProxy(allow=network_allow(profile), deny={(str(a), int(p)) for a, p in deny})
+    problems = []
+    for url in urls:
+        entry = url_entry(url)
+        if entry is None:
+            problems.append(PreflightProblem("gateway_unreachable", "a gateway URL of the profile (base_url, "
+                                             "ANTHROPIC_BASE_URL or OPENAI_BASE_URL) names no host", "base_url"))
+            continue
+        host, port = split_host_port(entry)
+        ok, why, address = proxy.check(host, port)
+        if not ok:
+            problems.append(PreflightProblem("gateway_not_allowed", f"the attempt's egress proxy would refuse its "
+                                             f"gateway {entry}: {why}", entry))
+            continue
+        try:
+            socket.create_connection((address, port), timeout=timeout).close()
+        except OSError as exc:
+            problems.append(PreflightProblem(
+                "gateway_unreachable", f"its gateway {entry} ({address}) did not answer a TCP connect within "
+                f"{timeout:g} s ({exc.strerror or exc.__class__.__name__}): start it, or correct the profile's "
+                f"base_url", entry))
+    return problems

@@ -78,11 +78,12 @@ import shutil
 import stat
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 
 from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
-from .base import AgentRequest, AgentResult, classify_process, empty_usage
+from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
 from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -472,6 +473,35 @@ class CodexAdapter(CliAdapter):
         env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
         return env
 
+    def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
+        """``credentials_missing`` unless the attempt would send a key or has a login: CODEX_API_KEY
+        in the environment ``environment`` builds (from CODEX_API_KEY or OPENAI_API_KEY of ``environ``,
+        engine/boundary.py ``CREDENTIALS``; codex exec 0.171.0 sends only CODEX_API_KEY, module
+        docstring), or ``auth.json`` (``codex login``) in
+        the worker's CODEX_HOME (``worker_codex_home`` of ``environ``, what ``prepare_home``
+        copies). None when there is one."""
+        # the worker's variables as the run's environment, the profile's env applied by ``environment`` itself
+        attempt = SimpleNamespace(env=self.worker_credentials({}, environ), profile=profile)
+        if self.environment(attempt, "").get("CODEX_API_KEY"):
+            return None
+        login = worker_codex_home(environ) / "auth.json"
+        if login.is_file():
+            return None
+        return PreflightProblem(
+            "credentials_missing", "no credentials for the codex CLI on the workers: set CODEX_API_KEY (or "
+            "OPENAI_API_KEY, which the adapter copies into CODEX_API_KEY) in the workers' environment, or "
+            "run `codex login` once as the workers' user so that "
+            f"auth.json exists in its CODEX_HOME (looked for {login})", "CODEX_API_KEY")
+
+    def auth_hint(self, profile: dict) -> str:
+        """What to set after an ``auth_failed`` attempt of a real model; '' for a scripted endpoint
+        (its failure message already names the scripted key variable)."""
+        if profile.get("scripted_endpoint"):
+            return ""
+        return ("Set CODEX_API_KEY (or OPENAI_API_KEY, which the adapter copies into CODEX_API_KEY) in the "
+                "workers' environment, or run `codex login` as the "
+                "workers' user (auth.json in its CODEX_HOME); a headless worker cannot log in by itself.")
+
     def run(self, request: AgentRequest) -> AgentResult:
         exe = find_executable(self.executable_name, request.profile.get("executable"))
         if exe is None:
@@ -525,6 +555,8 @@ class CodexAdapter(CliAdapter):
                 failure_message = "The agent exited 0 but its output has no turn.completed event."
             elif failure_kind == "crashed" and (reported or parsed["stderr_tail"]):
                 failure_message += f" Last output: {reported or ' | '.join(parsed['stderr_tail'])}"
+        if failure_kind == "auth_failed" and self.auth_hint(request.profile):
+            failure_message = f"{failure_message.rstrip().rstrip('.')}. {self.auth_hint(request.profile)}"
         final = self._final_message(request) or parsed["last_text"]
         refusals = refusals_of(session_record(request.home_dir, parsed["session_id"]))
         refusals += parsed["rejected"][:max(0, MAX_REFUSALS - len(refusals))]

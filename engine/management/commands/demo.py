@@ -44,7 +44,7 @@ class Command(EngineCommand):
         out(f"1. demo repository: {repo['path']} (commit {repo['commit'][:12]}, tag v0, one untracked file)")
         call_command("load_pipelines", options["pipeline_file"], stdout=self.stdout)
         pipeline_name = load_file(options["pipeline_file"])["name"]
-        override = self.choose_profiles(options["profile"])
+        override = self.choose_profiles(options["profile"], pipeline_name)
         worker = None
         # a SIGTERM ends the demo like Ctrl-C does: through the finally below, which stops the worker
         signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -75,19 +75,23 @@ class Command(EngineCommand):
                                f"left running is found by reconciliation (make beat) and stopped for review.")
         self.verify(run, repo, before)
 
-    def choose_profiles(self, given):
-        """The given overrides; else the real model when a Claude login is present; else the real
-        claude CLI against the scripted model endpoint (simulated, and said loudly)."""
+    def choose_profiles(self, given, pipeline_name: str):
+        """The given overrides; else the real model when the ``claude-code`` profile passes the
+        pre-flight check create_run makes (engine/operations.py ``preflight_problems``: a credential
+        variable or a ``claude`` login); else the real claude CLI against the scripted model endpoint
+        (simulated, and said loudly)."""
         out = self.stdout.write
         if given:
             return dict(item.split("=", 1) for item in given)
         roles = ("implementer", "reviewer", "documenter")
-        logged_in = os.environ.get("ANTHROPIC_API_KEY") or (Path.home() / ".claude" / ".credentials.json").is_file()
-        if logged_in:
+        pipeline = operations.get_pipeline(pipeline_name)
+        lacking = operations.preflight_problems(pipeline.definition, ["claude-code"]).get("claude-code")
+        if not lacking:
             out("   Claude credentials found: the real claude CLI works with a real model.")
             return {role: "claude-code" for role in roles}
-        lines = ["No Claude credentials (ANTHROPIC_API_KEY or a `claude` login): the REAL claude CLI",
-                 "runs, but its model is a SCRIPTED endpoint on 127.0.0.1. The run is labelled SIMULATED."]
+        lines = [f"The claude-code profile cannot run unattended here ({lacking[0].label()}, or log in",
+                 "with `claude`): the REAL claude CLI runs, but its model is a SCRIPTED endpoint on 127.0.0.1.",
+                 "The run is labelled SIMULATED."]
         width = max(len(line) for line in lines)
         out("   " + "*" * (width + 4))
         for line in lines:
