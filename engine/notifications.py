@@ -38,11 +38,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from celery import current_app
 
-from . import machine
+from . import answers, machine
 from .models import RUN_TERMINAL, Decision, Notification, Run
 
 log = logging.getLogger("engine.notifications")
@@ -82,8 +83,6 @@ def payload(run: Run, kind: str, decision: Decision | None, delivery: str) -> di
     (id, kind, reason, artifact; None for an end), ``waiting`` (what the run waits for, a
     sentence) and ``actions`` (the actions that apply now, each with its form's initial values,
     engine/answers.py). No secret: stop messages are redacted where they are made."""
-    from . import answers
-
     decisions = list(run.decisions.order_by("id"))
     return {
         "delivery": delivery,
@@ -243,8 +242,6 @@ def sweep(limit: int = SWEEP_LIMIT) -> int:
     sending for more than CP_NOTIFY_STALE seconds (its worker died mid-try: this may deliver it a
     second time, with the same delivery id), oldest first, at most ``limit`` rows. Returns how
     many tries were made. Called by reconciliation (engine/reconcile.py)."""
-    from django.db.models import Q
-
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.CP_NOTIFY_STALE)
     due = Notification.objects.filter(
