@@ -67,15 +67,17 @@ def people_section(run: Run, stage: StageRun) -> str:
         lines += ["", f"### Written by {who} on {when} ({_DECIDED[decision.action]})"]
         stopped = stops.get(decision.pk)
         if stopped is not None:
-            lines += [f"The run had stopped ({decision.reason}): {stopped.message}"]
+            lines += [f"The run had stopped ({decision.reason}):", *[f"> {line}" for line in stopped.message.splitlines()]]
             for finding in (stopped.data or {}).get("findings") or []:
-                lines.append(f"- {_where(finding)}: {finding.get('text')}")
+                lines.append(f"- {_where(finding)}: {' '.join(str(finding.get('text')).splitlines())}")
         elif decision.action == "request_changes":
             lines += [f"They read the diff of files {decision.artifact[:12]} waiting for approval and sent it back."]
         lines += ["", f"{who} wrote:", "", *[f"> {line}" for line in decision.note.splitlines()]]
         if decision.comments:
             lines += ["", "Comments on the diff:"]
-            lines += [f"- {_where(comment)}: {comment.get('text')}" for comment in decision.comments]
+            # one line each: a comment's own line breaks cannot start a heading of the section
+            lines += [f"- {_where(comment)}: {' '.join(str(comment.get('text')).splitlines())}"
+                      for comment in decision.comments]
     return "\n".join(lines) + "\n"
 
 
