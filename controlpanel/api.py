@@ -111,10 +111,13 @@ class CreateRunInput(StrictSerializer):
     profiles = serializers.DictField(child=TextField(), required=False, default=dict,
                                      help_text="{role: profile name}")
     start = FlagField(required=False, default=False, help_text="also start it (needs engine.start_run)")
+    expect_reruns = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None, help_text=(
+        "the run's re-run count you saw (actions[rerun].initial.seen): a re-run made since refuses this one "
+        "(409 already_rerun), so a retried request makes no second run"))
 
 
 class RerunInput(StrictSerializer):
-    """POST /api/runs/<id>/rerun/: the arguments of operations.rerun (both optional, false by default)."""
+    """POST /api/runs/<id>/rerun/: the arguments of operations.rerun (all optional; false / none by default)."""
 
     latest_pipeline = FlagField(required=False, default=False,
                                 help_text="the saved pipeline's latest version instead of the run's own")
@@ -394,7 +397,7 @@ class RunViewSet(viewsets.ViewSet):
         data = self.read(request)
         self.also_start(request, data)
         run = operations.rerun(run_id, latest_pipeline=data["latest_pipeline"], start=data["start"],
-                               requested_by=self.person(request), source="api")
+                               requested_by=self.person(request), source="api", expect_reruns=data.get("expect_reruns"))
         return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/runs/{run.pk}/"})
 

@@ -26,7 +26,7 @@ NOT_FOUND = frozenset({"unknown_run", "unknown_pipeline"})
 CONFLICT = frozenset({"already_started", "not_waiting_review", "not_waiting_approval", "not_waiting",
                       "stale_decision", "already_finished", "budget_exhausted"})
 #: a re-run of a run that has not ended (engine/operations.py ``rerun``)
-CONFLICT |= {"not_ended"}
+CONFLICT |= {"not_ended", "already_rerun"}
 
 
 def status_for(code: str) -> int:

@@ -94,6 +94,8 @@ class RerunForm(forms.Form):
         "Use the saved pipeline's latest version (with this run's profile choices) instead of this run's own."))
     start = forms.BooleanField(required=False, initial=True, label="start it now",
                                help_text="Request its start at once: the new run is queued for a worker.")
+    seen = forms.IntegerField(required=False, min_value=0, widget=forms.HiddenInput,
+                              help_text="the run's re-runs when the page was shown: a second click makes no second run")
 
 
 def first_error(form: forms.Form) -> tuple[str, str]:

@@ -954,7 +954,7 @@ def _initial_for(request, verb: str) -> dict:
 
 def _rerun(run: Run, data: dict, who: str) -> tuple[str, int]:
     new = operations.rerun(run, latest_pipeline=data["latest_pipeline"], start=data["start"], requested_by=who,
-                           source="admin")
+                           source="admin", expect_reruns=data.get("seen"))
     which = "the latest pipeline version" if data["latest_pipeline"] else "the same pipeline version"
     then = "queued for a worker" if data["start"] else "pending: press Start to run it"
     return (f"Run {new.pk} created by {who} as a re-run of run {run.pk} ({which}, commit {new.commit[:12]}); "

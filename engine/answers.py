@@ -75,7 +75,10 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None) -> str:
     return {
         RunStatus.PENDING: "Waiting for Start.",
         RunStatus.QUEUED: "Waiting for a worker to claim it.",
-        RunStatus.WAITING_REVIEW: "Waiting for a person: recover it (retry or verify), recheck it, or fail it.",
+        RunStatus.WAITING_REVIEW: ("Waiting for a person: recover it (retry or verify), recheck it, or fail it."
+                                   if stage_has_result(waiting_stage(run)) else
+                                   "Waiting for a person: recover it with a retry (the stage never produced a result "
+                                   "to verify or recheck), or fail it."),
         RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, request "
                                      f"changes, recheck or fail it." if approval else "Waiting for approval."),
     }.get(run.status, "")
@@ -162,7 +165,7 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
         add("recover", spent, {"decision": review.pk, "action": "retry", **_verify_offer(review.stage)})
     add("fail", f"the run has ended ({status})" if status in RUN_TERMINAL else "")
     add("rerun", "" if status in RUN_TERMINAL else f"the run is {status}; only an ended run (succeeded or failed) "
-                                                   "is re-run")
+                                                   "is re-run", {"seen": run.rerun_count})
     return found
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from django.db.models import F
+from django.db.models import F, Q
 
 from .models import (
     ATTEMPT_OPEN,
@@ -539,11 +539,12 @@ def changes_requested(run: Run, stage: StageRun, decision: Decision, reviewer: s
         return REPAIR_EXHAUSTED
     _requeue(run)
     stage.repairs_used += 1
-    findings = [{"severity": "person", "file": c.get("file"), "line": c.get("line"), "text": c.get("text")}
-                for c in comments]
+    # the note and comments themselves are in every later prompt of the stage, under "From a person"
+    # (engine/steps/prompts.py people_section); the defect points there rather than repeating them
     stage.last_defect = {"kind": "person", "name": reviewer, "digest": decision.artifact,
-                         "message": f"{reviewer} requested changes at the human gate: {note}",
-                         "evidence": {"decision": decision.pk, "findings": findings}}
+                         "message": f"{reviewer} read the diff at the human gate and requested changes: their note "
+                                    f"and {len(comments)} comment(s) on the diff are under \"From a person\" above.",
+                         "evidence": {"decision": decision.pk}}
     stage.accepted_manifest = ""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.REPAIR)
     return REPAIR
@@ -939,8 +940,6 @@ def notification_claim(pk: int, now, stale_before=None):
     (``next_attempt_at`` empty or not after ``now``) -> sending; or, with ``stale_before``, a row
     left in sending by a try claimed before it (its worker died) is claimed again. Counts the
     try. Returns ``now`` (the try's fencing token, ``claimed_at``) when won, else None."""
-    from django.db.models import Q
-
     _check(NOTIFICATION_TRANSITIONS, Notification.State.PENDING, Notification.State.SENDING, f"notification {pk}")
     won = Notification.objects.filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now), pk=pk,
                                       state=Notification.State.PENDING).update(

@@ -136,6 +136,8 @@ class Run(models.Model):
     profile_override = models.JSONField(default=dict, blank=True)
     rerun_of = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="reruns",
                                  help_text="the ended run this run re-runs (its frozen inputs, or the latest pipeline)")
+    rerun_count = models.PositiveIntegerField(
+        default=0, help_text="re-runs made of this run: a re-run asks for the count it saw (a double click makes one)")
     simulated = models.BooleanField(default=False, help_text="uses the scripted test adapter or a scripted model")
     simulated_reason = models.CharField(max_length=200, blank=True)
     not_included = models.JSONField(

@@ -31,6 +31,7 @@ import json
 import logging
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from datetime import timedelta
@@ -59,14 +60,18 @@ SWEEP_LIMIT = 20
 def channels() -> list[tuple[str, str]]:
     """The configured channels as ``[(channel, target)]``: ``("email", "a@x, b@y")`` when
     CP_NOTIFY_EMAIL_TO names addresses, ``("webhook", URL)`` when CP_NOTIFY_WEBHOOK_URL and
-    CP_NOTIFY_WEBHOOK_SECRET are both set (a webhook without a secret is not used: logged)."""
+    CP_NOTIFY_WEBHOOK_SECRET are both set (a webhook without a secret, or whose URL is not http or
+    https, is not used: logged)."""
     found = []
     to = [address.strip() for address in settings.CP_NOTIFY_EMAIL_TO if address.strip()]
     if to:
         found.append((Notification.Channel.EMAIL, ", ".join(to)))
-    if settings.CP_NOTIFY_WEBHOOK_URL:
-        if settings.CP_NOTIFY_WEBHOOK_SECRET:
-            found.append((Notification.Channel.WEBHOOK, settings.CP_NOTIFY_WEBHOOK_URL))
+    url = settings.CP_NOTIFY_WEBHOOK_URL
+    if url:
+        if urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
+            log.error("CP_NOTIFY_WEBHOOK_URL must be an http:// or https:// URL, not %r: no webhook is sent", url)
+        elif settings.CP_NOTIFY_WEBHOOK_SECRET:
+            found.append((Notification.Channel.WEBHOOK, url))
         else:
             log.error("CP_NOTIFY_WEBHOOK_URL is set without CP_NOTIFY_WEBHOOK_SECRET: no unsigned webhook is sent")
     return found
@@ -163,6 +168,8 @@ def _post(row: Notification) -> tuple[int | None, str]:
         return exc.code, f"HTTP {exc.code} {exc.reason}"
     except Exception as exc:  # refused, timed out, a bad URL: the try failed, say why
         return None, f"{type(exc).__name__}: {exc}"[:500]
+    if not isinstance(status, int):  # not an HTTP answer at all
+        return None, "the webhook's answer had no HTTP status"
     return status, "" if 200 <= status < 300 else f"HTTP {status}"
 
 
@@ -233,8 +240,16 @@ def deliver(pk: int, stale_before=None) -> str | None:
 
 
 def deliver_all(ids: list[int]) -> dict[int, str | None]:
-    """``deliver`` each of ``ids`` (the ``engine.notify`` task); ``{id: outcome}``."""
-    return {pk: deliver(pk) for pk in ids}
+    """``deliver`` each of ``ids`` (the ``engine.notify`` task); ``{id: outcome}`` ("error" for a
+    row whose try raised: logged, the others are still tried; the sweep finds it in sending later)."""
+    outcomes: dict[int, str | None] = {}
+    for pk in ids:
+        try:
+            outcomes[pk] = deliver(pk)
+        except Exception:
+            log.exception("notification %s: its delivery failed; the sweep tries it again", pk)
+            outcomes[pk] = "error"
+    return outcomes
 
 
 def sweep(limit: int = SWEEP_LIMIT) -> int:

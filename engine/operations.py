@@ -33,6 +33,7 @@ from .models import (
     StartRequest,
 )
 from .pipeline_format import PipelineFormatError, load_file
+from .redaction import redact_text
 
 ROLES = ("implementer", "reviewer", "documenter")
 
@@ -254,11 +255,12 @@ def _snapshot_of(pipeline: Pipeline, roles: dict) -> dict:
 
 def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: str, profile_override: dict | None,
                 *, commit_ref: str = "", rerun_of: Run | None = None, how: str = "", start: bool = False,
-                requested_by: str = "", source: str = "api") -> Run:
+                requested_by: str = "", source: str = "api", reruns_seen: int = 0) -> Run:
     """Create a pending run of the frozen ``snapshot`` (its roles already validated) on ``repo_path``
     at ``revision`` (resolved to its commit; ``commit_ref``: resolve that instead, a re-run's old
     commit), shared by ``create_run`` and ``rerun``. ``rerun_of``: the ended run this one re-runs
-    (linked, and told with a ``rerun`` event; ``how`` says which pipeline version). ``start``: its
+    (linked, and told with a ``rerun`` event; ``how`` says which pipeline version; its
+    ``rerun_count`` must still be ``reruns_seen``, else OperationError ``already_rerun``). ``start``: its
     start requested in the same transaction. Raises OperationError [repo] / [rev]; nothing is left
     (no row, no control records) when anything fails."""
     if os.path.exists(repo_path) and not os.path.isdir(repo_path):
@@ -283,6 +285,12 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
     control = None
     try:
         with transaction.atomic():
+            if rerun_of is not None and not Run.objects.filter(pk=rerun_of.pk, rerun_count=reruns_seen).update(
+                    rerun_count=F("rerun_count") + 1):
+                latest = rerun_of.reruns.order_by("-id").first()
+                raise OperationError("already_rerun", f"Run {rerun_of.pk} was re-run meanwhile"
+                                     f"{f' as run {latest.pk}' if latest else ''} (a second click?): open that run, "
+                                     f"or re-run again from this run's page as it is now.", "run")
             run = Run.objects.create(
                 pipeline=pipeline, pipeline_name=pipeline.name, repo_path=repo, revision=revision, commit=commit,
                 definition=snapshot, definition_sha256=digest, profile_override=dict(profile_override or {}),
@@ -335,17 +343,20 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
 
 
 def rerun(run, latest_pipeline: bool = False, start: bool = False, requested_by: str = "",
-          source: str = "api") -> Run:
+          source: str = "api", expect_reruns: int | None = None) -> Run:
     """Create a new run from an ended (succeeded or failed) run: the same repository path,
     revision text and commit, and the same pipeline version (its frozen snapshot, frozen again
     unchanged: definition, version, roles, profiles), or with ``latest_pipeline`` the saved
     pipeline's current definition with the old run's profile override. The new run's
     ``rerun_of`` is the old run (``old.reruns`` lists the new one); its ``created`` event says
     "Re-run of run N" and the old run gets a ``rerun`` event. ``start``: the new run's start
-    is requested in the same transaction (it is then queued).
+    is requested in the same transaction (it is then queued). ``expect_reruns``: the number of
+    re-runs the person saw (the run page's form sends it): when another re-run was made since
+    (a double click), this one is refused; without it, the count read now is expected. Either
+    way the count moves by a compare-and-swap, so two re-runs at once make one.
 
     Returns the new Run. Raises OperationError: ``unknown_run`` / ``not_ended`` [run] (only a
-    succeeded or failed run is re-run), ``definition_tampered`` [run] (its frozen snapshot no
+    succeeded or failed run is re-run), ``already_rerun`` [run] (re-run meanwhile), ``definition_tampered`` [run] (its frozen snapshot no
     longer matches its digest), ``unknown_profile`` / ``unknown_role`` / ``adapter_unavailable``
     / ``agent_unavailable`` [profile] (e.g. the latest version lacks a profile the override
     names), ``path_not_found`` / ``not_a_repository`` / ``not_a_directory`` [repo],
@@ -374,8 +385,10 @@ def rerun(run, latest_pipeline: bool = False, start: bool = False, requested_by:
         _effective_roles(pipeline, override or None, definition={**snapshot["pipeline"],
                                                                   "profiles": snapshot["profiles"]})
         how = f"the same pipeline version v{snapshot.get('pipeline_version', '?')}"
+    seen = old.rerun_count if expect_reruns is None else expect_reruns
     return _freeze_run(pipeline, snapshot, old.repo_path, old.revision, override, commit_ref=old.commit,
-                       rerun_of=old, how=how, start=start, requested_by=requested_by, source=source)
+                       rerun_of=old, how=how, start=start, requested_by=requested_by, source=source,
+                       reruns_seen=seen)
 
 
 def _set_aside_stale_records(control: Path) -> None:
@@ -423,6 +436,41 @@ def _enqueue(run_id: int, token: str | None) -> None:
     runner.enqueue(run_id, token)  # through the module: tests replace runner.enqueue
 
 
+#: Characters a person's note (a recovery's, a recheck's, a request for changes') may hold: it goes
+#: into every later prompt of the stage.
+MAX_NOTE_CHARS = 20_000
+#: Characters of a person's name as recorded (``Decision.decided_by``).
+MAX_NAME_CHARS = 150
+
+
+def _person_note(note, field: str = "note") -> str:
+    """A person's note as it is stored and put into prompts: stripped, credentials redacted at
+    capture (engine/redaction.py ``redact_text``). Raises OperationError ``note_required`` [field]
+    when blank, ``note_too_long`` [field] past MAX_NOTE_CHARS."""
+    text = (note or "").strip() if isinstance(note, str) else ""
+    if not text:
+        raise OperationError("note_required", "A note is required (the agent reads it).", field)
+    if len(text) > MAX_NOTE_CHARS:
+        raise OperationError("note_too_long", f"The note has {len(text):,} characters; at most {MAX_NOTE_CHARS:,} "
+                             "go into a prompt.", field)
+    return redact_text(text)[0]
+
+
+def _person_name(name, field: str, required: bool = True) -> str:
+    """A person's name as recorded: one line of at most MAX_NAME_CHARS, credentials redacted.
+    Raises OperationError ``reviewer_required`` [field] (blank, when ``required``) or
+    ``invalid_name`` [field] (a line break, a control character, too long)."""
+    text = (name or "").strip() if isinstance(name, str) else ""
+    if not text:
+        if required:
+            raise OperationError("reviewer_required", "The person's name is required.", field)
+        return ""
+    if len(text) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise OperationError("invalid_name", f"A name is one line of at most {MAX_NAME_CHARS} characters, without "
+                             "control characters.", field)
+    return redact_text(text)[0]
+
+
 # ----------------------------------------------------------------------------- Recover An Interruption
 
 
@@ -437,8 +485,8 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
     ``nothing_to_verify`` [action].
     """
     run = get_run(run)
-    if not (note or "").strip():
-        raise OperationError("note_required", "A recovery note is required.", "note")
+    note = _person_note(note)
+    reviewer = _person_name(reviewer, "reviewer", required=False)
     if action not in ("retry", "verify"):
         raise OperationError("unknown_action", f"The action must be retry or verify, not {action!r}.", "action")
     with transaction.atomic():
@@ -502,7 +550,7 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
     [run], ``already_finished`` [run] (a succeeded or failed run takes no action).
     """
     run = get_run(run)
-    reason = (reason or "").strip()
+    reason = redact_text((reason or "").strip())[0]
     if not reason:
         raise OperationError("reason_required", "A reason is required to fail a run (what a person should know).",
                              "reason")
@@ -603,11 +651,11 @@ def _pending_approval(run: Run, decision_id, artifact: str) -> tuple[Run, Decisi
 
 
 #: At most this many comments on the diff go with one request for changes, each at most COMMENT_CHARS.
-MAX_COMMENTS, COMMENT_CHARS = 200, 4000
+MAX_COMMENTS, COMMENT_CHARS = 100, 2000
 
 #: A comment typed as one line: ``path:line: text`` or ``path: text`` (a path has no space or colon,
 #: and a dot or a slash: "Note: ..." is a general comment).
-_COMMENT_LINE = re.compile(r"^(?P<file>[^\s:]*[./][^\s:]*):(?:(?P<line>\d+):)?\s(?P<text>.*)$", re.DOTALL)
+_COMMENT_LINE = re.compile(r"^(?P<file>[^\s:]*[./][^\s:]*):(?:(?P<line>\d+):)?\s*(?P<text>\S.*)$", re.DOTALL)
 
 
 def parse_comment(text: str) -> dict:
@@ -637,17 +685,14 @@ def request_changes(run, decision_id, artifact: str, reviewer: str, note: str,
     ``artifact_mismatch``), ``budget_exhausted`` [run].
     """
     run = get_run(run)
-    if not (reviewer or "").strip():
-        raise OperationError("reviewer_required", "The name of the person requesting changes is required.",
-                             "reviewer")
-    note = (note or "").strip()
-    if not note:
-        raise OperationError("note_required", "A note is required: what must change (the agent reads it).", "note")
+    reviewer = _person_name(reviewer, "reviewer")
+    note = _person_note(note)
     with transaction.atomic():
         run, decision, stage, current = _pending_approval(run, decision_id, artifact)
-        checked = _checked_comments(comments, _changed_paths(run, stage, current))
+        checked = _checked_comments(comments, _changed_paths(run, stage, current),
+                                    lambda path: _line_count(run, current, path))
         _refuse_exhausted(run, "run")
-        outcome = machine.changes_requested(run, stage, decision, reviewer.strip(), note, checked)
+        outcome = machine.changes_requested(run, stage, decision, reviewer, note, checked)
         if outcome == machine.REPAIR:
             _wake_on_commit(run)
     return decision
@@ -665,10 +710,20 @@ def _changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
     return {change["path"] for change in data.get("changes") or []}
 
 
-def _checked_comments(comments, changed: set[str]) -> list[dict]:
-    """``comments`` as stored (``[{"file", "line", "text"}]``); OperationError ``invalid_comments``
-    [comments] naming the first bad one (not a mapping, no text, a file not in the diff, a line
-    that is not a positive whole number)."""
+def _line_count(run: Run, tree: str, path: str) -> int | None:
+    """Lines of ``path`` in the files ``tree`` (a manifest digest: a git tree id); None when the
+    path is not a file there (deleted by the change: a line then names its old text)."""
+    shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.worktree, check=False)
+    if shown.returncode != 0:
+        return None
+    return shown.stdout.count(b"\n") + (0 if shown.stdout.endswith(b"\n") or not shown.stdout else 1)
+
+
+def _checked_comments(comments, changed: set[str], lines_of=lambda path: None) -> list[dict]:
+    """``comments`` as stored (``[{"file", "line", "text"}]``, texts redacted); OperationError
+    ``invalid_comments`` [comments] naming the first bad one (not a mapping, no text, a file not in
+    the diff, a line that is not a positive whole number or past the file's end, ``lines_of(path)``
+    giving its lines or None)."""
     if comments in (None, ""):
         return []
     if not isinstance(comments, list):
@@ -695,7 +750,12 @@ def _checked_comments(comments, changed: set[str]) -> list[dict]:
                                  "null.", "comments")
         if line is not None and file is None:
             raise OperationError("invalid_comments", f"Comment {number} names a line but no file.", "comments")
-        checked.append({"file": file, "line": line, "text": text.strip()})
+        if line is not None:
+            count = lines_of(file)
+            if count is not None and line > count:
+                raise OperationError("invalid_comments", f"Comment {number} is on line {line} of {file}, which has "
+                                     f"{count} line(s) in the files waiting for approval.", "comments")
+        checked.append({"file": file, "line": line, "text": redact_text(text.strip())[0]})
     return checked
 
 
@@ -713,8 +773,8 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
     implementation never produced a result).
     """
     run = get_run(run)
-    if not (note or "").strip():
-        raise OperationError("note_required", "A recheck note is required (what was corrected).", "note")
+    note = _person_note(note)
+    requested_by = _person_name(requested_by, "requested_by", required=False)
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run.pk)
         if run.status not in (RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL):

@@ -18,6 +18,7 @@ from controlpanel.forms import CreateRunForm, RecoverForm
 from engine import answers, operations
 from engine.agents import get_adapter
 from engine.agents.codex import CodexAdapter
+from engine.management.commands.run_status import waiting_hint
 from engine.models import Attempt, Decision, Manifest, Run
 from engine.process import ProcessResult
 
@@ -92,6 +93,13 @@ def test_a_credential_variable_of_the_environment_is_enough(make_pipeline, repo,
     monkeypatch.setenv(variable, "dummy-credential-for-tests-0000")
     run = operations.create_run(cli_pipeline(make_pipeline, tmp_path, adapter), str(repo), "main")
     assert run.status == "pending" and not run.simulated
+
+
+@pytest.mark.parametrize("adapter, variable", [("claude-code", "ANTHROPIC_API_KEY"), ("codex", "OPENAI_API_KEY")])
+def test_a_blank_credential_variable_is_no_credential(make_pipeline, repo, tmp_path, bare, monkeypatch, adapter,
+                                                      variable):
+    monkeypatch.setenv(variable, "   ")
+    refused(cli_pipeline(make_pipeline, tmp_path, adapter), repo, "credentials_missing")
 
 
 def test_a_login_file_is_enough(make_pipeline, repo, tmp_path, bare, monkeypatch):
@@ -232,6 +240,10 @@ def test_without_a_result_recheck_and_recover_verify_are_not_offered(run_row):
             call()
         assert info.value.code == "nothing_to_verify"
     assert Decision.objects.get(pk=decision.pk).state == "pending"  # nothing changed
+    # what a person reads says so too: the waiting sentence (the page, the notices) and run_status's line
+    assert "recover it with a retry" in answers.waiting_sentence(run) and "verify" not in \
+        answers.waiting_sentence(run).replace("to verify or recheck", "")
+    assert "--action retry (" in waiting_hint(operations.run_status(run))
 
 
 @pytest.mark.parametrize("attempt_status, changed", [("succeeded", False), ("timeout", True)])

@@ -267,3 +267,20 @@ def test_the_create_form_creates_and_starts(staff, make_pipeline, repo, sent, dj
     assert "Its start is requested: it is queued for a worker." in response.content.decode()
     staff.post(url, {"repo": str(repo), "rev": "main", "_create": "Create the run"})
     assert Run.objects.order_by("-id").first().status == "pending" and len(sent) == 1
+
+
+def test_a_double_click_on_re_run_makes_one_run(staff, failed, sent, django_capture_on_commit_callbacks):
+    text = staff.get(detail(failed.pk)).content.decode()
+    assert re.search(r'name="seen"[^>]*value="0"', text)  # the page says how many re-runs it saw
+    url = reverse("admin:engine_run_action", args=[failed.pk, "rerun"])
+    with django_capture_on_commit_callbacks(execute=True):
+        staff.post(url, {"start": "on", "seen": "0"})
+        second = staff.post(url, {"start": "on", "seen": "0"}, follow=True)  # the second click of the same page
+    assert "already_rerun" in second.content.decode()
+    assert failed.reruns.count() == 1 and len(sent) == 1
+    failed.refresh_from_db()
+    assert failed.rerun_count == 1
+    # the API: a retried request with the count it saw makes no second run either
+    error = refused(operations.rerun, failed, expect_reruns=0)
+    assert (error.code, error.field) == ("already_rerun", "run") and failed.reruns.count() == 1
+    assert operations.rerun(failed, expect_reruns=1).rerun_of_id == failed.pk

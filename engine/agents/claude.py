@@ -216,7 +216,7 @@ class ClaudeCodeAdapter(CliAdapter):
         ``env``, which engine/pipeline_format.py refuses to hold a credential), or the login file ``~/.claude/.credentials.json`` of this process's HOME
         (``login_file``, what ``prepare_home`` copies). None when there is one."""
         names = self.credential_names()
-        if any(self.worker_credentials(profile, environ).get(name) for name in names):
+        if any((self.worker_credentials(profile, environ).get(name) or "").strip() for name in names):
             return None
         login = login_file()
         if login.is_file():

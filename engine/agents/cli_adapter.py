@@ -230,5 +230,5 @@ def gateway_problems(profile: dict, deny=(), timeout: float = GATEWAY_CONNECT_SE
             problems.append(PreflightProblem(
                 "gateway_unreachable", f"its gateway {entry} ({address}) did not answer a TCP connect within "
                 f"{timeout:g} s ({exc.strerror or exc.__class__.__name__}): start it, or correct the profile's "
-                f"base_url", entry))
+                f"base_url (or the *_BASE_URL of its env)", entry))
     return problems

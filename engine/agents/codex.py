@@ -482,7 +482,7 @@ class CodexAdapter(CliAdapter):
         copies). None when there is one."""
         # the worker's variables as the run's environment, the profile's env applied by ``environment`` itself
         attempt = SimpleNamespace(env=self.worker_credentials({}, environ), profile=profile)
-        if self.environment(attempt, "").get("CODEX_API_KEY"):
+        if (self.environment(attempt, "").get("CODEX_API_KEY") or "").strip():
             return None
         login = worker_codex_home(environ) / "auth.json"
         if login.is_file():

@@ -130,10 +130,18 @@ def reviewers(run: Run) -> list[str]:
 
 
 def passed_reviewers(stage: StageRun) -> set[str]:
-    """Reviewer profiles whose verdict was ``pass`` on the stage's verified files (its accepted manifest)."""
+    """Reviewer profiles whose verdict was ``pass`` on the stage's verified files (its accepted
+    manifest), given after the last note a person wrote about the stage (a recovery, a recheck, a
+    request for changes: a verdict given before it was not given with what the person said, so the
+    reviewer reads it and answers again, engine/steps/prompts.py ``people_section``)."""
     done = set()
-    for attempt in stage.attempts.filter(operation="review", start_manifest=stage.accepted_manifest,
-                                         status=AttemptStatus.SUCCEEDED, late=False):
+    reviews = stage.attempts.filter(operation="review", start_manifest=stage.accepted_manifest,
+                                    status=AttemptStatus.SUCCEEDED, late=False)
+    heard = (stage.decisions.exclude(note="").exclude(decided_at=None).order_by("-decided_at")
+             .values_list("decided_at", flat=True).first())
+    if heard is not None:
+        reviews = reviews.filter(created_at__gt=heard)
+    for attempt in reviews:
         if (attempt.verdict or {}).get("verdict") == "pass":
             done.add(attempt.profile_name)
     return done

@@ -44,7 +44,15 @@ def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) ->
                   f"Attempt {attempt.number} ({attempt.operation}) of stage '{stage.key}' exited 0 after "
                   f"{attempt.elapsed_seconds:.1f} s and changed {len(changes)} file(s); its claim is not evidence, "
                   f"the gates decide.", stage=stage, attempt=attempt)
-    if plan["operation"] == "repair":
+    asked = stage.last_defect or {}
+    if plan["operation"] == "repair" and asked.get("kind") == "person" \
+            and outcome["manifest"]["digest"] == asked.get("digest"):
+        machine.stop(run, "unchanged_failure",
+                     f"The repair session for the changes {asked.get('name')} requested left the files unchanged "
+                     f"({asked.get('digest', '')[:12]}): the request was not acted on. A person decides: recover with "
+                     f"a retry (the note goes to the agent again) or fail the run.", stage=stage,
+                     evidence={"attempt": attempt.pk, **(asked.get("evidence") or {})})
+    elif plan["operation"] == "repair":
         machine.repaired(stage)
     else:
         machine.implemented(stage)

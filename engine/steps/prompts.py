@@ -63,11 +63,12 @@ def people_section(run: Run, stage: StageRun) -> str:
     for decision in decided:
         when = decision.decided_at.astimezone(dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC") \
             if decision.decided_at else "(time unknown)"
-        who = decision.decided_by or "an operator"
+        who = " ".join((decision.decided_by or "an operator").split())  # one line: it is in a heading
         lines += ["", f"### Written by {who} on {when} ({_DECIDED[decision.action]})"]
         stopped = stops.get(decision.pk)
         if stopped is not None:
-            lines += [f"The run had stopped ({decision.reason}):", *[f"> {line}" for line in stopped.message.splitlines()]]
+            said = stopped.message.removeprefix(f"Stopped ({decision.reason}): ")
+            lines += [f"The run had stopped ({decision.reason}):", *[f"> {line}" for line in said.splitlines()]]
             for finding in (stopped.data or {}).get("findings") or []:
                 lines.append(f"- {_where(finding)}: {' '.join(str(finding.get('text')).splitlines())}")
         elif decision.action == "request_changes":

@@ -26,8 +26,11 @@ def waiting_hint(data: dict) -> str:
         return (f"its budget is exhausted: an exhausted execution budget requires a new run (python manage.py "
                 f"create_run ...); fail this one with python manage.py fail_run {data['id']} --reason TEXT")
     if data["waiting_for"] == "review" and pending:
+        recover = next((a for a in data.get("actions") or [] if a["action"] == "recover"), None)
+        verify = recover is None or (recover.get("initial") or {}).get("verify", True)
         return (f"waits for a person ({pending['reason']}): python manage.py recover {data['id']} --decision "
-                f"{pending['id']} --note TEXT --action retry|verify")
+                f"{pending['id']} --note TEXT --action {'retry|verify' if verify else 'retry'}"
+                + ("" if verify else " (the stage never produced a result to verify)"))
     if data.get("heartbeat_stale"):
         return (f"no heartbeat for {data['heartbeat_age_seconds']:.0f} s: the worker holding this run may have "
                 "died; reconciliation (`make beat`) will interrupt it and stop it for review")
