@@ -278,10 +278,12 @@ class RunViewSet(viewsets.ViewSet):
 
     PERMISSIONS = {"create": "engine.add_run", "retrieve": "engine.view_run", "start": "engine.start_run",
                    "approve": "engine.approve_run", "request_changes": "engine.approve_run",
-                   "recheck": "engine.recheck_run", "recover": "engine.recover_run", "fail": "engine.fail_run"}
+                   "recheck": "engine.recheck_run", "recover": "engine.recover_run", "fail": "engine.fail_run",
+                   # a re-run is a new run; with "start": true engine.start_run as well (``also_start``)
+                   "rerun": "engine.add_run"}
     INPUTS = {"create": CreateRunInput, "start": StartInput, "approve": ApproveInput,
               "request_changes": RequestChangesInput, "recheck": RecheckInput, "recover": RecoverInput,
-              "fail": FailInput}
+              "fail": FailInput, "rerun": RerunInput}
 
     @property
     def route_action(self) -> str:
@@ -401,10 +403,6 @@ class RunViewSet(viewsets.ViewSet):
         return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/runs/{run.pk}/"})
 
-
-#: Re-run: a new run (engine.add_run; with "start": true, engine.start_run as well: RunViewSet.also_start).
-RunViewSet.PERMISSIONS["rerun"] = "engine.add_run"
-RunViewSet.INPUTS["rerun"] = RerunInput
 
 
 class RunRouter(SimpleRouter):

@@ -24,9 +24,8 @@ log = logging.getLogger("engine.api")
 NOT_FOUND = frozenset({"unknown_run", "unknown_pipeline"})
 #: OperationError codes that say "not in this state" (HTTP 409): asking again later may work.
 CONFLICT = frozenset({"already_started", "not_waiting_review", "not_waiting_approval", "not_waiting",
-                      "stale_decision", "already_finished", "budget_exhausted"})
-#: a re-run of a run that has not ended (engine/operations.py ``rerun``)
-CONFLICT |= {"not_ended", "already_rerun"}
+                      "stale_decision", "already_finished", "budget_exhausted",
+                      "not_ended", "already_rerun"})  # the last two: engine/operations.py ``rerun``
 
 
 def status_for(code: str) -> int:

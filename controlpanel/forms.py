@@ -43,8 +43,8 @@ class RequestChangesForm(forms.Form):
     note = forms.CharField(required=False, label="what must change (the agent reads it)",
                            widget=forms.Textarea(attrs=_required({"rows": 3, "cols": 60})))
     comments = forms.CharField(required=False, label="comments on the diff (one a line: path:line: text)",
-                               widget=forms.Textarea(attrs={**_TEXT, "rows": 3, "cols": 60,
-                                                            "placeholder": "textstats/core.py:12: count hyphenated words once"}))
+                               widget=forms.Textarea(attrs={**_TEXT, "rows": 3, "cols": 60, "placeholder":
+                                                            "textstats/core.py:12: count hyphenated words once"}))
 
     def clean_comments(self) -> list[dict]:
         """``[{"file", "line", "text"}]`` from the lines typed (engine.operations.parse_comment; a

@@ -91,9 +91,9 @@ ACTIONS = {
     "recheck": ("engine.recheck_run", RecheckForm, "Recheck"),
     "recover": ("engine.recover_run", RecoverForm, "Recover"),
     "fail": ("engine.fail_run", FailForm, "Fail"),
+    # a new run from an ended one; "start it now" needs engine.start_run too (``also_needs``)
+    "rerun": ("engine.add_run", RerunForm, "Re-run"),
 }
-#: Re-run an ended run (engine.add_run; "start it now" needs engine.start_run too: ``also_needs``).
-ACTIONS["rerun"] = ("engine.add_run", RerunForm, "Re-run")
 
 #: Usage keys summed and shown (engine.agents.base.USAGE_KEYS has more; these are the ones a person reads).
 USAGE_SHOWN = ("input_tokens", "output_tokens", "cached_tokens", "cost_usd")
@@ -930,11 +930,6 @@ def _fail(run: Run, data: dict, who: str) -> str:
     return f"Run {failed.pk} failed. {failed.stop_message}"
 
 
-#: verb -> the call of engine.operations it makes: (run, cleaned form data, user name) -> the success sentence.
-PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck,
-           "recover": _recover, "fail": _fail}
-
-
 # ----------------------------------------------------------------------------- re-run
 
 
@@ -961,4 +956,6 @@ def _rerun(run: Run, data: dict, who: str) -> tuple[str, int]:
             f"it is {then}.", new.pk)
 
 
-PERFORM["rerun"] = _rerun
+#: verb -> the call of engine.operations it makes: (run, cleaned form data, user name) -> the success sentence.
+PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck,
+           "recover": _recover, "fail": _fail, "rerun": _rerun}

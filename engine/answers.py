@@ -116,11 +116,9 @@ class Action:
         return {"action": self.name, "applies": self.applies, "why": self.why or None, "initial": self.initial}
 
 
-#: Every action a person can take on a run, in the order they are shown.
-ACTION_NAMES = ("start", "approve", "request_changes", "recheck", "recover", "fail")
-
-#: Re-run (engine/operations.py ``rerun``): a new run from an ended (succeeded or failed) one, shown last.
-ACTION_NAMES += ("rerun",)
+#: Every action a person can take on a run, in the order they are shown (Re-run, engine/operations.py
+#: ``rerun``: a new run from an ended one, last).
+ACTION_NAMES = ("start", "approve", "request_changes", "recheck", "recover", "fail", "rerun")
 
 
 def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Action]:

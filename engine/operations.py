@@ -882,5 +882,4 @@ def run_stopped(run: Run) -> bool:
 
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
            "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget", "preflight_problems",
-           "run_status", "run_stopped", "get_run", "get_pipeline"]
-__all__ += ["rerun"]  # Re-run An Ended Run
+           "rerun", "run_status", "run_stopped", "get_run", "get_pipeline"]
