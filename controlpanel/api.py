@@ -1,7 +1,10 @@
 """The JSON API beside the admin: the Run Engine's operations over HTTP (README.md, "JSON API").
 
+    GET  /api/runs/?status=&pipeline=&waiting=&page=&page_size=                       200 {count, next, previous, results}
     POST /api/runs/                {pipeline, repo, rev, profiles?: {role: profile}}   201 run_status
     GET  /api/runs/<id>/                                                               200 run_status
+    POST /api/runs/<id>/request-changes/ {decision, artifact, note, comments?, reviewer?} 200
+    GET  /api/schema/              the OpenAPI 3 schema of these endpoints (drf-spectacular)
     POST /api/runs/<id>/start/     {}                                                  202
     POST /api/runs/<id>/approve/   {decision, artifact, reviewer?}                     200
     POST /api/runs/<id>/recheck/   {note}                                              200
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.pagination import PageNumberPagination
 from rest_framework.response import Response
 from rest_framework.routers import DynamicRoute, Route, SimpleRouter
 from rest_framework.utils import formatting
@@ -31,6 +35,7 @@ from rest_framework.utils import formatting
 from engine import operations
 
 from .api_auth import MissingPermission, RunPermission
+from .api_schema import document
 
 _JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
 
@@ -178,6 +183,25 @@ class FailInput(StrictSerializer):
 # ----------------------------------------------------------------------------- output
 
 
+class ListInput(StrictSerializer):
+    """GET /api/runs/ query: ``status`` (one or several, comma-separated), ``pipeline`` (a name or
+    id), ``waiting`` (true: runs that wait for a person; false: the others), ``page``, ``page_size``."""
+
+    status = TextField(required=False, allow_blank=True)
+    pipeline = TextField(required=False, allow_blank=True)
+    waiting = serializers.BooleanField(required=False, allow_null=True, default=None)
+    page = serializers.IntegerField(required=False, min_value=1)
+    page_size = serializers.IntegerField(required=False, min_value=1, max_value=100)
+
+
+class RunPages(PageNumberPagination):
+    """Pages of ``GET /api/runs/``: 25 runs a page by default, ``page_size`` up to 100."""
+
+    page_size = 25
+    page_size_query_param = "page_size"
+    max_page_size = 100
+
+
 class RunStatusSerializer(serializers.BaseSerializer):
     """A run (a Run or its id) as ``operations.run_status``: the public JSON shape of a run.
 
@@ -272,11 +296,13 @@ class RunViewSet(viewsets.ViewSet):
     """
 
     permission_classes = [RunPermission]
+    pagination_class = RunPages  # ``list`` pages with it (and the OpenAPI schema says so)
     lookup_field = "pk"
     lookup_url_kwarg = "run_id"
     lookup_value_regex = "[^/]+"  # any id text: the operation says 404 unknown_run for a bad one
 
-    PERMISSIONS = {"create": "engine.add_run", "retrieve": "engine.view_run", "start": "engine.start_run",
+    PERMISSIONS = {"list": "engine.view_run", "create": "engine.add_run", "retrieve": "engine.view_run",
+                   "start": "engine.start_run",
                    "approve": "engine.approve_run", "request_changes": "engine.approve_run",
                    "recheck": "engine.recheck_run", "recover": "engine.recover_run", "fail": "engine.fail_run",
                    # a re-run is a new run; with "start": true engine.start_run as well (``also_start``)
@@ -321,6 +347,20 @@ class RunViewSet(viewsets.ViewSet):
     def ack(serializer_class: type[RunAckSerializer], run_id, code=status.HTTP_200_OK, **parts) -> Response:
         """``serializer_class`` of ``{"run": the run as it is now, **parts}``, with status ``code``."""
         return Response(serializer_class({"run": operations.get_run(run_id), **parts}).data, status=code)
+
+    def list(self, request):
+        """GET /api/runs/ -> 200 ``{count, next, previous, results}``: the runs, newest first, each as
+        operations.run_summary; filters ``status`` (comma-separated), ``pipeline`` (name or id),
+        ``waiting`` (true | false); ``page``, ``page_size`` (at most 100)."""
+        query = ListInput(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        found = query.validated_data
+        statuses = [s.strip() for s in (found.get("status") or "").split(",") if s.strip()]
+        runs = operations.list_runs(status=statuses or None, pipeline=(found.get("pipeline") or "").strip() or None,
+                                    waiting=found.get("waiting"))
+        pages = self.pagination_class()
+        page = pages.paginate_queryset(runs, request, view=self)
+        return pages.get_paginated_response([operations.run_summary(run) for run in page])
 
     def create(self, request):
         """POST /api/runs/ -> 201 with operations.run_status of the new pending run (queued with ``"start": true``)."""
@@ -408,10 +448,10 @@ class RunViewSet(viewsets.ViewSet):
 class RunRouter(SimpleRouter):
     """The API's routes, with the URL names the API has always had: ``{basename}-create`` (POST
     the collection), ``{basename}`` (GET one run) and ``{basename}-<action>`` (POST an action).
-    No list, update or delete routes: those methods answer 405."""
+    ``GET`` of the collection lists runs (``list``); no update or delete routes: those methods answer 405."""
 
     routes = [
-        Route(url=r"^{prefix}{trailing_slash}$", mapping={"post": "create"}, name="{basename}-create",
+        Route(url=r"^{prefix}{trailing_slash}$", mapping={"post": "create", "get": "list"}, name="{basename}-create",
               detail=False, initkwargs={"suffix": "Create"}),
         Route(url=r"^{prefix}/{lookup}{trailing_slash}$", mapping={"get": "retrieve"}, name="{basename}",
               detail=True, initkwargs={"suffix": "Instance"}),
@@ -422,3 +462,9 @@ class RunRouter(SimpleRouter):
 
 router = RunRouter()
 router.register(r"api/runs", RunViewSet, basename="api-run")
+
+
+# the OpenAPI schema's declarations of each action (/api/schema/)
+document(RunViewSet, ListInput, {"start": StartAckSerializer, "approve": ApproveAckSerializer,
+                                 "request_changes": ApproveAckSerializer, "recheck": RecheckAckSerializer,
+                                 "recover": RecoverAckSerializer, "fail": FailAckSerializer})

@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "rest_framework.authtoken",
+    "drf_spectacular",  # the API's OpenAPI schema (/api/schema/)
     "engine.apps.EngineConfig",
     # the UI over the engine: its admin registrations (controlpanel/admin.py), found by the admin's
     # autodiscovery, and its static files (controlpanel/static, found as an app's)
@@ -98,6 +99,17 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "controlpanel.api_errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+#: The OpenAPI schema of the JSON API (drf-spectacular 0.30.0, served at /api/schema/).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Control Panel API",
+    "DESCRIPTION": "The Run Engine's operations over HTTP (README.md, \"JSON API\"). A run's record is the "
+                   "contract of `run_status --json` (docs/run-status.md).",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
 }
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -2,6 +2,7 @@
 from django.contrib import admin
 from django.urls import path, re_path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView
 
 from . import api
 from .api_errors import not_found
@@ -10,6 +11,7 @@ from .api_errors import not_found
 #: any other path under /api/: a JSON 404, not the HTML page.
 api_patterns = [
     *api.router.urls,
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     re_path(r"^api(/.*)?$", not_found),
 ]
 

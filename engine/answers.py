@@ -203,15 +203,38 @@ def totals(run: Run, attempts: list | None = None) -> dict:
     budget counts it), ``"elapsed_seconds"`` (from the first claim to the end or now, waiting for
     a person included; None before a worker first claimed it)."""
     rows = attempts if attempts is not None else list(run.attempts.all())
+    found = _usage_sums(rows)
+    found["active_seconds"] = round(run.active_seconds, 3)
+    elapsed = _seconds(run.started_at, run.finished_at)
+    found["elapsed_seconds"] = round(elapsed, 3) if elapsed is not None else None
+    return found
+
+
+def _usage_sums(attempts: list) -> dict:
+    """``USAGE_KEYS`` summed over the attempts' reported usage (None while none reported a key), and
+    ``"attempts"``: how many."""
     found: dict = {key: None for key in USAGE_KEYS}
-    for attempt in rows:
+    for attempt in attempts:
         for key in USAGE_KEYS:
             value = (attempt.usage or {}).get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found[key] = (found[key] or 0) + value
-    found["attempts"] = len(rows)
-    found["active_seconds"] = round(run.active_seconds, 3)
-    elapsed = _seconds(run.started_at, run.finished_at)
+    found["attempts"] = len(attempts)
+    return found
+
+
+def stage_totals(stage: StageRun, attempts: list | None = None, checks: list | None = None) -> dict:
+    """What one stage has used: ``{"input_tokens", "output_tokens", "cached_tokens", "cost_usd"}``
+    summed over its attempts' reported usage (None while none reported a key), ``"attempts"``,
+    ``"active_seconds"`` (its attempts' and checks' own elapsed seconds, summed; a person's wait is
+    not in it) and ``"elapsed_seconds"`` (wall time from its start to its end or now, waits included;
+    None before it started)."""
+    rows = attempts if attempts is not None else list(stage.attempts.all())
+    found = _usage_sums(rows)
+    ran = [row.elapsed_seconds for row in rows] + [c.elapsed_seconds for c in (
+        checks if checks is not None else stage.checks.all())]
+    found["active_seconds"] = round(sum(value for value in ran if value), 3)
+    elapsed = _seconds(stage.started_at, stage.finished_at)
     found["elapsed_seconds"] = round(elapsed, 3) if elapsed is not None else None
     return found
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import answers, machine, protected, reconcile, runner, workspace
@@ -817,6 +817,8 @@ def run_status(run) -> dict:
                      if run.heartbeat_at and run.status == RunStatus.RUNNING else None)
     stages = []
     for stage in run.stages.order_by("order"):
+        stage_attempts = list(stage.attempts.select_related("result_manifest").order_by("number"))
+        stage_checks = list(stage.checks.order_by("id"))
         attempts = [
             {
                 "id": a.pk, "operation": a.operation, "number": a.number, "status": a.status, "adapter": a.adapter,
@@ -830,8 +832,9 @@ def run_status(run) -> dict:
                 "manifest": a.result_manifest.digest if a.result_manifest_id else None,
                 "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
                 "refusals": a.refusals, "network": a.network, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
+                "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
             }
-            for a in stage.attempts.select_related("result_manifest").order_by("number")
+            for a in stage_attempts
         ]
         checks = [
             {
@@ -842,13 +845,16 @@ def run_status(run) -> dict:
                 "ended_at": c.ended_at.isoformat() if c.ended_at else None,
                 "elapsed_seconds": c.elapsed_seconds, "network": c.network,
             }
-            for c in stage.checks.order_by("id")
+            for c in stage_checks
         ]
         stages.append({"key": stage.key, "status": stage.status, "phase": stage.phase,
                        "base_commit": stage.base_commit or None, "checkpoint": stage.checkpoint_commit or None,
                        "accepted_manifest": stage.accepted_manifest or None,
                        "repairs_used": stage.repairs_used, "repair_allowance": stage.spec.get("repair_allowance", 0),
-                       "last_defect": stage.last_defect or None, "attempts": attempts, "checks": checks})
+                       "last_defect": stage.last_defect or None,
+                       "started_at": _iso(stage.started_at), "finished_at": _iso(stage.finished_at),
+                       "totals": answers.stage_totals(stage, stage_attempts, stage_checks),
+                       "attempts": attempts, "checks": checks})
     return {
         "id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
         "simulated_reason": run.simulated_reason or None,
@@ -875,6 +881,51 @@ def run_status(run) -> dict:
     }
 
 
+def _iso(moment) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+#: Filters of ``list_runs``: the statuses a run can have.
+RUN_STATUSES = tuple(RunStatus.values)
+
+
+def list_runs(status: list[str] | None = None, pipeline: str | None = None, waiting: bool | None = None):
+    """The runs, newest first, as a queryset (the caller pages it): ``status`` one of several
+    statuses (RUN_STATUSES), ``pipeline`` a saved pipeline's name or id, ``waiting`` True for runs
+    that wait for a person (waiting_review, waiting_approval), False for the others. Raises
+    OperationError ``invalid_filter`` [status] for an unknown status; an unknown pipeline matches
+    no run."""
+    runs = Run.objects.order_by("-id")
+    if status:
+        unknown = [s for s in status if s not in RUN_STATUSES]
+        if unknown:
+            raise OperationError("invalid_filter", f"status {unknown[0]!r} is not a run status (one of "
+                                 f"{', '.join(RUN_STATUSES)}).", "status")
+        runs = runs.filter(status__in=status)
+    if pipeline:
+        named = Q(pipeline_name=pipeline)
+        runs = runs.filter(named | Q(pipeline_id=int(pipeline)) if str(pipeline).isdigit() else named)
+    if waiting is not None:
+        waits = [RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL]
+        runs = runs.filter(status__in=waits) if waiting else runs.exclude(status__in=waits)
+    return runs
+
+
+def run_summary(run: Run) -> dict:
+    """One line of a run list (``GET /api/runs/``): ``id``, ``uid``, ``status``, ``simulated``,
+    ``pipeline``, ``repo``, ``revision``, ``commit``, ``stop_reason``, ``waiting_for``,
+    ``waiting_sentence``, ``current_stage``, ``rerun_of``, ``created_at``, ``started_at``,
+    ``finished_at`` and ``totals`` (``answers.totals``), each as in ``run_status``."""
+    current = answers.current_stage(run)
+    return {"id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
+            "pipeline": run.pipeline_name, "repo": run.repo_path, "revision": run.revision, "commit": run.commit,
+            "stop_reason": run.stop_reason or None, "waiting_for": answers.waiting_for(run),
+            "waiting_sentence": answers.waiting_sentence(run) or None,
+            "current_stage": current.key if current else None, "rerun_of": run.rerun_of_id,
+            "created_at": _iso(run.created_at), "started_at": _iso(run.started_at),
+            "finished_at": _iso(run.finished_at), "totals": answers.totals(run)}
+
+
 def run_stopped(run: Run) -> bool:
     """True when the run waits for a person or has ended."""
     return run.status in RUN_STOPPED
@@ -882,4 +933,4 @@ def run_stopped(run: Run) -> bool:
 
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
            "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget", "preflight_problems",
-           "rerun", "run_status", "run_stopped", "get_run", "get_pipeline"]
+           "rerun", "run_status", "run_summary", "list_runs", "run_stopped", "get_run", "get_pipeline"]

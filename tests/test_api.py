@@ -32,6 +32,7 @@ ALL_PERMISSIONS = ("add_run", "view_run", "start_run", "approve_run", "recheck_r
 ENDPOINTS = [
     ("post", None, {"pipeline": "p", "repo": "/nowhere", "rev": "main"}, "engine.add_run"),
     ("get", "", None, "engine.view_run"),
+    ("get", None, None, "engine.view_run"),
     ("post", "start/", {}, "engine.start_run"),
     ("post", "approve/", {"decision": 1, "artifact": "0" * 40}, "engine.approve_run"),
     ("post", "request-changes/", {"decision": 1, "artifact": "0" * 40, "note": "n"}, "engine.approve_run"),
@@ -238,7 +239,7 @@ def test_unknown_paths_and_methods_answer_json(operator, pending):
     assert_error(operator.get("/api/pipelines/"), 404, "not_found")
     assert_error(operator.get(f"/api/runs/{pending.pk}/start/"), 405, "method_not_allowed")
     assert_error(operator.delete(f"/api/runs/{pending.pk}/"), 405, "method_not_allowed")
-    assert_error(operator.get("/api/runs/"), 405, "method_not_allowed")
+    assert_error(operator.delete("/api/runs/"), 405, "method_not_allowed")
 
 
 @pytest.mark.django_db
