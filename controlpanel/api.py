@@ -8,7 +8,7 @@
     POST /api/runs/<id>/start/     {}                                                  202
     POST /api/runs/<id>/approve/   {decision, artifact, reviewer?}                     200
     POST /api/runs/<id>/recheck/   {note}                                              200
-    POST /api/runs/<id>/recover/   {decision, note, action: retry|verify}              200
+    POST /api/runs/<id>/recover/   {decision, note, action: retry|verify, reviewer?}   200
     POST /api/runs/<id>/fail/      {reason}                                            200
     POST /api/runs/<id>/rerun/     {latest_pipeline?, start?}                          201 run_status (the new run)
 
@@ -116,9 +116,6 @@ class CreateRunInput(StrictSerializer):
     profiles = serializers.DictField(child=TextField(), required=False, default=dict,
                                      help_text="{role: profile name}")
     start = FlagField(required=False, default=False, help_text="also start it (needs engine.start_run)")
-    expect_reruns = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None, help_text=(
-        "the run's re-run count you saw (actions[rerun].initial.seen): a re-run made since refuses this one "
-        "(409 already_rerun), so a retried request makes no second run"))
 
 
 class RerunInput(StrictSerializer):
@@ -127,6 +124,9 @@ class RerunInput(StrictSerializer):
     latest_pipeline = FlagField(required=False, default=False,
                                 help_text="the saved pipeline's latest version instead of the run's own")
     start = FlagField(required=False, default=False, help_text="also start it (needs engine.start_run)")
+    expect_reruns = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None, help_text=(
+        "the run's re-run count you saw (actions[rerun].initial.seen): a re-run made since refuses this one "
+        "(409 already_rerun), so a retried request makes no second run"))
 
 
 class StartInput(StrictSerializer):
@@ -172,6 +172,7 @@ class RecoverInput(StrictSerializer):
     decision = DecisionField()
     note = TextField(allow_blank=True)
     action = serializers.ChoiceField(choices=["retry", "verify"])
+    reviewer = TextField(required=False, allow_blank=True)
 
 
 class FailInput(StrictSerializer):
@@ -414,7 +415,7 @@ class RunViewSet(viewsets.ViewSet):
         """POST /api/runs/<id>/recover/ -> 200 ``{run, status, simulated, decision}``."""
         data = self.read(request)
         decision = operations.recover(run_id, data["decision"], data["note"], data["action"],
-                                      reviewer=self.person(request))
+                                      reviewer=self.person(request, data.get("reviewer")))
         return self.ack(RecoverAckSerializer, decision.run_id, decision=decision)
 
     @action(detail=True, methods=["post"])

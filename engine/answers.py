@@ -94,11 +94,19 @@ def stage_has_result(stage: StageRun | None) -> bool:
     """True when an implement or repair attempt of ``stage`` produced a result to verify: it has a
     result manifest and either succeeded or changed the files (its result manifest differs from the
     files it started on). An attempt that failed before doing anything (``auth_failed`` seconds
-    after Start) leaves a manifest of the unchanged files: that is no result. Recheck and
+    after Start) leaves a manifest of the unchanged files: that is no result. Only the latest
+    implement attempt and the repairs after it count (a retry starts from the stage's starting
+    checkpoint). Recheck and
     Recover's verify need one (engine/operations.py ``recheck``, ``recover``: ``nothing_to_verify``)."""
     if stage is None:
         return False
-    return stage.attempts.filter(operation__in=("implement", "repair"), result_manifest__isnull=False).filter(
+    # from the latest implement attempt on: a retry starts again from the stage's starting checkpoint, so
+    # what the attempts before it left is no longer in the worktree (repairs build on what is there)
+    latest = stage.attempts.filter(operation="implement").order_by("-number").first()
+    if latest is None:
+        return False
+    return stage.attempts.filter(operation__in=("implement", "repair"), number__gte=latest.number,
+                                 result_manifest__isnull=False).filter(
         Q(status=AttemptStatus.SUCCEEDED) | ~Q(result_manifest__digest=F("start_manifest"))).exists()
 
 

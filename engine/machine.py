@@ -490,6 +490,11 @@ def await_approval(run: Run, stage: StageRun) -> Decision:
     run.stop_reason = "human_gate"
     run.stop_message = (f"Stage '{stage.key}' passed its checks and review; it waits for a person's approval of "
                         f"files {stage.accepted_manifest[:12]} before its checkpoint.")
+    rejected = stage.decisions.filter(state=Decision.State.CHANGES_REQUESTED,
+                                      artifact=stage.accepted_manifest).order_by("-id").first()
+    if rejected is not None:  # a retry or a recheck brought back files a person sent back: say so
+        run.stop_message += (f" These are the very files {rejected.decided_by or 'a person'} sent back at decision "
+                             f"{rejected.pk}; the work since did not change them.")
     run.stop_evidence = {"manifest": stage.accepted_manifest}
     run.save()
     decision = Decision.objects.create(run=run, stage=stage, kind=Decision.Kind.APPROVAL,

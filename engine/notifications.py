@@ -68,8 +68,10 @@ def channels() -> list[tuple[str, str]]:
         found.append((Notification.Channel.EMAIL, ", ".join(to)))
     url = settings.CP_NOTIFY_WEBHOOK_URL
     if url:
-        if urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
-            log.error("CP_NOTIFY_WEBHOOK_URL must be an http:// or https:// URL, not %r: no webhook is sent", url)
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            log.error("CP_NOTIFY_WEBHOOK_URL must be an http:// or https:// URL with a host, not %r: no webhook is "
+                      "sent", url)
         elif settings.CP_NOTIFY_WEBHOOK_SECRET:
             found.append((Notification.Channel.WEBHOOK, url))
         else:

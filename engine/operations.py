@@ -465,9 +465,9 @@ def _person_name(name, field: str, required: bool = True) -> str:
         if required:
             raise OperationError("reviewer_required", "The person's name is required.", field)
         return ""
-    if len(text) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in text):
+    if len(text) > MAX_NAME_CHARS or not text.isprintable():  # no control, format or line-separator character
         raise OperationError("invalid_name", f"A name is one line of at most {MAX_NAME_CHARS} characters, without "
-                             "control characters.", field)
+                             "control, format or line-separator characters.", field)
     return redact_text(text)[0]
 
 
@@ -554,6 +554,9 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
     if not reason:
         raise OperationError("reason_required", "A reason is required to fail a run (what a person should know).",
                              "reason")
+    if len(reason) > MAX_NOTE_CHARS:
+        raise OperationError("reason_too_long", f"The reason has {len(reason):,} characters; at most "
+                             f"{MAX_NOTE_CHARS:,}.", "reason")
     who = requested_by or "an operator"
     with transaction.atomic():
         locked = _lock_unfinished(run.pk)

@@ -32,6 +32,9 @@ def test_a_reason_is_required_and_names_its_field(make_pipeline, repo):
         with pytest.raises(OperationError) as caught:
             operations.fail_run(run, reason)
         assert (caught.value.code, caught.value.field) == ("reason_required", "reason")
+    with pytest.raises(OperationError) as caught:
+        operations.fail_run(run, "x" * (operations.MAX_NOTE_CHARS + 1))
+    assert (caught.value.code, caught.value.field) == ("reason_too_long", "reason")
     assert Run.objects.get(pk=run.pk).status == "pending"  # nothing changed
     with pytest.raises(OperationError) as caught:
         operations.fail_run(987654, "no such run")

@@ -236,7 +236,7 @@ def test_no_channel_configured_writes_no_row(settings, outbox_sent, run_row):
     ended_run(run_row, "failed")
     assert Notification.objects.count() == 0 and outbox_sent == [] and mail.outbox == []
     settings.CP_NOTIFY_WEBHOOK_SECRET = SECRET  # nor one whose URL is not http(s): no local file is read
-    for url in ("file:///etc/hostname", "ftp://127.0.0.1/x", "127.0.0.1:9/hook"):
+    for url in ("file:///etc/hostname", "ftp://127.0.0.1/x", "127.0.0.1:9/hook", "http://"):
         settings.CP_NOTIFY_WEBHOOK_URL = url
         ended_run(run_row, "failed")
     assert Notification.objects.count() == 0 and outbox_sent == []

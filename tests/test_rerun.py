@@ -269,7 +269,8 @@ def test_the_create_form_creates_and_starts(staff, make_pipeline, repo, sent, dj
     assert Run.objects.order_by("-id").first().status == "pending" and len(sent) == 1
 
 
-def test_a_double_click_on_re_run_makes_one_run(staff, failed, sent, django_capture_on_commit_callbacks):
+def test_a_double_click_on_re_run_makes_one_run(staff, failed, sent, django_user_model,
+                                                django_capture_on_commit_callbacks):
     text = staff.get(detail(failed.pk)).content.decode()
     assert re.search(r'name="seen"[^>]*value="0"', text)  # the page says how many re-runs it saw
     url = reverse("admin:engine_run_action", args=[failed.pk, "rerun"])
@@ -281,6 +282,9 @@ def test_a_double_click_on_re_run_makes_one_run(staff, failed, sent, django_capt
     failed.refresh_from_db()
     assert failed.rerun_count == 1
     # the API: a retried request with the count it saw makes no second run either
+    api = client_of(django_user_model, "api-user", "add_run", "view_run")
+    answer = api.post(f"/api/runs/{failed.pk}/rerun/", {"expect_reruns": 0}, format="json")
+    assert (answer.status_code, answer.json()["error"], answer.json()["field"]) == (409, "already_rerun", "run")
     error = refused(operations.rerun, failed, expect_reruns=0)
     assert (error.code, error.field) == ("already_rerun", "run") and failed.reruns.count() == 1
     assert operations.rerun(failed, expect_reruns=1).rerun_of_id == failed.pk

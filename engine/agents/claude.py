@@ -30,7 +30,8 @@ from pathlib import Path
 from . import sandbox
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
+                          var_dir)
 
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
 READ_ONLY_TOOLS = "Read,Grep,Glob"
@@ -219,7 +220,7 @@ class ClaudeCodeAdapter(CliAdapter):
         if any((self.worker_credentials(profile, environ).get(name) or "").strip() for name in names):
             return None
         login = login_file()
-        if login.is_file():
+        if login_present(login):
             return None
         return PreflightProblem(
             "credentials_missing", f"no credentials for the claude CLI on the workers: set {names[0]} (or "

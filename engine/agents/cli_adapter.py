@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -186,6 +187,16 @@ class CliAdapter(Adapter):
 
             deny = boundary.service_addresses()
         return problems + gateway_problems(profile, deny)
+
+
+def login_present(path: Path) -> bool:
+    """Whether ``path`` is a CLI's login file that holds something: a JSON object with at least one
+    key (an empty file or ``{}``, which a half-finished login leaves, is no credential)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and bool(found)
 
 
 #: Seconds a gateway's host:port has to answer a TCP connect in the pre-flight check.

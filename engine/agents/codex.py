@@ -84,7 +84,8 @@ from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
-from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
+                          var_dir)
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -485,7 +486,7 @@ class CodexAdapter(CliAdapter):
         if (self.environment(attempt, "").get("CODEX_API_KEY") or "").strip():
             return None
         login = worker_codex_home(environ) / "auth.json"
-        if login.is_file():
+        if login_present(login):
             return None
         return PreflightProblem(
             "credentials_missing", "no credentials for the codex CLI on the workers: set CODEX_API_KEY (or "
