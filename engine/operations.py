@@ -599,13 +599,12 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
     ``artifact``: the manifest digest the person looked at (or a unique prefix of it, at least
     12 hex digits). Only the current pending decision for the stage's current files is
     accepted, and only when every gate of the stage passed on those files. Raises
-    OperationError: ``reviewer_required`` [reviewer], ``not_waiting_approval`` [run],
+    OperationError: ``reviewer_required`` / ``invalid_name`` [reviewer], ``not_waiting_approval`` [run],
     ``unknown_decision`` / ``stale_decision`` [decision], ``artifact_mismatch`` [artifact],
     ``checks_missing`` [decision].
     """
     run = get_run(run)
-    if not (reviewer or "").strip():
-        raise OperationError("reviewer_required", "The approving person's name is required.", "reviewer")
+    reviewer = _person_name(reviewer, "reviewer")
     with transaction.atomic():
         run, decision, stage, current = _pending_approval(run, decision_id, artifact)
         failed = [name for name, passed in gate_results(stage, current).items() if not passed]

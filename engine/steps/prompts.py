@@ -199,10 +199,7 @@ def _repair_section(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> 
             lines += ["", f"### Output of `{check.command}` (exit {check.exit_code}; last 16 KiB)", "```",
                       tail.rstrip(), "```"]
     for finding in evidence.get("findings") or []:
-        where = finding.get("file") or "(general)"
-        if finding.get("line"):
-            where += f":{finding['line']}"
-        lines.append(f"- [{finding.get('severity')}] {where}: {finding.get('text')}")
+        lines.append(f"- {_where(finding)}: {finding.get('text')}")
     patch_rel = control_path(run, plan["folder"], "current.diff")
     workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
     patch = var_path(patch_rel).read_text(encoding="utf-8", errors="replace")
