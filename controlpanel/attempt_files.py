@@ -1,4 +1,5 @@
-"""The stored files of an attempt that the Control Panel serves: prompt, output log, raw output, patch.
+"""The stored files of an attempt that the Control Panel serves: prompt, output log, raw output, patch,
+transcript (engine/transcript.py: beside the raw log, no field of its own).
 
 Used by the attempt's admin page (controlpanel/admin.py ``AttemptAdmin``) and by the run page
 (controlpanel/views.py). A file is served only from the attempt's own recorded path, and only
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from engine import transcript
 from engine.models import Attempt
 
 #: The files of an attempt that its page serves: URL name -> (Attempt field, label, sha256 field).
@@ -20,6 +22,7 @@ ATTEMPT_FILES = {
     "log": ("log_path", "output log", ""),
     "raw": ("raw_path", "raw output (redacted bytes)", ""),
     "patch": ("patch_path", "patch", "patch_sha256"),
+    "transcript": ("raw_path", "transcript (the conversation, normalized)", ""),
 }
 
 
@@ -31,7 +34,11 @@ def attempt_file(attempt: Attempt, kind: str) -> Path | None:
     """
     if kind not in ATTEMPT_FILES:
         return None
-    rel = getattr(attempt, ATTEMPT_FILES[kind][0]) or ""
+    if kind == "transcript":  # no field of its own: it lies beside the raw log (engine/transcript.py)
+        raw = attempt.raw_path or ""
+        rel = os.path.join(os.path.dirname(raw), transcript.FILE_NAME) if raw else ""
+    else:
+        rel = getattr(attempt, ATTEMPT_FILES[kind][0]) or ""
     if not rel or os.path.isabs(rel) or "\x00" in rel:
         return None
     base = os.path.realpath(os.path.join(settings.VAR_DIR, attempt.run.control_dir))

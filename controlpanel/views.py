@@ -37,6 +37,7 @@ long list of every file). Patches and logs load on demand.
 from __future__ import annotations
 
 import codecs
+import datetime
 import html
 import json
 import math
@@ -56,7 +57,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from engine import answers, operations, process
+from engine import answers, operations, process, transcript
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
 
@@ -68,11 +69,16 @@ from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChan
 TAIL_BYTES = 64 * 1024
 #: Bytes of a patch the diff view renders; the whole patch stays one link away.
 DIFF_BYTES = 512 * 1024
+#: Entries of an attempt's transcript the conversation box shows (its last), read from its last
+#: TRANSCRIPT_WINDOW bytes only.
+TRANSCRIPT_ENTRIES = 300
+TRANSCRIPT_WINDOW = 256 * 1024
 #: Events shown on the page, the most recent ones; the rest are one link away (the events list).
 EVENT_LIMIT = 500
 #: Seconds between two looks of the page (htmx) at an open attempt's log and at an active run's state.
 TAIL_POLL_SECONDS = 2
 STATE_POLL_SECONDS = 3
+HEADER_POLL_SECONDS = 3
 #: Changes of a manifest listed on the page (its record is read no further); the rest are counted.
 MANIFEST_CHANGES_SHOWN = 200
 #: Bytes of a manifest's record read at most to find those changes.
@@ -349,6 +355,10 @@ class Box:
     title: str
     weight: str
     start: float
+    end: float = float("nan")
+    kind: str = "step"  # step, wait (a person's decision), final (the final verification)
+    left: str = "0"  # position on the stage's time axis: percent of the run's span
+    width: str = "0"
 
 
 @dataclass
@@ -575,7 +585,8 @@ def build_page(run: Run) -> dict:
             f" ({attempt.failure_kind})" if attempt.failure_kind else "")
         block.boxes.append(Box(label=label, outcome=row.outcome, duration=row.elapsed or attempt.status,
                                anchor=f"attempt-{attempt.pk}", title=title, weight=_weight(attempt.elapsed_seconds),
-                               start=_moment(attempt.started_at, attempt.created_at)))
+                               start=_moment(attempt.started_at, attempt.created_at),
+                               end=_moment(attempt.ended_at) if attempt.ended_at else float("nan")))
     for check in checks:
         check.run = run
         href = by_pk.get(check.manifest_id) or by_digest.get(check.manifest_digest, "")
@@ -588,7 +599,9 @@ def build_page(run: Run) -> dict:
                                title=f"{check.get_kind_display()} '{check.name}': {row.verdict}"
                                      + (f" ({check.failure_kind})" if check.failure_kind else ""),
                                weight=_weight(check.elapsed_seconds),
-                               start=_moment(check.started_at, check.ended_at)))
+                               start=_moment(check.started_at, check.ended_at),
+                               end=_moment(check.ended_at) if check.ended_at else float("nan"),
+                               kind="final" if check.kind == Check.Kind.FINAL else "step"))
     for block in blocks + [loose]:
         block.boxes.sort(key=lambda box: box.start)
         patched = [row for row in block.attempts if row.diff_url and row.obj.operation != "review"]
@@ -608,26 +621,135 @@ def build_page(run: Run) -> dict:
                                        candidates[0] if candidates else None)
         decision.artifact_html = digest_link(decision.artifact,
                                              f"#{decision.manifest_entry.anchor}" if decision.manifest_entry else "")
-    heartbeat_age = _span(run.heartbeat_at, None) if run.heartbeat_at and run.status == RunStatus.RUNNING else None
-    stale = heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE
-    active = run.active_seconds
-    if heartbeat_age is not None and run.lease_owner and not stale:
-        active += heartbeat_age  # the step in progress, since its worker's last heartbeat counted its time
+    for decision in decisions:
+        block = by_id.get(decision.stage_id)
+        if block is None:
+            continue
+        waited = decision.state == Decision.State.PENDING
+        block.boxes.append(Box(label=f"{decision.get_kind_display()} · {decision.state}",
+                               outcome="live" if waited else ("bad" if decision.action == "fail" else "ok"),
+                               duration=seconds_text(_span(decision.created_at, decision.decided_at)) or "",
+                               anchor=f"decision-{decision.pk}", kind="wait",
+                               title=f"decision {decision.pk} ({decision.get_kind_display()}): {decision.state}"
+                                     + (f" by {decision.decided_by}" if decision.decided_by else ""),
+                               weight=_weight(None), start=_moment(decision.created_at),
+                               end=_moment(decision.decided_at) if decision.decided_at else float("nan")))
+    axis = place_on_axis(run, blocks)
+    header = build_header(run, pending)
+    active = float(header["active_seconds"])
     stop_evidence = json.dumps(run.stop_evidence, indent=1, sort_keys=True) if run.stop_evidence else ""
     return {
         "run": run, "stages": blocks, "decisions": decisions, "manifests": entries,
         "events": event_rows(events, attempts, checks, stage_keys), "event_count": event_count,
         "events_cut": event_count > len(events), "usage": usage_text(answers.totals(run, attempts)),
-        "heartbeat_age": seconds_text(heartbeat_age), "heartbeat_stale": stale,
-        "active_time": seconds_text(active), "step_time": seconds_text(step_seconds),
+        "step_time": seconds_text(step_seconds),
         "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
         "stop_evidence": link_digests(stop_evidence, by_digest) if stop_evidence else "",
-        "tamper": tamper_rows(run), "notifications": notification_rows(run),
-        "waiting_for": _waiting_for(run, pending), "approval_entry": _approval_entry(run, pending),
-        "live": run.status in RUN_ACTIVE, "follows": run.status not in RUN_TERMINAL,
+        "tamper": tamper_rows(run), "notifications": notification_rows(run), "axis": axis,
+        "stop_card": stop_card(run, checks, attempts, by_digest),
+        "open_attempts": [row for block in blocks for row in block.attempts if row.live and row.tail_url],
+        "approval_entry": _approval_entry(run, pending), "live": run.status in RUN_ACTIVE, **header,
         "version": _version(run.status, events[-1].pk if events else 0,
                             sorted(a.pk for a in attempts if a.status in ATTEMPT_OPEN)),
     }
+
+
+#: Ticks of a timeline's time axis (fractions of the run's span).
+AXIS_TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def place_on_axis(run: Run, blocks: list) -> dict:
+    """Put every box of ``blocks`` on one time axis: the run's span from its first step (or its start)
+    to its end (or now). Each box gets ``left`` and ``width`` in percent (a box still open runs to
+    the end; at least 0.8 % wide so it can be seen). Returns ``{"seconds": span, "ticks": [(percent,
+    label)]}``; ``seconds`` is 0 when nothing has a time yet."""
+    starts = [box.start for block in blocks for box in block.boxes if math.isfinite(box.start)]
+    if run.started_at:
+        starts.append(run.started_at.timestamp())
+    if not starts:
+        return {"seconds": 0, "ticks": []}
+    first = min(starts)
+    last = run.finished_at.timestamp() if run.finished_at else timezone.now().timestamp()
+    ends = [box.end for block in blocks for box in block.boxes if math.isfinite(box.end)]
+    last = max([last, first + 0.001] + ends)
+    span = last - first
+    for block in blocks:
+        for box in block.boxes:
+            if not math.isfinite(box.start):
+                box.left, box.width = "0", "0"
+                continue
+            end = box.end if math.isfinite(box.end) else last
+            left = (box.start - first) / span * 100
+            width = max(0.8, (max(end, box.start) - box.start) / span * 100)
+            left = min(left, 100 - width)
+            box.left, box.width = f"{max(0.0, left):.2f}", f"{width:.2f}"
+    ticks = [(f"{tick * 100:.0f}", seconds_text(span * tick) or "0 s") for tick in AXIS_TICKS]
+    return {"seconds": span, "ticks": ticks}
+
+
+#: Bytes of the failing check's log shown inline on the stop card (its end).
+STOP_LOG_BYTES = 4 * 1024
+
+
+def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict | None:
+    """Why the run stopped (or waits), on top of the page: ``{"reason", "message", "check": {"obj",
+    "tail", "log_url", "exit"} | None, "links": [(href, text)], "facts": [(key, text)]}``; None when the
+    run has no stop reason. The failing check is the one the evidence names, else the stage's latest
+    failed check; the evidence's ids become links (check, attempt with its prompt and diff, manifest,
+    decision) and the rest readable ``key: value`` lines."""
+    if not (run.stop_reason or run.stop_message):
+        return None
+    evidence = run.stop_evidence if isinstance(run.stop_evidence, dict) else {}
+    checks_by_pk = {c.pk: c for c in checks}
+    attempts_by_pk = {a.pk: a for a in attempts}
+    links, facts, named = [], [], []
+    for key, value in evidence.items():
+        if key == "check" and value in checks_by_pk:
+            named.append(checks_by_pk[value])
+        elif key == "checks" and isinstance(value, list):
+            named += [checks_by_pk[pk] for pk in value if pk in checks_by_pk]
+        elif key == "attempt" and value in attempts_by_pk:
+            attempt = attempts_by_pk[value]
+            links.append((f"#attempt-{attempt.pk}", f"attempt {attempt.number} ({attempt.operation})"))
+            for kind, text in (("prompt", "its prompt"), ("patch", "its patch")):
+                if attempt_file(attempt, kind) is not None:
+                    links.append((reverse("admin:engine_attempt_file", args=[attempt.pk, kind]), text))
+            if attempt_file(attempt, "patch") is not None:
+                links.append((reverse("admin:engine_run_attempt_diff", args=[run.pk, attempt.pk]), "its diff"))
+        elif key == "manifest" and isinstance(value, str) and value:
+            links.append((by_digest.get(value, "#manifests"), f"manifest {value[:12]}"))
+        elif key == "decision" and isinstance(value, int):
+            links.append((f"#decision-{value}", f"decision {value}"))
+        elif key in ("report", "changes") and run.stop_reason == "protected_files_changed":
+            continue  # the tamper table below shows them
+        else:
+            facts.append((key, _fact_text(value)))
+    if not named and run.stop_reason in ("gate_failed", "repair_exhausted", "unchanged_failure",
+                                         "final_verification_failed"):
+        failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None]
+        named = failed[-1:]
+    check = None
+    for found in named:
+        links.append((f"#check-{found.pk}", f"check '{found.name}'"))
+        if stored_file(run, found.log_path) is not None:
+            links.append((reverse("admin:engine_run_check_log", args=[run.pk, found.pk]), f"the log of '{found.name}'"))
+    if named:
+        first = next((c for c in named if not c.passed), named[0])
+        path = stored_file(run, first.log_path)
+        check = {"obj": first, "exit": exit_text(first.exit_code, first.signal),
+                 "tail": process.tail_text(path, STOP_LOG_BYTES) if path is not None else "",
+                 "log_url": reverse("admin:engine_run_check_log", args=[run.pk, first.pk]) if path else ""}
+    return {"reason": run.stop_reason, "message": run.stop_message, "check": check, "links": links, "facts": facts}
+
+
+def _fact_text(value) -> str:
+    """A value of the stop evidence as one readable line (lists joined, mappings as ``k: v``)."""
+    if isinstance(value, list):
+        shown = ", ".join(_fact_text(item) for item in value[:20])
+        return shown + (f" … and {len(value) - 20} more" if len(value) > 20 else "")
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_fact_text(v)}" for k, v in list(value.items())[:20])
+    return str(value)
 
 
 def notification_rows(run: Run) -> list:
@@ -673,6 +795,73 @@ def _waiting_for(run: Run, pending: list[Decision]) -> str:
     return answers.waiting_sentence(run, pending)
 
 
+def approval_diff_url(page: dict) -> str:
+    """The diff URL of the change waiting for approval: the latest patch of the stage whose approval is
+    pending (its latest implement or repair attempt with a patch), '' when none is stored."""
+    entry = page.get("approval_entry")
+    stage_id = entry.obj.stage_id if entry is not None else None
+    for block in page["stages"]:
+        if block.obj is not None and (stage_id is None or block.obj.pk == stage_id):
+            rows = [row for row in block.attempts if row.diff_url and row.obj.operation != "review"]
+            if rows and (stage_id is not None or block.obj.status == "waiting_approval"):
+                return rows[-1].diff_url
+    return ""
+
+
+def _epoch(moment) -> str:
+    """A datetime as seconds since the epoch for the page's clocks (run.js), '' for None."""
+    return f"{moment.timestamp():.3f}" if moment else ""
+
+
+def build_header(run: Run, pending: list[Decision] | None = None) -> dict:
+    """What the run page's header shows (its own fragment, refreshed every HEADER_POLL_SECONDS while
+    the run is not ended; run.js ticks its clocks every second in between): ``now`` (the step in
+    progress: a sentence and the epoch it started), the epochs of created/started/finished and of
+    the last heartbeat, the active seconds counted so far, whether the heartbeat is stale, and for a
+    queued run the sentence of engine/workers.py when no worker is alive. A fixed number of queries."""
+    if pending is None:
+        pending = list(run.decisions.filter(state=Decision.State.PENDING).order_by("id"))
+    open_attempt = (run.attempts.select_related("stage").filter(status__in=ATTEMPT_OPEN).order_by("-id").first()
+                    if run.status == RunStatus.RUNNING else None)
+    open_check = (run.checks.select_related("stage").filter(ended_at=None, exit_code=None, signal=None,
+                                                            failure_kind="").order_by("-id").first()
+                  if run.status == RunStatus.RUNNING else None)
+    now = None
+    if open_attempt is not None:
+        where = f"stage '{open_attempt.stage.key}': " if open_attempt.stage_id else ""
+        now = {"text": f"{where}{open_attempt.operation} attempt {open_attempt.number} ({open_attempt.profile_name}, "
+                       f"{open_attempt.adapter}) {open_attempt.status}",
+               "since": _epoch(open_attempt.started_at or open_attempt.created_at),
+               "anchor": f"attempt-{open_attempt.pk}"}
+    elif open_check is not None:
+        where = f"stage '{open_check.stage.key}': " if open_check.stage_id else ""
+        now = {"text": f"{where}{open_check.get_kind_display()} '{open_check.name}' running",
+               "since": _epoch(open_check.started_at), "anchor": f"check-{open_check.pk}"}
+    heartbeat_age = _span(run.heartbeat_at, None) if run.heartbeat_at and run.status == RunStatus.RUNNING else None
+    stale = heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE
+    active = run.active_seconds
+    counting = heartbeat_age is not None and bool(run.lease_owner) and not stale
+    if counting:
+        active += heartbeat_age  # the step in progress, since its worker's last heartbeat counted its time
+    queued = ""
+    if run.status == RunStatus.QUEUED:
+        try:  # MERGE-TODO
+            from engine import workers
+            queued = workers.queued_without_worker(run)
+        except ImportError:
+            queued = ""
+    return {"run": run, "now": now, "server_now": f"{timezone.now().timestamp():.3f}",
+            "created_epoch": _epoch(run.created_at), "started_epoch": _epoch(run.started_at),
+            "finished_epoch": _epoch(run.finished_at), "heartbeat_epoch": _epoch(run.heartbeat_at),
+            "heartbeat_age": seconds_text(heartbeat_age), "heartbeat_stale": stale,
+            "active_seconds": f"{active:.1f}", "active_time": seconds_text(active), "active_counting": counting,
+            "elapsed_time": seconds_text(_span(run.started_at, run.finished_at)) if run.started_at else "",
+            "stale_limit": f"{settings.CP_HEARTBEAT_STALE:.0f}", "reconcile_period": f"{settings.CP_RECONCILE_PERIOD:.0f}",
+            "waiting_for": _waiting_for(run, pending), "queued_without_worker": queued,
+            "follows": run.status not in RUN_TERMINAL, "header_poll": HEADER_POLL_SECONDS,
+            "header_url": reverse("admin:engine_run_header", args=[run.pk])}
+
+
 # ----------------------------------------------------------------------------- the views
 
 
@@ -689,6 +878,7 @@ class RunPages:
         return [
             path("<int:object_id>/detail/", wrap(self.detail), name="engine_run_detail"),
             path("<int:object_id>/state/", wrap(self.state), name="engine_run_state"),
+            path("<int:object_id>/header/", wrap(self.header), name="engine_run_header"),
             path("<int:object_id>/attempt/<int:attempt_id>/tail/", wrap(self.tail), name="engine_run_attempt_tail"),
             path("<int:object_id>/attempt/<int:attempt_id>/diff/", wrap(self.diff), name="engine_run_attempt_diff"),
             path("<int:object_id>/check/<int:check_id>/log/", wrap(self.check_log), name="engine_run_check_log"),
@@ -732,6 +922,7 @@ class RunPages:
             if verb in ("approve", "request_changes"):
                 entry["files"] = page["approval_entry"]
             forms.append(entry)
+        approval_forms = [entry for entry in forms if entry["verb"] in ("approve", "request_changes")]
         sim = " (simulated)" if run.simulated else ""
         context = self._context(
             request, run, title=f"Run {run.pk} of {run.pipeline_name}{sim}", subtitle=None,
@@ -739,8 +930,11 @@ class RunPages:
             state_url=reverse("admin:engine_run_state", args=[run.pk]), state_poll=STATE_POLL_SECONDS,
             change_url=reverse("admin:engine_run_change", args=[run.pk]),
             events_url=reverse("admin:engine_runevent_changelist") + f"?run__id__exact={run.pk}",
-            tail_poll=TAIL_POLL_SECONDS, stale_limit=f"{settings.CP_HEARTBEAT_STALE:.0f}",
-            manifest_shown=MANIFEST_CHANGES_SHOWN, **page)
+            tail_poll=TAIL_POLL_SECONDS,
+            manifest_shown=MANIFEST_CHANGES_SHOWN, approval_forms=approval_forms,
+            other_forms=[entry for entry in forms if entry not in approval_forms],
+            approval_diff_url=approval_diff_url(page) if approval_forms else "",
+            **page)
         return TemplateResponse(request, "admin/engine/run/detail.html", context)
 
     def state(self, request, object_id):
@@ -753,6 +947,14 @@ class RunPages:
         response = JsonResponse({"status": run.status, "label": run.get_status_display()})
         response["HX-Refresh"] = "true"
         return response
+
+    def header(self, request, object_id):
+        """The page's header as a fragment (``build_header``), polled every HEADER_POLL_SECONDS while the
+        run is not ended: status, the step in progress, times, heartbeat, usage."""
+        run = self._viewable_run(request, object_id)
+        context = {**build_header(run), "status_html": self.model_admin.coloured_status(run),
+                   "usage": usage_text(answers.totals(run, list(run.attempts.all())))}
+        return TemplateResponse(request, "admin/engine/run/_header.html", context)
 
     def _attempt(self, request, object_id, attempt_id) -> Attempt:
         run = self._viewable_run(request, object_id)
@@ -773,10 +975,13 @@ class RunPages:
         ``HX-Trigger: cp-attempt-ended``, on which the page looks at the run's state (run.js).
         """
         attempt = self._attempt(request, object_id, attempt_id)
-        found = attempt_file(attempt, "log")
-        size = found.stat().st_size if found is not None else 0
         live = attempt.status in ATTEMPT_OPEN
         seen_live = request.GET.get("live") == "1"
+        conversation = attempt_file(attempt, "transcript")
+        if conversation is not None and request.GET.get("view") != "log":
+            return self._conversation(request, attempt, conversation, live, seen_live)
+        found = attempt_file(attempt, "log")
+        size = found.stat().st_size if found is not None else 0
         if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
             return HttpResponse(status=204)
         text = process.tail_text(found, TAIL_BYTES) if found is not None else ""
@@ -784,10 +989,35 @@ class RunPages:
         context = {"attempt": attempt, "text": text, "size": size, "shown": shown, "cut": shown < size,
                    "from_line": _after_newline(found, size - shown) if shown < size else True,
                    "limit": TAIL_BYTES, "live": live, "tail_poll": TAIL_POLL_SECONDS,
-                   "tail_url": reverse("admin:engine_run_attempt_tail", args=[object_id, attempt.pk]),
+                   "tail_url": reverse("admin:engine_run_attempt_tail", args=[object_id, attempt.pk])
+                               + ("?view=log" if conversation is not None else ""),
+                   "conversation_url": (reverse("admin:engine_run_attempt_tail", args=[object_id, attempt.pk])
+                                        if conversation is not None else ""),
                    "log_url": (reverse("admin:engine_attempt_file", args=[attempt.pk, "log"])
                                if found is not None else "")}
         response = TemplateResponse(request, "admin/engine/run/_tail.html", context)
+        if seen_live and not live:
+            response["HX-Trigger"] = json.dumps({"cp-attempt-ended": {"attempt": attempt.pk,
+                                                                     "status": attempt.status}})
+        return response
+
+    def _conversation(self, request, attempt: Attempt, found: Path, live: bool, seen_live: bool):
+        """The tail's answer for an attempt with a transcript (engine/transcript.py): its last
+        TRANSCRIPT_ENTRIES entries as a readable conversation, polled like the log's tail (204 while the
+        transcript's size and the attempt's status are the ones the box shows)."""
+        size = found.stat().st_size
+        if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
+            return HttpResponse(status=204)
+        entries, last = transcript.read_tail(found, TRANSCRIPT_ENTRIES, TRANSCRIPT_WINDOW)
+        tail_url = reverse("admin:engine_run_attempt_tail", args=[attempt.run_id, attempt.pk])
+        context = {"attempt": attempt, "entries": [conversation_entry(entry) for entry in entries],
+                   "count": last, "shown": len(entries), "size": size, "live": live, "tail_poll": TAIL_POLL_SECONDS,
+                   "tail_url": tail_url, "log_view_url": tail_url + "?view=log",
+                   "raw_url": (reverse("admin:engine_attempt_file", args=[attempt.pk, "raw"])
+                               if attempt_file(attempt, "raw") is not None else ""),
+                   "log_url": (reverse("admin:engine_attempt_file", args=[attempt.pk, "log"])
+                               if attempt_file(attempt, "log") is not None else "")}
+        response = TemplateResponse(request, "admin/engine/run/_transcript.html", context)
         if seen_live and not live:
             response["HX-Trigger"] = json.dumps({"cp-attempt-ended": {"attempt": attempt.pk,
                                                                      "status": attempt.status}})
@@ -861,6 +1091,24 @@ class RunPages:
             said, back = said[0], redirect("admin:engine_run_detail", said[1])
         messages.success(request, said)
         return back
+
+
+#: The look of each transcript entry kind: (CSS class suffix, the mark before its sentence).
+_ENTRY_LOOK = {"start": ("start", "▶"), "text": ("text", ""), "thinking": ("thinking", "…"),
+               "tool_call": ("call", "⚙"), "tool_result": ("result", "↳"), "refusal": ("refusal", "⛔"),
+               "usage": ("usage", "Σ"), "error": ("error", "✖"), "output": ("output", ""),
+               "result": ("final", "■"), "cut": ("cut", "✂")}
+
+
+def conversation_entry(entry: dict) -> dict:
+    """A transcript entry (engine/transcript.py) as the conversation box shows it: ``look`` (CSS class
+    suffix), ``mark``, ``when`` (an aware datetime, or None), ``outcome`` (ok/bad/'' for results)."""
+    look, mark = _ENTRY_LOOK.get(entry.get("kind"), ("output", ""))
+    when = entry.get("t")
+    ok = entry.get("ok")
+    return {**entry, "look": look, "mark": mark, "outcome": "" if ok is None else ("ok" if ok else "bad"),
+            "when": (datetime.datetime.fromtimestamp(when, tz=datetime.timezone.utc)
+                     if isinstance(when, (int, float)) else None)}
 
 
 def _after_newline(path: Path, offset: int) -> bool:

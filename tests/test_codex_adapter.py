@@ -104,6 +104,22 @@ def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, s
     assert [d["command"] for d in review.refusals] == ["touch made-by-reviewer.txt", "echo hi > app/core.py"]
     assert not (Path(run.worktree) / "made-by-reviewer.txt").exists()
     assert "return 42" in (Path(run.worktree) / "app" / "core.py").read_text()
+    # the conversations, normalized from the real CLI's JSON events (engine/transcript.py)
+    said = conversation(attempt)
+    assert said[0][0] == "start" and ("text", "Done: answer() returns 42.") in said
+    assert any(kind == "tool_call" and text.startswith("Ran `") and "app/core.py" in text for kind, text in said), said
+    assert any(kind == "tool_result" and text == "exit status 0" for kind, text in said), said
+    assert any(kind == "usage" and "1,003 in" in text for kind, text in said), said
+    review_said = conversation(review)
+    assert ("tool_call", "Ran `touch made-by-reviewer.txt`") in review_said, review_said
+    assert [kind for kind, _ in review_said].count("refusal") == 2, review_said
+
+
+def conversation(attempt) -> list[tuple[str, str]]:
+    """``(kind, sentence)`` of every entry of an attempt's transcript (beside its raw log)."""
+    path = Path(settings.VAR_DIR) / attempt.raw_path
+    entries = [json.loads(line) for line in (path.parent / "transcript.jsonl").read_text().splitlines()]
+    return [(entry["kind"], entry["text"]) for entry in entries]
 
 
 @needs_codex

@@ -81,7 +81,7 @@ def page(client, run) -> str:
 
 def buttons(text: str) -> set[str]:
     """The actions whose forms the page shows."""
-    return set(re.findall(r'<form method="post" action="[^"]+" class="cp-action[^"]*" data-cp-action="(\w+)"', text))
+    return set(re.findall(r'<form method="post" action="[^"]+" id="action-\w+" class="cp-action[^"]*" data-cp-action="(\w+)"', text))
 
 
 def press(client, run, verb, **fields) -> str:
@@ -142,9 +142,15 @@ def test_the_page_of_a_simulated_run_shows_its_story(staff, make_pipeline, repo,
     implement, review = Attempt.objects.filter(run=run).order_by("number")
     check = Check.objects.get(run=run)
     assert f'href="#stage-{run.stages.get().pk}"' in timeline and "answer" in timeline
-    steps = re.findall(r'<a class="cp-step cp-(\w+)" href="#([\w-]+)"', timeline)
-    assert steps == [("ok", f"attempt-{implement.pk}"), ("ok", f"check-{check.pk}"),
-                     ("warn", f"attempt-{review.pk}")]
+    steps = re.findall(r'<a class="cp-step cp-(\w+) cp-box-(\w+)" href="#([\w-]+)"', timeline)
+    decision = run.decisions.get(state="pending")
+    assert steps == [("ok", "step", f"attempt-{implement.pk}"), ("ok", "step", f"check-{check.pk}"),
+                     ("warn", "step", f"attempt-{review.pk}"), ("live", "wait", f"decision-{decision.pk}")]
+    # on a time axis: each box placed by its start and duration (percent of the run's span)
+    places = re.findall(r'href="#[\w-]+" title="[^"]*" data-outcome="\w+" style="left: ([\d.]+)%; width: ([\d.]+)%"',
+                        timeline)
+    assert len(places) == 4 and all(0 <= float(left) <= 100 and 0 < float(width) <= 100 for left, width in places)
+    assert [float(left) for left, _ in places] == sorted(float(left) for left, _ in places)
     assert "review 2 · escalate" in timeline
     for anchor in (f"attempt-{implement.pk}", f"check-{check.pk}", f"attempt-{review.pk}"):
         assert f'id="{anchor}"' in text  # the box leads to the evidence
@@ -443,7 +449,7 @@ def test_the_tail_endpoint_returns_only_the_end_of_a_large_log(staff, make_pipel
         fh.write("THE-VERY-LAST-LINE\n")
     size = log.stat().st_size
     assert size > 2_000_000
-    response = staff.get(reverse("admin:engine_run_attempt_tail", args=[run.pk, attempt.pk]))
+    response = staff.get(reverse("admin:engine_run_attempt_tail", args=[run.pk, attempt.pk]) + "?view=log")
     assert response.status_code == 200
     body = response.content.decode()
     shown = html.unescape(re.search(r'<pre class="cp-pre">(.*?)</pre>', body, re.S).group(1))
@@ -506,11 +512,11 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
     staff.get(detail_url(run))  # the session, the user: warm
     with CaptureQueriesContext(connection) as few:
         text = page(staff, run)
-    assert text.count('class="cp-step cp-bad" href') == 5
+    assert text.count('class="cp-step cp-bad cp-box-step" href') == 5
     _grow(run, 45, 4 * 1024 * 1024)  # 50 attempts, 180 MB of (sparse) logs
     with CaptureQueriesContext(connection) as many:
         text = page(staff, run)
-    assert text.count('class="cp-step cp-bad" href') == 50 and text.count('class="cp-step cp-ok" href') == 100
+    assert text.count('class="cp-step cp-bad cp-box-step" href') == 50 and text.count('class="cp-step cp-ok cp-box-step" href') == 100
     assert text.count('class="cp-manifest"') == 50 and "<code>app/m50.py</code>" in text
     assert len(many.captured_queries) == len(few.captured_queries), [q["sql"] for q in many.captured_queries]
     assert "50" in text and "5,000 in · 350 out · 150 cached · cost $0.5000" in text
@@ -848,7 +854,7 @@ def test_the_header_says_active_time_without_steps_and_agrees_with_the_timeline(
 
     run = succeeded_run(make_pipeline, repo, sent)
     text = page(staff, run)
-    times = section(text, "<th>times</th>", "</tr>")
+    times = re.sub(r"<[^>]+>", "", section(text, '<p class="cp-times">', "</p>"))
     assert f"active {seconds_text(run.active_seconds)}" in times and "step" not in times
     steps = sum(a.elapsed_seconds or 0 for a in Attempt.objects.filter(run=run)) + sum(
         c.elapsed_seconds or 0 for c in Check.objects.filter(run=run))

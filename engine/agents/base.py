@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .. import process
+from .. import process, transcript
 from ..redaction import Redactor
 from .network import egress, network_record
 
@@ -105,6 +105,9 @@ class Adapter:
     name = ""
     simulated = False
     network: dict | None = None
+    #: The format of the CLI's output that engine/transcript.py normalizes ('' for none): while the
+    #: process runs, ``sandboxed_run`` keeps the attempt's ``transcript.jsonl`` beside its raw log.
+    transcript_format = ""
 
     def sandboxed_run(self, argv: list[str], env: dict, request: AgentRequest, wrapper, endpoint_url: str | None = None,
                       **run_options):
@@ -114,6 +117,11 @@ class Adapter:
         (``sandbox.wrap`` with the attempt's folders); ``endpoint_url`` the scripted endpoint of a
         simulated attempt. The proxy variables join ``env``; the proxy stops when the process
         ends and ``self.network`` keeps its record. Returns ``engine.process.ProcessResult``."""
+        follower = None
+        if self.transcript_format and request.raw_path:
+            follower = transcript.Follower(request.raw_path, self.transcript_format, request.workspace,
+                                           Redactor(request.secrets))
+            follower.start()
         with egress(request.profile, endpoint_url, request.deny_addresses) as (proxy, policy):
             env = {**env, **policy.env()}
             try:
@@ -125,6 +133,8 @@ class Adapter:
                     **run_options)
             finally:
                 self.network = network_record(proxy)
+                if follower is not None:
+                    follower.finish()
         if result.signal is None and result.exit_code is not None and result.exit_code > 128:
             # bubblewrap reports a command killed by signal N as exit 128 + N
             result.signal, result.exit_code = result.exit_code - 128, None

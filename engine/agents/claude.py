@@ -200,6 +200,7 @@ class ClaudeCodeAdapter(CliAdapter):
     name = "claude-code"
     simulated = False
     executable_name = "claude"
+    transcript_format = "claude"
 
     help_command = "claude --help"
     common_help = COMMON_FLAGS

@@ -81,6 +81,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import sandbox
+from .. import transcript
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
@@ -452,6 +453,7 @@ class CodexAdapter(CliAdapter):
     name = "codex"
     simulated = False
     executable_name = "codex"
+    transcript_format = "codex"
 
     help_command = "codex exec --help"
     help_args = ("exec", "--help")
@@ -609,3 +611,12 @@ class CodexAdapter(CliAdapter):
         text, _ = redact_text("\n".join(lines) + "\n", request.secrets)
         with open(request.log_path, "a", encoding="utf-8") as log:
             log.write(text)
+        entries = []
+        for denial in denials:
+            entries.append({"kind": "tool_call", "tool": "shell", "text": f"Ran `{denial['command'][:300]}`"})
+            entries.append({"kind": "refusal" if denial.get("sandbox_denied") else "tool_result", "tool": "shell",
+                            "ok": False, "exit": denial.get("exit_code"),
+                            "text": ("The sandbox refused it" if denial.get("sandbox_denied")
+                                     else f"failed with exit status {denial.get('exit_code')}"),
+                            "detail": transcript.first_lines(denial["message"])})
+        transcript.append(transcript.transcript_path(request.raw_path), entries, request.secrets)

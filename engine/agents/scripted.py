@@ -53,6 +53,7 @@ class ScriptedAdapter(Adapter):
     """Runs ``scripted_agent.py`` with one scenario step; the result is labelled simulated."""
 
     name = "scripted"
+    transcript_format = "scripted"
     simulated = True
 
     def version(self, profile: dict) -> str:

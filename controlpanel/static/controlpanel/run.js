@@ -4,11 +4,17 @@
  *    answers 204, and nothing is replaced, while the log is unchanged): a box opens at the end of
  *    the output; after a refresh it stays at the end when the person was reading the end, and
  *    keeps their place when they had scrolled up.
- * 2. The page follows its run (htmx polls the state endpoint; a 200 carries HX-Refresh): with
- *    nothing typed into an action form the page reloads; while a person has typed (or has the
- *    focus in a form) it stays as it is and a notice at the top says what the run became, with a
- *    Reload button. An output box that sees its attempt end (HX-Trigger: cp-attempt-ended) makes
- *    the page look at the state at once (its hx-trigger; here only when the page does not poll).
+ * 2. The page follows its run (htmx polls the state endpoint; a 200 says it changed): the page
+ *    fetches itself and replaces its parts (every element with data-cp-part, by id) without a
+ *    reload; the live conversation box is kept while the same attempts are open; the action forms
+ *    are replaced only while nobody types: while a person has typed (or has the focus in a form)
+ *    they stay as they are and a notice at the top says what the run became, with a Reload button.
+ *    An output box that sees its attempt end (HX-Trigger: cp-attempt-ended) makes the page look at
+ *    the state at once (its hx-trigger; here only when the page does not poll).
+ * 3. Clocks tick every second against the server's clock (the header's data-cp-now): elapsed
+ *    times (data-cp-since), the active time while a worker beats (data-cp-active), and the
+ *    heartbeat's age (data-cp-heartbeat), which turns into "no heartbeat" once it is older than
+ *    data-cp-stale seconds, without waiting for the next look at the server.
  */
 
 /* True while the person is not in the middle of an action: no field of an action form has the
@@ -114,23 +120,194 @@ function cpIdle() {
     return "This run changed: " + what + ". Reload to see it; what you typed is kept until you reload.";
   }
 
-  // the state poll found a change: htmx would reload (HX-Refresh); not under someone's typing
+  // the version the page shows: the state poll asks with it (its hx-get carries the first one)
+  document.addEventListener("htmx:configRequest", function (evt) {
+    var elt = evt.detail.elt;
+    if (elt && elt.hasAttribute && elt.hasAttribute("data-cp-live") && elt.getAttribute("data-cp-version")) {
+      evt.detail.path = evt.detail.path.replace(/([?&]v=)[^&]*/, "$1" + encodeURIComponent(elt.getAttribute("data-cp-version")));
+    }
+  });
+
+  var updating = false;
+
+  // replace the parts of the page by those of a fresh copy of it (``doc``)
+  function replaceParts(doc, keepForms) {
+    var fresh = doc.getElementById("content-main");
+    var main = document.getElementById("content-main");
+    if (!fresh || !main) {
+      return false;
+    }
+    var freshParts = fresh.querySelectorAll("[data-cp-part]");
+    var order = [];
+    for (var i = 0; i < freshParts.length; i++) {
+      order.push(freshParts[i].getAttribute("data-cp-part"));
+    }
+    var mine = main.querySelectorAll("[data-cp-part]");
+    var byName = {};
+    for (var j = 0; j < mine.length; j++) {
+      byName[mine[j].getAttribute("data-cp-part")] = mine[j];
+    }
+    var previous = null;
+    order.forEach(function (name, k) {
+      var part = freshParts[k], old = byName[name];
+      delete byName[name];
+      if (name === "actions" && keepForms && old) {
+        previous = old;
+        return;
+      }
+      if (name === "live" && old && old.getAttribute("data-cp-open") === part.getAttribute("data-cp-open")) {
+        previous = old;  // the same attempts are open: keep the box, its place and its polling
+        return;
+      }
+      var node = document.importNode(part, true);
+      if (old) {
+        old.parentNode.replaceChild(node, old);
+      } else if (previous && previous.parentNode) {
+        previous.parentNode.insertBefore(node, previous.nextSibling);
+      } else {
+        main.appendChild(node);
+      }
+      if (window.htmx) {
+        window.htmx.process(node);
+      }
+      previous = node;
+    });
+    Object.keys(byName).forEach(function (name) {  // parts the run no longer has (a stop card after a Recover)
+      if (name !== "actions" || !keepForms) {
+        byName[name].parentNode.removeChild(byName[name]);
+      }
+    });
+    var version = fresh.getAttribute("hx-get") || "";
+    var found = /[?&]v=([^&]*)/.exec(version);
+    if (found) {
+      main.setAttribute("data-cp-version", decodeURIComponent(found[1]));
+    }
+    if (!fresh.hasAttribute("data-cp-live")) {
+      main.setAttribute("data-cp-ended", "1");  // an ended run: no more looks at its state
+    }
+    document.title = doc.title || document.title;
+    tick();
+    return true;
+  }
+
+  function update(said) {
+    if (updating) {
+      return;
+    }
+    updating = true;
+    var typing = !cpIdle();
+    fetch(window.location.pathname + window.location.search, {credentials: "same-origin", headers: {"X-CP-Part": "1"}})
+      .then(function (response) {
+        if (!response.ok) {
+          throw new Error("HTTP " + response.status);
+        }
+        return response.text();
+      })
+      .then(function (text) {
+        var doc = new DOMParser().parseFromString(text, "text/html");
+        if (!replaceParts(doc, typing)) {
+          window.location.reload();
+          return;
+        }
+        if (typing) {
+          notice(changedSentence("it is now " + (said.label || said.status || "different")));
+        }
+      })
+      .catch(function () {
+        if (!typing) {
+          window.location.reload();
+        }
+      })
+      .then(function () {
+        updating = false;
+      });
+  }
+
+  // the state poll found a change: replace the page's parts (htmx would reload: HX-Refresh)
   document.addEventListener("htmx:beforeOnLoad", function (evt) {
     var elt = evt.detail.elt, xhr = evt.detail.xhr;
     if (!elt || !elt.hasAttribute || !elt.hasAttribute("data-cp-live") || !xhr) {
       return;
     }
-    if (xhr.status !== 200 || xhr.getResponseHeader("HX-Refresh") !== "true" || cpIdle()) {
+    if (xhr.status !== 200 || xhr.getResponseHeader("HX-Refresh") !== "true") {
       return;
     }
     evt.preventDefault();
+    if (elt.hasAttribute("data-cp-ended")) {
+      return;
+    }
     var said = {};
     try {
       said = JSON.parse(xhr.responseText);
     } catch (e) {
       said = {};
     }
-    notice(changedSentence("it is now " + (said.label || said.status || "different")));
+    update(said);
+  });
+
+  // ------------------------------------------------------------------ clocks
+
+  function spoken(seconds) {
+    seconds = Math.max(0, seconds);
+    if (seconds < 60) {
+      return seconds.toFixed(seconds < 10 ? 1 : 0) + " s";
+    }
+    var minutes = Math.floor(seconds / 60), rest = Math.floor(seconds % 60);
+    if (minutes < 60) {
+      return minutes + " min " + rest + " s";
+    }
+    return Math.floor(minutes / 60) + " h " + (minutes % 60) + " min";
+  }
+
+  var offset = 0;  // server clock minus this browser's, from the header's last answer
+  var offsetOf = null;
+
+  function serverNow() {
+    var header = document.getElementById("run-header");
+    if (header && header.getAttribute("data-cp-now") && header !== offsetOf) {
+      offset = parseFloat(header.getAttribute("data-cp-now")) - Date.now() / 1000;
+      offsetOf = header;
+    }
+    return Date.now() / 1000 + offset;
+  }
+
+  function tick() {
+    var now = serverNow();
+    var header = document.getElementById("run-header");
+    var stale = false;
+    document.querySelectorAll("[data-cp-heartbeat]").forEach(function (elt) {
+      var age = now - parseFloat(elt.getAttribute("data-cp-heartbeat"));
+      var limit = parseFloat(elt.getAttribute("data-cp-stale") || "60");
+      var owner = elt.getAttribute("data-cp-owner") || "?";
+      if (age > limit) {
+        stale = true;
+        elt.classList.add("cp-stale");
+        elt.textContent = "no heartbeat for " + spoken(age) + " from " + owner + ": its worker may be gone; " +
+          "reconciliation (every " + (elt.getAttribute("data-cp-period") || "?") + " s) interrupts the run";
+      } else {
+        elt.classList.remove("cp-stale");
+        elt.textContent = "heartbeat " + spoken(age) + " ago from " + owner;
+      }
+    });
+    if (header) {
+      header.classList.toggle("cp-no-heartbeat", stale);
+    }
+    document.querySelectorAll("[data-cp-since]").forEach(function (elt) {
+      elt.textContent = spoken(now - parseFloat(elt.getAttribute("data-cp-since")));
+    });
+    document.querySelectorAll("[data-cp-active]").forEach(function (elt) {
+      if (stale) {
+        return;  // no worker counts the time now
+      }
+      var base = parseFloat(elt.getAttribute("data-cp-active"));
+      var at = header ? parseFloat(header.getAttribute("data-cp-now")) : now;
+      elt.textContent = spoken(base + (now - at));
+    });
+  }
+
+  setInterval(tick, 1000);
+  document.addEventListener("htmx:afterSwap", function () {
+    tick();
   });
 
   // an output box saw its attempt end on a page that does not follow the run's state by itself
@@ -148,5 +325,6 @@ function cpIdle() {
 
   document.addEventListener("DOMContentLoaded", function () {
     tailsIn(document.body).forEach(place);
+    tick();
   });
 })();

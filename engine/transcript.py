@@ -1,0 +1,549 @@
+"""An agent's conversation as a person reads it: its CLI's stream normalized into transcript entries.
+
+Each adapter names the format of its CLI's output (``Adapter.transcript_format``): ``claude``
+(Claude Code's ``--output-format stream-json``, checked on 2.1.197: ``system``/``init``,
+``assistant`` messages with ``text``, ``thinking`` and ``tool_use`` blocks, ``user`` messages with
+``tool_result`` blocks, the final ``result``), ``codex`` (``codex exec --json``, checked on
+0.171.0: ``thread.started``, ``item.started``/``item.completed`` of ``agent_message``,
+``reasoning``, ``command_execution``, ``file_change``, ``mcp_tool_call``, ``web_search``,
+``todo_list``; ``turn.completed`` with usage, ``turn.failed``, ``error``) or ``scripted`` (the
+scripted test agent's lines, engine/agents/scripted_agent.py). Lines that are not of the format
+(stderr, the engine's ``[run-engine]`` notes) become ``output`` entries.
+
+A ``Follower`` thread reads the attempt's raw log (``output.raw``) while the process writes it and
+appends one JSON object a line to ``transcript.jsonl`` beside it. An entry::
+
+    {"n": 7, "t": 1764662400.25, "kind": "tool_call", "tool": "Bash",
+     "text": "Ran `python -m pytest -q`", "detail": "Run the tests", "call": "toolu_01"}
+
+``kind`` is one of ``KINDS``; ``t`` the time it was read (seconds since the epoch); ``text`` the
+sentence shown; optional ``detail`` (the first lines of a result, a description), ``ok``
+(a result's outcome), ``exit`` (a command's exit status), ``call`` (the tool call a result
+answers), ``usage`` (tokens so far: ``{"input_tokens", "output_tokens", "cached_tokens"}``).
+
+Bounds: a line of the raw log longer than ``MAX_LINE_BYTES`` is not parsed (an entry says it was
+cut; the raw bytes stay in the raw log); texts are cut at ``TEXT_CHARS``, results to their first
+``DETAIL_LINES`` lines of at most ``DETAIL_LINE_CHARS`` each. Every entry is redacted again with
+the attempt's secrets before it is written (the raw log is redacted at capture already; a line is
+redacted whole here, so a credential split across two reads of the capture is still caught).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+from .redaction import Redactor
+
+#: The entry kinds, in the words the run page uses for them.
+KINDS = ("start", "text", "thinking", "tool_call", "tool_result", "refusal", "usage", "error", "output",
+         "result", "cut")
+#: The formats an adapter may name; anything else gives ``output`` entries only.
+FORMATS = ("claude", "codex", "scripted")
+#: The file name of the transcript, beside the attempt's raw log.
+FILE_NAME = "transcript.jsonl"
+#: A raw line longer than this (bytes) is not parsed.
+MAX_LINE_BYTES = 1024 * 1024
+TEXT_CHARS = 2000
+DETAIL_LINES = 6
+DETAIL_LINE_CHARS = 240
+#: Seconds between two looks of a follower at the raw log.
+POLL_SECONDS = 0.25
+
+_REFUSAL = re.compile(r"permission|denied|not allowed|haven't granted|No such tool available|blocked|"
+                      r"requires approval|declined", re.IGNORECASE)
+_EXIT = re.compile(r"Exit code:?\s*(-?\d+)")
+
+
+def transcript_path(raw_path: str | os.PathLike[str]) -> Path:
+    """The transcript's path beside ``raw_path`` (the attempt's raw log)."""
+    return Path(raw_path).parent / FILE_NAME
+
+
+def _cut(text: str, limit: int = TEXT_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def first_lines(text: str, lines: int = DETAIL_LINES) -> str:
+    """The first ``lines`` non-empty lines of ``text``, each cut at DETAIL_LINE_CHARS, and how many more."""
+    rows = [row for row in str(text).splitlines() if row.strip()]
+    shown = [_cut(row, DETAIL_LINE_CHARS) for row in rows[:lines]]
+    if len(rows) > lines:
+        shown.append(f"… {len(rows) - lines} more line{'s' if len(rows) - lines != 1 else ''}")
+    return "\n".join(shown)
+
+
+def _code(text: str, limit: int = 300) -> str:
+    one = " ".join(str(text).split())
+    return "`" + _cut(one, limit) + "`"
+
+
+class Normalizer:
+    """Turns one line of a CLI's output into transcript entries (dicts without ``n`` and ``t``).
+
+    ``fmt``: one of FORMATS (anything else: every line an ``output`` entry). ``workspace``: the
+    attempt's working directory; paths under it are shown relative to it.
+    """
+
+    def __init__(self, fmt: str, workspace: str = "") -> None:
+        self.fmt = fmt if fmt in FORMATS else ""
+        self.workspace = os.path.realpath(workspace) if workspace else ""
+        self.tools: dict[str, str] = {}  # tool call id -> tool name
+        self.usage = {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
+        self._message_ids: set[str] = set()
+
+    # ------------------------------------------------------------------ entry point
+
+    def line(self, raw: bytes) -> list[dict]:
+        """The entries of one complete line (without its newline); [] for a blank one."""
+        text = raw.decode("utf-8", errors="replace").strip()
+        if not text:
+            return []
+        if text.startswith("{") and self.fmt:
+            try:
+                event = json.loads(text)
+            except ValueError:
+                event = None
+            if isinstance(event, dict):
+                handler = getattr(self, f"_{self.fmt}")
+                return handler(event)
+        if self.fmt == "scripted":
+            return self._scripted_line(text)
+        return [{"kind": "output", "text": _cut(text, DETAIL_LINE_CHARS * 2)}]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _path(self, value) -> str:
+        path = str(value or "")
+        if self.workspace and path.rstrip(os.sep) == self.workspace:
+            return "the working directory"
+        if self.workspace and path.startswith(self.workspace + os.sep):
+            return path[len(self.workspace) + 1:]
+        return path
+
+    def tool_sentence(self, name: str, args: dict) -> str:
+        """A tool call as a sentence: ``Ran `pytest -q```, ``Read app/core.py``, ``Searched for “x” in app``."""
+        args = args if isinstance(args, dict) else {}
+        path = self._path(args.get("file_path") or args.get("notebook_path") or args.get("path") or "")
+        if name in ("Bash", "shell", "exec_command", "local_shell"):
+            command = args.get("command") or args.get("cmd") or ""
+            if isinstance(command, list):
+                command = " ".join(str(part) for part in command)
+            return f"Ran {_code(command)}"
+        if name == "Read":
+            return f"Read {path or 'a file'}"
+        if name == "Write":
+            lines = str(args.get("content") or "").count("\n")
+            return f"Wrote {path or 'a file'}" + (f" ({lines} line{'s' if lines != 1 else ''})" if lines else "")
+        if name in ("Edit", "MultiEdit"):
+            return f"Edited {path or 'a file'}"
+        if name == "NotebookEdit":
+            return f"Edited the notebook {path}"
+        if name == "Grep":
+            where = f" in {path}" if path else ""
+            return f"Searched for “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
+        if name == "Glob":
+            where = f" in {path}" if path else ""
+            return f"Looked for files matching “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
+        if name == "LS":
+            return f"Listed {path or 'a folder'}"
+        if name == "TodoWrite":
+            todos = args.get("todos") if isinstance(args.get("todos"), list) else []
+            return f"Updated its to-do list ({len(todos)} item{'s' if len(todos) != 1 else ''})"
+        if name == "Task":
+            return f"Started a sub-agent: {_cut(str(args.get('description') or args.get('prompt') or ''), 160)}"
+        if name == "WebFetch":
+            return f"Fetched {_cut(str(args.get('url') or ''), 200)}"
+        if name == "WebSearch":
+            return f"Searched the web for “{_cut(str(args.get('query') or ''), 160)}”"
+        return f"Called {name or 'a tool'}"
+
+    def _add_usage(self, reported) -> dict | None:
+        if not isinstance(reported, dict):
+            return None
+        for ours, theirs in (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
+                             ("cached_tokens", "cache_read_input_tokens"), ("cached_tokens", "cached_input_tokens")):
+            value = reported.get(theirs)
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.usage[ours] += value
+        return dict(self.usage)
+
+    def _usage_entry(self) -> dict:
+        u = self.usage
+        return {"kind": "usage", "usage": dict(u),
+                "text": f"tokens so far: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
+                        f"{u['cached_tokens']:,} cached"}
+
+    # ------------------------------------------------------------------ claude (stream-json)
+
+    def _claude(self, event: dict) -> list[dict]:
+        kind = event.get("type")
+        if kind == "system" and event.get("subtype") == "init":
+            tools = event.get("tools") if isinstance(event.get("tools"), list) else []
+            version = event.get("claude_code_version") or "?"
+            model = event.get("model") or "?"
+            return [{"kind": "start", "text": f"Claude Code {version} started (model {model}, "
+                                              f"{len(tools)} tool{'s' if len(tools) != 1 else ''}: "
+                                              f"{_cut(', '.join(str(t) for t in tools), 300)})"}]
+        if kind == "assistant":
+            message = event.get("message") or {}
+            out = []
+            for block in message.get("content") or []:
+                if not isinstance(block, dict):
+                    continue
+                if block.get("type") == "text" and str(block.get("text") or "").strip():
+                    out.append({"kind": "text", "text": _cut(str(block["text"]))})
+                elif block.get("type") == "thinking" and str(block.get("thinking") or "").strip():
+                    out.append({"kind": "thinking", "text": _cut(str(block["thinking"]), 600)})
+                elif block.get("type") == "tool_use":
+                    name = str(block.get("name") or "")
+                    call = str(block.get("id") or "")
+                    self.tools[call] = name
+                    args = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    entry = {"kind": "tool_call", "tool": name, "call": call,
+                             "text": self.tool_sentence(name, args)}
+                    if name == "Bash" and args.get("description"):
+                        entry["detail"] = _cut(str(args["description"]), 200)
+                    out.append(entry)
+            message_id = str(message.get("id") or "")
+            if message_id and message_id not in self._message_ids and isinstance(message.get("usage"), dict):
+                self._message_ids.add(message_id)
+                self._add_usage(message["usage"])
+                out.append(self._usage_entry())
+            return out
+        if kind == "user":
+            out = []
+            for block in (event.get("message") or {}).get("content") or []:
+                if not isinstance(block, dict) or block.get("type") != "tool_result":
+                    continue
+                content = block.get("content")
+                if isinstance(content, list):
+                    content = "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+                content = str(content or "")
+                call = str(block.get("tool_use_id") or "")
+                tool = self.tools.get(call, "")
+                error = bool(block.get("is_error"))
+                found = _EXIT.search(content) if error else None
+                entry = {"kind": "tool_result", "tool": tool, "call": call, "ok": not error,
+                         "detail": first_lines(content)}
+                if found:
+                    entry["exit"] = int(found.group(1))
+                if error and _REFUSAL.search(content[:500]):
+                    entry["kind"] = "refusal"
+                    entry["text"] = f"{tool or 'The tool call'} was refused: {_cut(first_lines(content, 1), 240)}"
+                elif error:
+                    entry["text"] = (f"failed with exit status {entry['exit']}" if "exit" in entry
+                                     else f"failed: {_cut(first_lines(content, 1), 240)}")
+                else:
+                    rows = [row for row in content.splitlines() if row.strip()]
+                    many = f"{len(rows)} line{'s' if len(rows) != 1 else ''}"
+                    if tool in ("Write", "Edit", "MultiEdit", "NotebookEdit") or not rows:
+                        entry["text"] = "done"
+                    elif tool == "Read":
+                        entry["text"] = f"{many} read"
+                    else:
+                        entry["text"] = f"{many} of output"
+                out.append(entry)
+            return out
+        if kind == "result":
+            self_usage = dict(self.usage)
+            reported = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+            tokens_in = reported.get("input_tokens", self_usage["input_tokens"])
+            tokens_out = reported.get("output_tokens", self_usage["output_tokens"])
+            cost = event.get("total_cost_usd")
+            turns = event.get("num_turns")
+            said = [f"{turns} turn{'s' if turns != 1 else ''}" if isinstance(turns, int) else "",
+                    f"{tokens_in:,} tokens in, {tokens_out:,} out" if isinstance(tokens_in, int)
+                    and isinstance(tokens_out, int) else "",
+                    f"cost ${cost:.4f}" if isinstance(cost, (int, float)) else ""]
+            summary = "; ".join(part for part in said if part)
+            if event.get("is_error"):
+                return [{"kind": "error", "ok": False,
+                         "text": f"The agent ended with an error{': ' + summary if summary else ''}",
+                         "detail": first_lines(str(event.get("result") or "; ".join(
+                             str(e) for e in event.get("errors") or [])))}]
+            return [{"kind": "result", "ok": True, "text": f"Finished{': ' + summary if summary else ''}",
+                     "detail": first_lines(str(event.get("result") or ""), 10)}]
+        if kind == "system" and event.get("subtype"):
+            return [{"kind": "output", "text": f"system: {_cut(str(event.get('subtype')), 80)}"}]
+        return []
+
+    # ------------------------------------------------------------------ codex (exec --json)
+
+    def _codex(self, event: dict) -> list[dict]:
+        kind = str(event.get("type") or "")
+        if kind == "thread.started":
+            return [{"kind": "start", "text": f"Codex started (thread {event.get('thread_id') or '?'})"}]
+        if kind == "turn.completed":
+            if self._add_usage(event.get("usage")) is None:
+                return []
+            return [self._usage_entry()]
+        if kind == "turn.failed":
+            error = event.get("error")
+            message = error.get("message") if isinstance(error, dict) else error
+            return [{"kind": "error", "ok": False, "text": f"The turn failed: {_cut(str(message or ''), 400)}"}]
+        if kind == "error":
+            message = str(event.get("message") or "")
+            return [{"kind": "error", "ok": False, "text": _cut(message, 400)}]
+        if kind not in ("item.started", "item.completed", "item.updated"):
+            return []
+        item = event.get("item")
+        if not isinstance(item, dict):
+            return []
+        what = item.get("type")
+        call = str(item.get("id") or "")
+        done = kind == "item.completed"
+        if what == "agent_message" and done and str(item.get("text") or "").strip():
+            return [{"kind": "text", "text": _cut(str(item["text"]))}]
+        if what == "reasoning" and done and str(item.get("text") or "").strip():
+            return [{"kind": "thinking", "text": _cut(str(item["text"]), 600)}]
+        if what == "command_execution":
+            out = []
+            if kind == "item.started" or (done and call not in self.tools):
+                self.tools[call] = "shell"
+                out.append({"kind": "tool_call", "tool": "shell", "call": call,
+                            "text": f"Ran {_code(item.get('command') or '')}"})
+            if done:
+                status = str(item.get("status") or "")
+                code = item.get("exit_code")
+                entry = {"kind": "tool_result", "tool": "shell", "call": call,
+                         "detail": first_lines(str(item.get("aggregated_output") or ""))}
+                if isinstance(code, int) and not isinstance(code, bool):
+                    entry["exit"] = code
+                if status == "declined":
+                    entry.update(kind="refusal", ok=False, text="The command was refused (declined by the sandbox "
+                                                                "policy)")
+                else:
+                    entry["ok"] = code == 0 and status != "failed"
+                    entry["text"] = (f"exit status {code}" if isinstance(code, int) else status or "ended")
+                out.append(entry)
+            return out
+        if what == "file_change" and done:
+            changes = item.get("changes") if isinstance(item.get("changes"), list) else []
+            names = ", ".join(f"{self._path(c.get('path'))} ({c.get('kind', 'changed')})" for c in changes
+                              if isinstance(c, dict))
+            status = str(item.get("status") or "")
+            if status == "failed":
+                return [{"kind": "refusal", "ok": False, "tool": "apply_patch", "call": call,
+                         "text": f"A change of files was refused: {_cut(names, 400)}"}]
+            return [{"kind": "tool_call", "tool": "apply_patch", "call": call, "ok": True,
+                     "text": f"Changed {_cut(names, 400) or 'files'}"}]
+        if what == "mcp_tool_call" and kind == "item.started":
+            return [{"kind": "tool_call", "tool": "mcp", "call": call,
+                     "text": f"Called {item.get('server') or '?'}.{item.get('tool') or '?'}"}]
+        if what == "web_search" and kind == "item.started":
+            return [{"kind": "tool_call", "tool": "web_search", "call": call,
+                     "text": f"Searched the web for “{_cut(str(item.get('query') or ''), 160)}”"}]
+        if what == "todo_list" and done:
+            items = item.get("items") if isinstance(item.get("items"), list) else []
+            return [{"kind": "tool_call", "tool": "todo_list", "call": call,
+                     "text": f"Updated its to-do list ({len(items)} item{'s' if len(items) != 1 else ''})"}]
+        if what == "error" and done:
+            return [{"kind": "error", "ok": False, "text": _cut(str(item.get("message") or ""), 400)}]
+        return []
+
+    # ------------------------------------------------------------------ the scripted test agent
+
+    def _scripted(self, event: dict) -> list[dict]:
+        if event.get("type") != "result":
+            return [{"kind": "output", "text": _cut(json.dumps(event), DETAIL_LINE_CHARS * 2)}]
+        usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
+        self._add_usage(usage)
+        parts = [f"{usage[key]:,} tokens {label}" for key, label in (("input_tokens", "in"), ("output_tokens", "out"))
+                 if isinstance(usage.get(key), int)]
+        if event.get("is_error"):
+            return [{"kind": "error", "ok": False, "text": "The scripted agent ended with an error",
+                     "detail": first_lines(str(event.get("result") or ""))}]
+        return [{"kind": "result", "ok": True, "text": "Finished" + (": " + ", ".join(parts) if parts else ""),
+                 "detail": first_lines(str(event.get("result") or ""), 10)}]
+
+    def _scripted_line(self, text: str) -> list[dict]:
+        if text.startswith("[scripted agent] "):
+            return [{"kind": "start", "text": "The scripted test agent started: " + text[len("[scripted agent] "):]}]
+        for prefix, tool, verb in (("wrote ", "Write", "Wrote"), ("deleted ", "Delete", "Deleted")):
+            if text.startswith(prefix):
+                return [{"kind": "tool_call", "tool": tool, "ok": True, "text": f"{verb} {text[len(prefix):]}"}]
+        if text.startswith("running "):
+            return [{"kind": "tool_call", "tool": "Bash", "text": f"Ran {_code(text[len('running '):])}"}]
+        return [{"kind": "output", "text": _cut(text, DETAIL_LINE_CHARS * 2)}]
+
+
+class Transcript:
+    """Builds a transcript from raw bytes fed in order: complete lines are normalized, redacted and
+    written to ``out_path`` (appended, one JSON object a line). ``feed`` and ``close`` from one thread.
+
+    ``redactor``: applied to each complete line before it is parsed (a fresh one per line); None:
+    a Redactor without literal secrets (the credential patterns still apply).
+    """
+
+    def __init__(self, out_path: str | os.PathLike[str], fmt: str, workspace: str = "",
+                 redactor: Redactor | None = None) -> None:
+        self.out_path = Path(out_path)
+        self.normalizer = Normalizer(fmt, workspace)
+        self.redactor = redactor or Redactor()
+        self.count = 0
+        self._rest = b""
+        self._skipping = 0  # bytes of an over-long line dropped so far (0: not in one)
+        self._fh = open(self.out_path, "a", encoding="utf-8")
+
+    def feed(self, data: bytes) -> None:
+        """Take the next bytes of the raw log."""
+        entries: list[dict] = []
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            self._complete(self._rest + data[start:end], entries)
+            self._rest = b""
+            start = end + 1
+        tail = data[start:]
+        if self._skipping:
+            self._skipping += len(tail)
+        elif len(self._rest) + len(tail) > MAX_LINE_BYTES:
+            self._skipping = len(self._rest) + len(tail)
+            self._rest = b""
+        else:
+            self._rest += tail
+        self._write(entries)
+
+    def _complete(self, line: bytes, entries: list[dict]) -> None:
+        if self._skipping:
+            size, self._skipping = self._skipping + len(line), 0
+            entries.append({"kind": "cut", "text": f"a line of {size:,} bytes was not read (over "
+                                                   f"{MAX_LINE_BYTES:,} bytes); it is whole in the raw output"})
+            return
+        if len(line) > MAX_LINE_BYTES:
+            entries.append({"kind": "cut", "text": f"a line of {len(line):,} bytes was not read (over "
+                                                   f"{MAX_LINE_BYTES:,} bytes); it is whole in the raw output"})
+            return
+        clean = self.redactor.fresh()
+        line = clean.feed(line) + clean.flush()
+        entries.extend(self.normalizer.line(line))
+
+    def _write(self, entries: list[dict]) -> None:
+        if not entries:
+            return
+        now = time.time()
+        for entry in entries:
+            self.count += 1
+            entry = {"n": self.count, "t": round(now, 3), **entry}
+            self._fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        """Take the last line (one without a newline at the end) and close the file."""
+        entries: list[dict] = []
+        if self._rest or self._skipping:
+            self._complete(self._rest, entries)
+            self._rest = b""
+        self._write(entries)
+        self._fh.close()
+
+
+class Follower(threading.Thread):
+    """Follows a raw log while its process writes it and keeps its transcript (``Transcript``).
+
+    ``start()`` it before the process starts; ``finish()`` after the process ended and the log is
+    complete: it reads what is left and closes the transcript. Never raises into its caller: a
+    failure is written to the transcript as an ``error`` entry and the follower stops.
+    """
+
+    def __init__(self, raw_path: str | os.PathLike[str], fmt: str, workspace: str = "",
+                 redactor: Redactor | None = None, out_path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(name="transcript-follower", daemon=True)
+        self.raw_path = str(raw_path)
+        self.transcript = Transcript(out_path or transcript_path(raw_path), fmt, workspace, redactor)
+        self._done = threading.Event()
+        self._offset = 0
+
+    def _read_more(self) -> None:
+        try:
+            with open(self.raw_path, "rb") as fh:
+                fh.seek(self._offset)
+                while True:
+                    chunk = fh.read(1024 * 1024)
+                    if not chunk:
+                        return
+                    self._offset += len(chunk)
+                    self.transcript.feed(chunk)
+        except FileNotFoundError:
+            return
+
+    def run(self) -> None:
+        try:
+            while not self._done.wait(POLL_SECONDS):
+                self._read_more()
+            self._read_more()
+        except Exception as exc:  # a transcript must never break the attempt
+            self.transcript._write([{"kind": "error", "text": f"the transcript stopped: {type(exc).__name__}: {exc}"}])
+        finally:
+            self.transcript.close()
+
+    def finish(self, timeout: float = 30.0) -> None:
+        """Read what is left of the raw log, close the transcript and wait for the thread."""
+        self._done.set()
+        self.join(timeout)
+
+
+def build(raw_path: str | os.PathLike[str], fmt: str, workspace: str = "", redactor: Redactor | None = None,
+          out_path: str | os.PathLike[str] | None = None) -> Path:
+    """Write the transcript of a whole raw log at once (replacing any); returns its path."""
+    target = Path(out_path or transcript_path(raw_path))
+    target.unlink(missing_ok=True)
+    transcript = Transcript(target, fmt, workspace, redactor)
+    with open(raw_path, "rb") as fh:
+        while True:
+            chunk = fh.read(1024 * 1024)
+            if not chunk:
+                break
+            transcript.feed(chunk)
+    transcript.close()
+    return target
+
+
+def read_tail(path: str | os.PathLike[str], limit: int = 300, window: int = 256 * 1024) -> tuple[list[dict], int]:
+    """The last ``limit`` entries of a transcript, read from its last ``window`` bytes only, and the
+    number of the last entry (0 for none). A damaged line is skipped."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - window))
+            data = fh.read()
+    except FileNotFoundError:
+        return [], 0
+    lines = data.split(b"\n")
+    if size > window:
+        lines = lines[1:]  # the first may start inside a line
+    entries = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("kind") in KINDS:
+            entries.append(entry)
+    last = entries[-1].get("n", 0) if entries else 0
+    return entries[-limit:], last if isinstance(last, int) else 0
+
+
+def append(path: str | os.PathLike[str], entries: list[dict], secrets=()) -> None:
+    """Add entries an adapter learns only after the process ended (codex's refused commands, which its
+    JSON stream leaves out) to a closed transcript, numbered on from its last entry, redacted."""
+    if not entries:
+        return
+    _, last = read_tail(path, 1, 64 * 1024)
+    redactor = Redactor(secrets)
+    now = round(time.time(), 3)
+    with open(path, "a", encoding="utf-8") as fh:
+        for offset, entry in enumerate(entries, start=1):
+            line = json.dumps({"n": last + offset, "t": now, **entry}, ensure_ascii=False).encode("utf-8")
+            clean = redactor.fresh()
+            fh.write((clean.feed(line) + clean.flush()).decode("utf-8", errors="replace") + "\n")
