@@ -32,6 +32,7 @@ from engine import operations, runner
 from engine.models import Attempt, Check, Run
 
 from .conftest import ARTIFACTS, ANSWER_STEP, wait_for
+from .test_run_records import route  # noqa: F401 (fixture)
 
 CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
 NO_CHROMIUM = f"no Chromium at {CHROMIUM}: run `make browser` (scripts/install-chromium.sh) or set CP_CHROMIUM"
@@ -255,7 +256,7 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     # Start; the page follows the run by itself, and the attempt's output grows in place
     submit(tab, "form.cp-action-start input[type=submit]")
     assert messages(tab, "success") == [f"Start requested by admin: run {run.pk} is queued for a worker."]
-    tail = tab.locator('.cp-tail[data-cp-tail="live"] pre')
+    tail = tab.locator('.cp-tail[data-cp-tail="live"]')
     # the first step makes the worktree and runs the baseline checks first: on a loaded CI host
     # (two suites on two cores) that alone has taken most of a minute
     tail.filter(has_text="line-2").wait_for(timeout=2 * WAIT_MS)
@@ -266,7 +267,10 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     tail.filter(has_text="line-5").wait_for(timeout=15_000)
     assert tab.evaluate("window.cpMarker") == "set before line-5" and loads == [], "the page was reloaded"
     assert status_of(tab) == "running" and buttons(tab) == {"fail"}
-    assert re.search(r"line-1\s+line-2\s+line-3\s+line-4\s+line-5", tail.inner_text())
+    assert re.search(r"line-1.*line-2.*line-3.*line-4.*line-5", tail.inner_text(), re.S)
+    # the conversation, not the raw bytes: the scripted agent's write and command as sentences
+    assert tail.locator('[data-kind="tool_call"]').filter(has_text="Wrote app/core.py").count() == 1
+    assert tail.locator('[data-kind="tool_call"]').filter(has_text="Ran `sh -c").count() == 1
     screenshot(tab, "1-running-live-output")
 
     # the human gate: the checks and the review passed, the page reloaded to say so and offers Approve
@@ -279,7 +283,7 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     decision = run.decisions.get(state="pending", kind="approval")
     assert tab.input_value("form.cp-action-approve input[name=artifact]") == decision.artifact
     assert f"approve files {decision.artifact[:12]}" in tab.inner_text(".cp-waiting")
-    done = tab.locator('.cp-tail[data-cp-tail="ended"] pre')
+    done = tab.locator('.cp-tail[data-cp-tail="ended"]')
     assert done.count() == 0  # a finished attempt's output loads on demand
     screenshot(tab, "2-waiting-approval")
 
@@ -315,7 +319,7 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     # the implementer's whole output, on demand, once the attempt is over
     implement = Attempt.objects.get(run=run, operation="implement")
     tab.click(f"#attempt-{implement.pk} + tr summary:has-text('the end of the output')")
-    shown = tab.locator('.cp-tail[data-cp-tail="ended"] pre').first
+    shown = tab.locator('.cp-tail[data-cp-tail="ended"]').first
     shown.filter(has_text="line-6").wait_for()
     screenshot(tab, "3-succeeded")
 
@@ -374,7 +378,7 @@ def test_each_state_shows_exactly_the_buttons_that_apply(open_tab, workers, make
         wait_until(lambda: Attempt.objects.filter(run=running, status="running").exists(), what="the held attempt")
         tab.goto(detail_path(running))
         assert (status_of(tab), buttons(tab)) == ("running", {"fail"})
-        tab.locator('.cp-tail[data-cp-tail="live"] pre').filter(has_text="waiting for release").wait_for()
+        tab.locator('.cp-tail[data-cp-tail="live"]').filter(has_text="waiting for release").wait_for()
         assert wait_for(review.pk).status == "waiting_review"
         tab.goto(detail_path(review))
         assert (status_of(tab), buttons(tab)) == ("waiting_review", {"recover", "recheck", "fail"})
@@ -490,7 +494,8 @@ def test_a_person_typing_is_told_the_run_changed_and_an_ended_attempt_refreshes_
     said = notice.inner_text()
     assert "This run changed: it is now failed." in said and "what you typed is kept until you reload" in said
     assert tab.evaluate("window.cpMarker") == "typed before" and tab.input_value(reason) == "a reason half written"
-    assert status_of(tab) == "pending"  # the page itself is as it was
+    assert status_of(tab) == "failed"  # the rest of the page follows the run, without a reload
+    assert tab.locator("form.cp-action-fail").count() == 1  # the forms stay as they were, with the typed text
     screenshot(tab, "5-run-changed-while-typing")
     with tab.expect_navigation():
         notice.get_by_role("button", name="Reload").click()
@@ -499,9 +504,172 @@ def test_a_person_typing_is_told_the_run_changed_and_an_ended_attempt_refreshes_
     other = operations.create_run(pipeline, str(repo), "main")
     attempt, _ = live_attempt(other, "working\n")
     tab.goto(detail_path(other))
-    tab.locator('.cp-tail[data-cp-tail="live"] pre').filter(has_text="working").wait_for()
+    tab.locator('.cp-tail[data-cp-tail="live"]').filter(has_text="working").wait_for()
     tab.evaluate("window.cpMarker = 'before the end'")
     Attempt.objects.filter(pk=attempt.pk).update(status="succeeded", exit_code=0, ended_at=timezone.now())
-    tab.wait_for_function("() => window.cpMarker === undefined", timeout=10_000)  # reloaded
-    assert "succeeded" in tab.inner_text(f"#attempt-{attempt.pk}")
+    tab.wait_for_function(f"() => (document.querySelector('#attempt-{attempt.pk}') || {{}}).innerText"
+                          f"?.includes('succeeded')", timeout=10_000)
+    assert tab.evaluate("window.cpMarker") == "before the end"  # brought up to date in place, not reloaded
     assert tab.locator('.cp-tail[data-cp-tail="live"]').count() == 0
+
+
+# ----------------------------------------------------------------------------- 6. watching an agent work
+
+#: A real ``claude`` implementer against the scripted endpoint, one tool call every few seconds:
+#: the conversation grows on the open page while the test watches.
+SLOW_CLAUDE = {"turns": [
+    {"text": "Let me read the code first.", "tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}]},
+    {"delay": 4, "tools": [{"tool": "Bash", "input": {"command": "python -m pytest -q", "description": "Run the tests"}}]},
+    {"delay": 4, "tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
+                                                     "content": ANSWER_STEP["write"]["app/core.py"]}}]},
+    {"delay": 2, "text": "Done: answer() returns 42."}]}
+CLAUDE_PASSES = {"turns": [{"text": 'Reviewed.\n```json\n{"verdict": "pass", "summary": "fine", "findings": []}\n```'}]}
+
+
+def conversation(tab):
+    return tab.locator('#live .cp-tail[data-cp-tail="live"]')
+
+
+def test_the_conversation_of_a_real_claude_grows_on_the_page_and_the_header_ticks(open_tab, workers, make_pipeline,
+                                                                                  repo, django_user_model):
+    from engine.agents.cli_adapter import find_executable
+
+    if find_executable("claude") is None:
+        pytest.skip("run `make agents` to install the pinned claude CLI")
+    user(django_user_model, "admin", superuser=True)
+    pipeline = make_pipeline(
+        name="browser-claude", stages=stage(), roles={"implementer": "claude", "reviewer": "claude",
+                                                      "documenter": "claude"},
+        profiles={"claude": {"adapter": "claude-code", "max_turns": 8, "scripted_endpoint": {
+            "stages": {"answer": {"implement": SLOW_CLAUDE, "review": CLAUDE_PASSES}}}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    tab = open_tab()
+    log_in(tab, "admin")
+    operations.request_start(run, requested_by="admin", source="test")
+    tab.goto(detail_path(run))
+    calls = conversation(tab).locator('[data-kind="tool_call"]')
+    calls.filter(has_text="Read app/core.py").wait_for(timeout=2 * WAIT_MS)
+    assert conversation(tab).locator('[data-kind="start"]').filter(has_text="Claude Code 2.1.197 started").count()
+    assert conversation(tab).locator('[data-kind="text"]').filter(has_text="Let me read the code first.").count()
+    assert calls.filter(has_text="Wrote app/core.py").count() == 0
+    tab.evaluate("window.cpMarker = 'watching'")
+    loads = []
+    tab.on("load", lambda _: loads.append(1))
+    # the header ticks by itself between two looks at the server
+    clock = tab.locator("#run-header .cp-elapsed")
+    first = clock.inner_text()
+    time.sleep(2.2)
+    assert clock.inner_text() != first, "the elapsed time stood still"
+    assert "heartbeat" in tab.inner_text("#run-header .cp-heartbeat") and "ago from" in tab.inner_text(
+        "#run-header .cp-heartbeat")
+    assert "Now:" in tab.inner_text("#run-header .cp-now")
+    # the next calls come into the same box, without a reload
+    calls.filter(has_text="Ran `python -m pytest -q`").wait_for(timeout=WAIT_MS)
+    calls.filter(has_text="Wrote app/core.py (5 lines)").wait_for(timeout=WAIT_MS)
+    assert tab.evaluate("window.cpMarker") == "watching" and loads == [], "the page was reloaded"
+    results = conversation(tab).locator('[data-kind="tool_result"]')
+    assert results.filter(has_text="read").count() >= 1
+    screenshot(tab, "6-claude-conversation")
+    wait_status(tab, run, "succeeded", timeout=2 * WAIT_MS)
+    implement = Attempt.objects.get(run=run, operation="implement")
+    tab.click(f"#attempt-{implement.pk} + tr summary:has-text('the end of the output')")
+    ended = tab.locator(f'#tail-{implement.pk}[data-cp-tail="ended"]')
+    ended.locator('[data-kind="result"]').filter(has_text="Finished").wait_for()
+    assert ended.locator('[data-kind="tool_call"]').count() == 3
+
+
+def test_killing_the_worker_turns_the_page_to_no_heartbeat(open_tab, route, make_pipeline, repo, django_user_model,
+                                                          settings, tmp_path):
+    import uuid
+
+    from .test_crash_recovery import Beat
+    from .test_run_records import Solo
+
+    stale, period = 3.0, 2.0
+    settings.CP_HEARTBEAT_STALE = stale  # the live server's pages judge the heartbeat as the workers do
+    settings.CP_RECONCILE_PERIOD = period
+    queue = f"browser-kill-{uuid.uuid4().hex[:8]}"
+    route(queue)
+    worker = Solo(tmp_path, queue, CP_HEARTBEAT_STALE=stale).start()
+    beat = run = None
+    try:
+        user(django_user_model, "admin", superuser=True)
+        run = operations.create_run(make_pipeline(name="browser-kill", stages=stage(), scenario={
+            "stages": {"answer": {"implement": [WAIT_FOR_RELEASE]}}}), str(repo), "main")
+        tab = open_tab()
+        log_in(tab, "admin")
+        operations.request_start(run, requested_by="admin", source="test")
+        tab.goto(detail_path(run))
+        conversation(tab).filter(has_text="waiting for release").wait_for(timeout=2 * WAIT_MS)
+        heartbeat = tab.locator("#run-header .cp-heartbeat")
+        heartbeat.wait_for()
+        assert "heartbeat" in heartbeat.inner_text() and "no heartbeat" not in heartbeat.inner_text()
+        tab.evaluate("window.cpMarker = 'before the kill'")
+        beat = Beat(tmp_path, queue, settings.CELERY_BROKER_URL, CP_HEARTBEAT_STALE=stale,
+                    CP_RECONCILE_PERIOD=period).start()
+        worker.kill()
+        killed = time.monotonic()
+        tab.wait_for_selector("#run-header .cp-heartbeat.cp-stale", timeout=int((period + 5) * 1000))
+        took = time.monotonic() - killed
+        assert took <= period + 5, took
+        said = tab.inner_text("#run-header .cp-heartbeat")
+        assert said.startswith("no heartbeat for") and "its worker may be gone" in said, said
+        assert "cp-no-heartbeat" in tab.get_attribute("#run-header", "class")
+        screenshot(tab, "7-no-heartbeat")
+        # the reconciler interrupts the run; the page follows without a reload
+        wait_status(tab, run, "waiting_review", timeout=WAIT_MS)
+        assert "interrupted" in tab.inner_text("#stop") and tab.evaluate("window.cpMarker") == "before the kill"
+    finally:
+        if run is not None:
+            release(run)
+        if beat is not None:
+            beat.stop()
+        worker.kill()
+
+
+def _tampered_run(make_pipeline, repo, sent):
+    from .test_steps import drive
+
+    cheat = {"write": {**ANSWER_STEP["write"], "tests/test_core.py": "def test_answer():\n    pass\n"}}
+    pipeline = make_pipeline(name="browser-tamper", stages=stage(scope=["app/**", "tests/**"]),
+                             protected_paths=["tests/test_*.py"],
+                             scenario={"stages": {"answer": {"implement": [cheat]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert run.stop_reason == "protected_files_changed", (run.status, run.stop_reason, run.stop_message)
+    return run
+
+
+def no_sideways_scroll(tab) -> dict:
+    """The widths that matter at a narrow viewport: the page's and the main column's scroll widths."""
+    return tab.evaluate("""() => ({viewport: window.innerWidth,
+        page: document.documentElement.scrollWidth,
+        main: (document.getElementById('content-main') || document.body).scrollWidth})""")
+
+
+def test_the_tampering_attempt_is_red_and_the_pages_fit_390_px(open_tab, make_pipeline, repo, sent,
+                                                              django_user_model):
+    user(django_user_model, "admin", superuser=True)
+    run = _tampered_run(make_pipeline, repo, sent)
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    tab = open_tab()
+    log_in(tab, "admin")
+    tab.goto(detail_path(run))
+    box = tab.locator(f'#timeline a.cp-step[href="#attempt-{attempt.pk}"]')
+    assert box.get_attribute("data-outcome") == "bad"
+    assert box.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(239, 68, 68)"  # red
+    assert "cp-row-bad" in tab.get_attribute(f"#attempt-{attempt.pk}", "class")
+    card = tab.locator("#stop")
+    assert card.is_visible() and "protected_files_changed" in card.inner_text() and "tests/test_core.py" in (
+        card.inner_text())
+    assert card.bounding_box()["y"] < tab.locator("#timeline").bounding_box()["y"]  # why it stopped, on top
+    screenshot(tab, "8-tampered")
+    tab.set_viewport_size({"width": 390, "height": 844})
+    for path, name in ((detail_path(run), "run-page"), ("/admin/engine/run/", "run-list")):
+        tab.goto(path)
+        widths = no_sideways_scroll(tab)
+        assert widths["page"] <= widths["viewport"] and widths["main"] <= widths["viewport"], (name, widths, tab.evaluate(
+            "() => Array.from(document.querySelectorAll('body *')).filter(e => e.getBoundingClientRect().right > "
+            "window.innerWidth + 0.5).slice(0, 10).map(e => e.tagName + '.' + e.className)"))
+        screenshot(tab, f"9-390px-{name}")
