@@ -418,3 +418,59 @@ class NotificationAdmin(ReadOnlyAdmin):
     list_filter = ("kind", "channel", "state")
     list_select_related = ("run", "decision")
     readonly_fields = [f.name for f in Notification._meta.fields]
+
+
+# ----------------------------------------------------------------------------- workers
+# (imported here, beside the one class that uses them, to keep this addition in one place)
+from engine import workers as worker_records  # noqa: E402
+from engine.models import Worker  # noqa: E402
+
+
+class WorkerChangeList(ChangeList):
+    """The worker list, which reads the runs in the hands of the page's workers once for all
+    (engine/workers.py ``runs_in_hand``: two queries, whatever the number of workers)."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        page = list(self.result_list)
+        held = worker_records.runs_in_hand(page)
+        for worker in page:
+            worker.cp_runs_in_hand = held[worker.pk]
+
+
+@admin.register(Worker)
+class WorkerAdmin(ReadOnlyAdmin):
+    """The Run Engine's workers as they last reported themselves (engine/workers.py): read-only, written
+    only by each worker's main process (its beat). Alive: a beat less than CP_WORKER_STALE seconds old
+    and no clean stop. Runs in hand: the running runs whose lease a pool process of the worker holds."""
+
+    list_display = ("name", "host", "pid", "queue_list", "beat_age", "alive", "runs_in_hand")
+    search_fields = ("name", "host")
+    readonly_fields = [f.name for f in Worker._meta.fields] + ["alive", "runs_in_hand"]
+
+    def get_changelist(self, request, **kwargs):
+        return WorkerChangeList
+
+    @admin.display(description="queues")
+    def queue_list(self, obj):
+        return ", ".join(obj.queues or []) or "-"
+
+    @admin.display(description="last beat", ordering="-beat_at")
+    def beat_age(self, obj):
+        seconds = max(0.0, (timezone.now() - obj.beat_at).total_seconds())
+        return f"{seconds:.0f} s ago"
+
+    @admin.display(description="alive", boolean=True)
+    def alive(self, obj):
+        return worker_records.is_alive(obj)
+
+    @admin.display(description="runs in hand")
+    def runs_in_hand(self, obj):
+        runs = getattr(obj, "cp_runs_in_hand", None)
+        if runs is None:  # the change page: one worker
+            runs = worker_records.runs_in_hand([obj])[obj.pk]
+        if not runs:
+            return "-"
+        return format_html_join(", ", '<a href="{}">run {}</a>{}', (
+            (reverse("admin:engine_run_detail", args=[run["id"]]), run["id"],
+             f" ({run['stage']}, {run['phase']})" if run["stage"] else "") for run in runs))

@@ -186,6 +186,12 @@ CP_HEARTBEAT_INTERVAL = env.float("CP_HEARTBEAT_INTERVAL", default=5.0)
 CP_HEARTBEAT_STALE = env.float("CP_HEARTBEAT_STALE", default=60.0)
 #: Seconds a queued run may wait unclaimed before reconciliation enqueues it again.
 CP_QUEUED_STALE = env.float("CP_QUEUED_STALE", default=60.0)
+#: Seconds between the beats of a Run Engine worker's main process, which upserts the worker's row
+#: (engine/workers.py: ``Worker``: its host, pid, queues, pool processes, last beat).
+CP_WORKER_BEAT = env.float("CP_WORKER_BEAT", default=5.0)
+#: Seconds after its last beat a worker no longer counts as alive (the home page, the Workers list,
+#: ``queued_without_worker``); by default three beats, and never less than 15 s.
+CP_WORKER_STALE = env.float("CP_WORKER_STALE", default=max(15.0, 3 * CP_WORKER_BEAT))
 #: Seconds a step waits at most for a live process to release git's index.lock in the run's
 #: worktree (a stale lock, left by a killed git, is removed at once: engine/workspace.py
 #: ``clear_stale_index_lock``); then the run stops ``index_locked``.

@@ -59,24 +59,30 @@ def pending_decisions(run: Run, decisions: list[Decision] | None = None) -> dict
     return {d.kind: d for d in rows if d.state == Decision.State.PENDING}
 
 
-def exhausted_budget(run: Run) -> str | None:
+def exhausted_budget(run: Run, attempts: list | None = None) -> str | None:
     """A sentence when the run has no budget left for more agent work, else None (as
-    ``machine.budget_problem`` counts it for a review, the step any recovery ends in)."""
-    return budget_problem(run, Step("review"))
+    ``machine.budget_problem`` counts it for a review, the step any recovery ends in). ``attempts``
+    (every Attempt row of the run) spares its queries when the caller has them."""
+    return budget_problem(run, Step("review"), attempts)
 
 
-def waiting_sentence(run: Run, decisions: list[Decision] | None = None) -> str:
-    """What the run waits for, for a person; ``""`` when it waits for nothing."""
+def waiting_sentence(run: Run, decisions: list[Decision] | None = None, stages: list[StageRun] | None = None,
+                     attempts: list | None = None) -> str:
+    """What the run waits for, for a person; ``""`` when it waits for nothing.
+
+    ``decisions``, ``stages`` and ``attempts`` (every row of each of the run's, the attempts with
+    their ``result_manifest`` loaded) spare the queries when the caller has them: a page that
+    lists many runs reads them once for all (controlpanel/home.py) and asks no query per run."""
     pending = pending_decisions(run, decisions)
     approval = pending.get(Decision.Kind.APPROVAL)
-    if run.status == RunStatus.WAITING_REVIEW and exhausted_budget(run) is not None:
+    if run.status == RunStatus.WAITING_REVIEW and exhausted_budget(run, attempts) is not None:
         return ("Its budget is exhausted: an exhausted execution budget requires a new run (Create a run on the "
                 "pipeline's page); fail this one.")
     return {
         RunStatus.PENDING: "Waiting for Start.",
         RunStatus.QUEUED: "Waiting for a worker to claim it.",
         RunStatus.WAITING_REVIEW: ("Waiting for a person: recover it (retry or verify), recheck it, or fail it."
-                                   if stage_has_result(waiting_stage(run)) else
+                                   if _has_result_at_waiting_stage(run, stages, attempts) else
                                    "Waiting for a person: recover it with a retry (the stage never produced a result "
                                    "to verify or recheck), or fail it."),
         RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, request "
@@ -84,22 +90,46 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None) -> str:
     }.get(run.status, "")
 
 
-def waiting_stage(run: Run) -> StageRun | None:
+def _has_result_at_waiting_stage(run: Run, stages: list[StageRun] | None, attempts: list | None) -> bool:
+    """``stage_has_result(waiting_stage(run))``, from the caller's rows when it has them."""
+    if run.status != RunStatus.WAITING_REVIEW:
+        return False  # only the waiting_review sentence asks, and only then is it evaluated
+    stage = waiting_stage(run, stages)
+    if stage is None or attempts is None:
+        return stage_has_result(stage)
+    return stage_has_result(stage, [a for a in attempts if a.stage_id == stage.pk])
+
+
+def waiting_stage(run: Run, stages: list[StageRun] | None = None) -> StageRun | None:
     """The stage a waiting run waits at, the one Recheck verifies again: the first, in order, that
-    has neither passed nor is still pending (engine/operations.py ``recheck``); None when none is."""
+    has neither passed nor is still pending (engine/operations.py ``recheck``); None when none is.
+    ``stages`` (every stage of the run) spares the query when the caller has them."""
+    if stages is not None:
+        return next((stage for stage in sorted(stages, key=lambda s: s.order)
+                     if stage.status not in (StageStatus.PASSED, StageStatus.PENDING)), None)
     return run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.PENDING]).order_by("order").first()
 
 
-def stage_has_result(stage: StageRun | None) -> bool:
+def stage_has_result(stage: StageRun | None, attempts: list | None = None) -> bool:
     """True when an implement or repair attempt of ``stage`` produced a result to verify: it has a
     result manifest and either succeeded or changed the files (its result manifest differs from the
     files it started on). An attempt that failed before doing anything (``auth_failed`` seconds
     after Start) leaves a manifest of the unchanged files: that is no result. Only the latest
     implement attempt and the repairs after it count (a retry starts from the stage's starting
     checkpoint). Recheck and
-    Recover's verify need one (engine/operations.py ``recheck``, ``recover``: ``nothing_to_verify``)."""
+    Recover's verify need one (engine/operations.py ``recheck``, ``recover``: ``nothing_to_verify``).
+    ``attempts`` (every attempt of the stage, each with its ``result_manifest`` loaded) spares the
+    queries when the caller has them; the same rule is applied to them."""
     if stage is None:
         return False
+    if attempts is not None:
+        implements = [a for a in attempts if a.operation == "implement"]
+        if not implements:
+            return False
+        first = max(a.number for a in implements)
+        return any(a.operation in ("implement", "repair") and a.number >= first and a.result_manifest_id is not None
+                   and (a.status == AttemptStatus.SUCCEEDED or a.result_manifest.digest != a.start_manifest)
+                   for a in attempts)
     # from the latest implement attempt on: a retry starts again from the stage's starting checkpoint, so
     # what the attempts before it left is no longer in the worktree (repairs build on what is there)
     latest = stage.attempts.filter(operation="implement").order_by("-number").first()

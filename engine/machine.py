@@ -605,14 +605,15 @@ def repaired(stage: StageRun) -> None:
 AGENT_STEPS = frozenset({"implement", "review", "repair", "document"})
 
 
-def budget_problem(run: Run, step: Step) -> str | None:
+def budget_problem(run: Run, step: Step, attempts: list | None = None) -> str | None:
     """A sentence when taking ``step`` would pass one of the run's budgets, else None.
 
     Budgets (``definition.pipeline.budgets``; None is unlimited): ``max_active_seconds``
     against the persisted active time (agents and gates; waiting for a person does not
     count), ``max_attempts`` against the run's agent attempts, ``max_cost_usd`` against the
     sum of the attempts' reported cost (an unreported cost counts as 0 and is said to be
-    unknown on the attempt).
+    unknown on the attempt). ``attempts`` (every Attempt row of the run) spares the queries when
+    the caller has them (a page that reads many runs at once).
     """
     if step.kind == "finish":
         return None
@@ -623,12 +624,14 @@ def budget_problem(run: Run, step: Step) -> str | None:
                 f"(budgets.max_active_seconds).")
     limit = budgets.get("max_attempts")
     if limit is not None and step.kind in AGENT_STEPS:
-        used = run.attempts.count()
+        used = len(attempts) if attempts is not None else run.attempts.count()
         if used >= limit:
             return f"The run has made {used} agent attempts, its budget is {limit} (budgets.max_attempts)."
     limit = budgets.get("max_cost_usd")
     if limit is not None and step.kind in AGENT_STEPS:
-        spent = sum(float((usage or {}).get("cost_usd") or 0) for usage in run.attempts.values_list("usage", flat=True))
+        usages = ([a.usage for a in attempts] if attempts is not None
+                  else run.attempts.values_list("usage", flat=True))
+        spent = sum(float((usage or {}).get("cost_usd") or 0) for usage in usages)
         if spent >= limit:
             return (f"The run's agents have reported ${spent:.4f} of cost, its budget is ${limit:.2f} "
                     f"(budgets.max_cost_usd).")

@@ -502,3 +502,35 @@ class Notification(models.Model):
 
     def __str__(self):
         return f"notification {self.pk} ({self.kind}, {self.channel}) of run {self.run_id}: {self.state}"
+
+
+class Worker(models.Model):
+    """A Run Engine worker (``celery -A controlpanel worker``) as its main process last described
+    itself: one row per Celery node name, upserted every ``CP_WORKER_BEAT`` seconds while it runs
+    (engine/workers.py ``WorkerBeat``) and marked ``stopped_at`` on a clean shutdown.
+
+    It is alive while ``beat_at`` is less than ``CP_WORKER_STALE`` seconds old and ``stopped_at`` is
+    null; a worker killed outright (``kill -9``) keeps its row, whose beat goes stale. The runs it
+    holds are not stored: a run's ``lease_owner`` is ``host:pid`` of the pool process in its step
+    (engine/runner.py ``worker_identity``), joined with ``host`` and ``pool_pids`` when read
+    (engine/workers.py ``runs_in_hand``). Nothing here is a status: the row is a report, which the
+    engine never acts on (reconciliation judges a run by the run's own heartbeat).
+    """
+
+    name = models.CharField(max_length=255, unique=True, help_text="the Celery node name (-n), e.g. celery@host")
+    host = models.CharField(max_length=255, help_text="socket.gethostname() of the worker, as in a run's lease owner")
+    pid = models.IntegerField(help_text="the worker's main process")
+    queues = models.JSONField(default=list, blank=True, help_text="the queues it consumes: [name]")
+    concurrency = models.PositiveIntegerField(default=0, help_text="its pool's size (processes)")
+    pool_pids = models.JSONField(default=list, blank=True,
+                                 help_text="its pool processes at the last beat: [pid] (a run's lease owner is one)")
+    started_at = models.DateTimeField(help_text="when this process began beating")
+    beat_at = models.DateTimeField(help_text="its last beat")
+    stopped_at = models.DateTimeField(null=True, blank=True, help_text="set on a clean shutdown; null while it runs")
+
+    class Meta:
+        ordering = ["-beat_at"]
+        indexes = [models.Index(fields=["beat_at"])]
+
+    def __str__(self):
+        return f"worker {self.name} (pid {self.pid} on {self.host})"

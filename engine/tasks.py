@@ -8,7 +8,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready
 
-from . import boundary, notifications, runner
+from . import boundary, notifications, runner, workers
 from . import reconcile as reconciliation
 
 log = logging.getLogger("engine.tasks")
@@ -51,9 +51,11 @@ def _check_boundary_at_worker_start(sender=None, **kwargs) -> None:
 
 
 def connect_signals() -> None:
-    """Connect the worker_ready handlers (idempotent: each has a dispatch_uid)."""
+    """Connect the worker_ready handlers, and the worker's beat (engine/workers.py: its ``Worker`` row
+    every CP_WORKER_BEAT seconds, marked stopped at a clean shutdown); idempotent: each has a dispatch_uid."""
     worker_ready.connect(_reconcile_at_worker_start, weak=False, dispatch_uid="engine-reconcile-at-start")
     worker_ready.connect(_check_boundary_at_worker_start, weak=False, dispatch_uid="engine-boundary-at-start")
+    workers.connect_signals()
 
 
 connect_signals()
