@@ -57,7 +57,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from engine import answers, operations, process, transcript
+from engine import answers, operations, process, transcript, workers
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
 
@@ -845,11 +845,7 @@ def build_header(run: Run, pending: list[Decision] | None = None) -> dict:
         active += heartbeat_age  # the step in progress, since its worker's last heartbeat counted its time
     queued = ""
     if run.status == RunStatus.QUEUED:
-        try:  # MERGE-TODO
-            from engine import workers
-            queued = workers.queued_without_worker(run)
-        except ImportError:
-            queued = ""
+        queued = workers.queued_without_worker(run)
     return {"run": run, "now": now, "server_now": f"{timezone.now().timestamp():.3f}",
             "created_epoch": _epoch(run.created_at), "started_epoch": _epoch(run.started_at),
             "finished_epoch": _epoch(run.finished_at), "heartbeat_epoch": _epoch(run.heartbeat_at),

@@ -285,7 +285,19 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     assert f"approve files {decision.artifact[:12]}" in tab.inner_text(".cp-waiting")
     done = tab.locator('.cp-tail[data-cp-tail="ended"]')
     assert done.count() == 0  # a finished attempt's output loads on demand
+    # the approval view: the diff of the waiting files beside Approve and Request changes
+    tab.locator("#approval .cp-approval-diff .cp-diff").wait_for()
+    assert "return 42" in tab.inner_text("#approval .cp-approval-diff")
     screenshot(tab, "2-waiting-approval")
+    # the home page lists the run among those waiting for a person, with the button that leads to the action
+    tab.goto("/admin/")
+    item = tab.locator(f'#cp-home-waiting [data-run="{run.pk}"]')
+    item.wait_for()
+    assert "waiting for approval" in item.inner_text().lower()
+    screenshot(tab, "2b-home-waiting")
+    with tab.expect_navigation():
+        item.get_by_role("link", name="Approve or request changes").click()
+    assert tab.url.endswith(f"{detail_path(run)}#actions") and buttons(tab) >= {"approve", "request_changes"}
 
     # Request changes: the files go back to a repair session with the note, then the gate asks again
     assert buttons(tab) >= {"request_changes"}
