@@ -9,12 +9,14 @@ checks, manifests, the journal, events) is read-only: nobody edits evidence by h
 pipeline's page has a "Create a run" button (``engine.add_run``): a small form that calls
 ``engine.operations.create_run`` and leads to the new run's page.
 
-An attempt's page links its stored files (prompt, output log, raw output, patch) and the
-logs of the stage's earlier attempts. They are served by ``AttemptAdmin.file_view``, to staff
+Every record page shows its values readably (controlpanel/readable.py ``Readable``): JSON as YAML,
+times with their seconds, durations to the tenth of a second, an attempt's usage as a table, a
+run's ``not_included`` as a list of paths. An attempt's page links back to its run's page, its stage
+and its result manifest, its stored files (prompt, output log, raw output, patch) and the logs of
+the stage's earlier attempts. They are served by ``AttemptAdmin.file_view``, to staff
 with view permission only, and only from the attempt's own recorded paths when they resolve
 inside its run's control records (controlpanel/attempt_files.py): never an arbitrary path.
 """
-import yaml
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -46,7 +48,8 @@ from engine.steps import sha256_file
 
 from .attempt_files import ATTEMPT_FILES, attempt_file
 from .forms import CreateRunForm, PipelineDefinitionForm
-from .views import RunPages
+from .readable import Readable, moment_html, path_list, refusals_html, usage_table, verdict_html, yaml_block
+from .views import RunPages, exit_text
 
 STATUS_COLOURS = {
     RunStatus.PENDING: "#6b7280",
@@ -59,8 +62,16 @@ STATUS_COLOURS = {
 }
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Evidence: viewable, never added, changed or deleted through the admin."""
+#: The record pages' own CSS (narrow screens, long values wrapped): controlpanel/static/controlpanel/pages.css.
+PAGES_CSS = {"all": ("controlpanel/pages.css",)}
+
+
+class ReadOnlyAdmin(Readable, admin.ModelAdmin):
+    """Evidence: viewable, never added, changed or deleted through the admin; its values readable
+    (controlpanel/readable.py)."""
+
+    class Media:
+        css = PAGES_CSS
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -72,10 +83,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(Readable, admin.TabularInline):
+    """The records of a page's object, read-only, their values readable (controlpanel/readable.py)."""
+
+    template = "admin/engine/_readonly_tabular.html"  # Django's, its cells labelled for narrow screens
     extra = 0
     can_delete = False
     show_change_link = True
+
+    class Media:
+        css = PAGES_CSS
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -85,9 +102,13 @@ class ReadOnlyInline(admin.TabularInline):
 
 
 class ProfileInline(ReadOnlyInline):
+    """A pipeline's profiles, one block each (a table is too narrow for a profile's YAML)."""
+
     model = Profile
+    template = "admin/edit_inline/stacked.html"
     fields = ("name", "adapter", "settings")
     readonly_fields = fields
+    readable_formats = {"settings": yaml_block}
 
 
 @admin.register(Pipeline)
@@ -109,8 +130,7 @@ class PipelineAdmin(ReadOnlyAdmin):
     @admin.display(description="definition")
     def definition_yaml(self, obj):
         """The saved definition as YAML, as a person reads a pipeline file."""
-        text = yaml.safe_dump(obj.definition, sort_keys=False, allow_unicode=True, width=110)
-        return format_html('<pre style="max-height:40em;overflow:auto;white-space:pre-wrap">{}</pre>', text)
+        return yaml_block(obj.definition)
 
     @admin.display(description="stages")
     def stage_count(self, obj):
@@ -254,6 +274,7 @@ class RunAdmin(ReadOnlyAdmin):
     search_fields = ("id", "pipeline_name", "repo_path", "commit", "branch", "stop_reason")
     list_select_related = ("pipeline",)
     readonly_fields = [f.name for f in Run._meta.fields]
+    readable_formats = {"not_included": path_list}
     inlines = [StageInline, AttemptInline, EventInline]
 
     def get_urls(self):
@@ -301,15 +322,74 @@ class StageRunAdmin(ReadOnlyAdmin):
 
 @admin.register(Attempt)
 class AttemptAdmin(ReadOnlyAdmin):
+    """An attempt's page: where it belongs (links to its run's page, its stage, its result manifest), its
+    stored files, then every field of the record in groups, readable (durations to 0.1 s, usage as a
+    table, the verdict, refusals and network as lists or YAML)."""
+
     list_display = ("id", "run", "stage", "number", "operation", "adapter", "simulated", "status", "failure_kind",
                     "exit_code", "elapsed_seconds")
     list_filter = ("status", "operation", "adapter", "simulated")
     list_select_related = ("run", "stage")
-    readonly_fields = ["stored_files", "older_attempts"] + [f.name for f in Attempt._meta.fields if f.name != "id"]
+    readonly_fields = ["links", "stored_files", "older_attempts", "exit_status"] + [
+        f.name for f in Attempt._meta.fields if f.name != "id"]
+    readable_formats = {"usage": usage_table, "verdict": verdict_html, "refusals": refusals_html}
+    #: The page's groups of fields (model field names; any field not named here goes to "The rest of the record").
+    GROUPS = (
+        ("Outcome", ["status", "failure_kind", "failure_message", "exit_status", "elapsed_seconds", "late",
+                     "usage", "final_message", "verdict", "verdict_problem", "refusals"]),
+        ("Agent", ["operation", "number", "role", "profile_name", "adapter", "simulated", "cli_version",
+                   "session_id", "output_bytes", "redactions", "network"]),
+        ("Times", ["deadline_seconds", "deadline_at", "created_at", "started_at", "ended_at"]),
+        ("Starting point and process", ["start_commit", "start_manifest", "result_manifest", "host", "pid",
+                                        "pid_create_time", "marker", "lease_token"]),
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the list's elapsed time to 0.1 s too (the display made by Readable, sortable by the field)
+        self.list_display = self.readable(self.list_display)
 
     def get_fieldsets(self, request, obj=None):
-        rest = [f.name for f in Attempt._meta.fields if f.name != "id"]
-        return [("Stored files", {"fields": ["stored_files", "older_attempts"]}), ("Attempt", {"fields": rest})]
+        named = {name for _, names in self.GROUPS for name in names}
+        rest = [f.name for f in Attempt._meta.fields if f.name not in named and f.name not in ("id", "exit_code",
+                                                                                                  "signal")]
+        groups = [(title, {"fields": self.readable(names)}) for title, names in self.GROUPS]
+        return [("Where it belongs", {"fields": ["links"]}),
+                ("Stored files", {"fields": ["stored_files", "older_attempts"]}),
+                *groups, ("The rest of the record", {"fields": self.readable(rest)})]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The page, with "back to the run" (its run's page, at this attempt) among its tools."""
+        attempt = Attempt.objects.filter(pk=object_id).only("pk", "run_id").first()
+        extra = dict(extra_context or {})
+        if attempt is not None:
+            extra["run_page_url"] = reverse("admin:engine_run_detail", args=[attempt.run_id]) + f"#attempt-{attempt.pk}"
+        return super().change_view(request, object_id, form_url, extra_context=extra)
+
+    @admin.display(description="links")
+    def links(self, obj):
+        """Back to its run's page (at this attempt), its stage there and its record, its result manifest."""
+        detail = reverse("admin:engine_run_detail", args=[obj.run_id])
+        items = [format_html('<li><a href="{}#attempt-{}" class="cp-back-link">back to the run</a>: run {} of {}{}'
+                             '</li>', detail, obj.pk, obj.run_id, obj.run.pipeline_name,
+                             " (simulated)" if obj.run.simulated else ""),
+                 format_html('<li><a href="{}#stage-{}">stage {} ‘{}’</a> on the run\'s page '
+                             '(<a href="{}">its record</a>)</li>', detail, obj.stage_id, obj.stage.order + 1,
+                             obj.stage.key, reverse("admin:engine_stagerun_change", args=[obj.stage_id]))]
+        if obj.result_manifest_id:
+            manifest = obj.result_manifest
+            items.append(format_html(
+                '<li>result manifest <a href="{}#manifest-{}"><code>{}</code></a> (+{} ~{} -{}; '
+                '<a href="{}">its record</a>)</li>', detail, manifest.pk, manifest.digest[:12], manifest.added,
+                manifest.modified, manifest.deleted, reverse("admin:engine_manifest_change", args=[manifest.pk])))
+        else:
+            items.append(format_html("<li>{}</li>", "no result manifest recorded"))
+        return format_html('<ul class="cp-links">{}</ul>', format_html_join("", "{}", ((i,) for i in items)))
+
+    @admin.display(description="exit status")
+    def exit_status(self, obj):
+        """``exit 0``, ``signal 9`` or "—"."""
+        return exit_text(obj.exit_code, obj.signal)
 
     def get_urls(self):
         view = self.admin_site.admin_view(self.file_view)
@@ -369,10 +449,18 @@ class AttemptAdmin(ReadOnlyAdmin):
 
 @admin.register(Check)
 class CheckAdmin(ReadOnlyAdmin):
+    """Checks; each one's page (what ran, where, its log) is the run's check page (``engine_run_check_log``)."""
+
     list_display = ("id", "run", "stage", "kind", "name", "passed", "exit_code", "failure_kind", "stale",
-                    "manifest_digest")
+                    "manifest_digest", "check_page")
     list_filter = ("passed", "kind", "stale")
     list_select_related = ("run", "stage")
+
+    @admin.display(description="page")
+    def check_page(self, obj):
+        """A link to the check's page (its command, exit status and log)."""
+        return format_html('<a href="{}">command and log</a>',
+                           reverse("admin:engine_run_check_log", args=[obj.run_id, obj.pk]))
 
 
 @admin.register(Manifest)
@@ -403,9 +491,72 @@ class StartRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(RunEvent)
 class RunEventAdmin(ReadOnlyAdmin):
-    list_display = ("at", "run", "kind", "message")
+    """The events ("all events" of a run's page: ``?run__id__exact=N``): each with its time to the
+    millisecond, its kind, its whole message and links to the run's page and the stage, attempt, check and
+    decision it names. A run's events read oldest first, like its story; unfiltered, newest first."""
+
+    list_display = ("time", "kind", "whole_message", "evidence", "run_page")
+    list_display_links = ("time",)
     list_filter = ("kind",)
-    list_select_related = ("run",)
+    search_fields = ("message",)
+    list_select_related = ("run", "stage", "attempt", "gate_check")
+    list_per_page = 500
+    list_max_show_all = 5000
+    RUN_FILTER = "run__id__exact"
+
+    def get_ordering(self, request):
+        """Oldest first for one run's events, newest first otherwise."""
+        return ("id",) if request.GET.get(self.RUN_FILTER) else ("-id",)
+
+    def changelist_view(self, request, extra_context=None):
+        """The list, naming the run it is filtered on (with a link back to its page)."""
+        extra = dict(extra_context or {})
+        run_id = request.GET.get(self.RUN_FILTER, "")
+        run = Run.objects.filter(pk=run_id).only("pk", "pipeline_name").first() if run_id.isdigit() else None
+        if run is not None:
+            extra.update(events_run=run, title=f"Events of run {run.pk} ({run.pipeline_name}), oldest first",
+                         run_page_url=reverse("admin:engine_run_detail", args=[run.pk]))
+        return super().changelist_view(request, extra_context=extra)
+
+    @admin.display(description=f"time ({settings.TIME_ZONE})", ordering="at")
+    def time(self, obj):
+        """Its time to the millisecond, in the site's time zone."""
+        return moment_html(obj.at, zone=False)
+
+    @admin.display(description="message")
+    def whole_message(self, obj):
+        """The whole message, wrapped."""
+        return format_html('<div class="cp-message">{}</div>', obj.message)
+
+    @admin.display(description="names")
+    def evidence(self, obj):
+        """Links to what it names: its stage (on the run's page), attempt (its page), check (its page) and
+        decision (on the run's page)."""
+        detail = reverse("admin:engine_run_detail", args=[obj.run_id])
+        links = []
+        if obj.stage_id:
+            links.append(format_html('<a href="{}#stage-{}">stage ‘{}’</a>', detail, obj.stage_id, obj.stage.key))
+        if obj.attempt_id:
+            links.append(format_html('<a href="{}">attempt {} ({})</a>',
+                                     reverse("admin:engine_attempt_change", args=[obj.attempt_id]),
+                                     obj.attempt.number, obj.attempt.operation))
+        if obj.gate_check_id:
+            links.append(format_html('<a href="{}">check ‘{}’</a>',
+                                     reverse("admin:engine_run_check_log", args=[obj.run_id, obj.gate_check_id]),
+                                     obj.gate_check.name))
+        if obj.decision_id:
+            links.append(format_html('<a href="{}#decision-{}">decision {}</a>', detail, obj.decision_id,
+                                     obj.decision_id))
+        if not links:
+            return "—"
+        return format_html('<span class="cp-event-links">{}</span>',
+                           format_html_join("", "{}", ((link,) for link in links)))
+
+    @admin.display(description="run", ordering="run")
+    def run_page(self, obj):
+        """A link to its run's page, at this event."""
+        return format_html('<a href="{}#event-{}">run {}</a>', reverse("admin:engine_run_detail", args=[obj.run_id]),
+                           obj.pk, obj.run_id)
 
 
 @admin.register(Notification)

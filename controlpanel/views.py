@@ -17,7 +17,9 @@ admin's own (names in the ``admin`` namespace; ``<run>`` and the others are inte
                                                             ended carries ``HX-Trigger: cp-attempt-ended``)
 ``<run>/attempt/<a>/diff/``     ``engine_run_attempt_diff`` the attempt's patch as a coloured diff (the first
                                                             ``DIFF_BYTES``)
-``<run>/check/<c>/log/``        ``engine_run_check_log``    a check's log, as text
+``<run>/check/<c>/log/``        ``engine_run_check_log``    a check's page: what ran, where, when, its exit
+                                                            status, and the end of its log (``CHECK_LOG_BYTES``);
+                                                            ``?raw=1``: the whole log, as text
 ``<run>/action/<verb>/``        ``engine_run_action``       POST only: start, approve, recheck, recover, fail
 ==============================  ==========================  ==================================================
 
@@ -43,6 +45,7 @@ import json
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +67,7 @@ from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Chec
 from .attempt_files import attempt_file
 from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, RerunForm, StartForm,
                     first_error, mark_kept, typed_fields)
+from .readable import duration_text, moment_html, yaml_block
 
 #: Bytes of an attempt's display log the tail endpoint returns (read from the end, never the whole file).
 TAIL_BYTES = 64 * 1024
@@ -73,6 +77,8 @@ DIFF_BYTES = 512 * 1024
 #: TRANSCRIPT_WINDOW bytes only.
 TRANSCRIPT_ENTRIES = 300
 TRANSCRIPT_WINDOW = 256 * 1024
+#: Bytes of a check's log its page shows (the end; from a line's start); the whole log is ``?raw=1``.
+CHECK_LOG_BYTES = 256 * 1024
 #: Events shown on the page, the most recent ones; the rest are one link away (the events list).
 EVENT_LIMIT = 500
 #: Seconds between two looks of the page (htmx) at an open attempt's log and at an active run's state.
@@ -115,10 +121,14 @@ _VERDICT_OUTCOME = {"pass": "ok", "repair": "warn", "escalate": "warn"}
 # ----------------------------------------------------------------------------- small helpers
 
 
-def seconds_text(seconds: float | None) -> str:
-    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``; '' for None."""
+def seconds_text(seconds: float | None, precise: bool = False) -> str:
+    """``12.3 s``, ``4 min 05 s``, ``2 h 03 min``; '' for None. ``precise``: to the tenth of a second
+    whatever the length (``0.4 s``, ``1 min 3.2 s``, ``2 h 0 min 4.5 s``), as the record pages show a
+    duration (controlpanel/readable.py ``duration_text``)."""
     if seconds is None:
         return ""
+    if precise:
+        return duration_text(seconds)
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, secs = divmod(int(round(seconds)), 60)
@@ -509,6 +519,69 @@ def check_row(run: Run, check: Check, manifest_href: str = "") -> CheckRow:
     return CheckRow(obj=check, outcome=outcome, elapsed=seconds_text(seconds), log_url=log_url, running=running,
                     exit=exit_text(check.exit_code, check.signal), verdict=verdict,
                     manifest_html=digest_link(check.manifest_digest, manifest_href))
+
+
+def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]]:
+    """What a check's page says of it, ``[(label, HTML)]``: name and kind, outcome, exit status, the
+    command (whole) and what was executed, the directory it ran in, its duration and times (with
+    seconds), its run and stage (links to the run's page), the files it tested and its network."""
+    running = check.ended_at is None and check.exit_code is None and check.signal is None and not check.failure_kind
+    if running:
+        outcome = mark_safe('<span class="cp-outcome cp-outcome-live">running</span>')
+    else:
+        word = "passed" if check.passed else "failed"
+        outcome = format_html('<span class="cp-outcome cp-outcome-{}">{}</span>{}', word, word,
+                              f" ({check.failure_kind})" if check.failure_kind else "")
+    if check.stale:
+        outcome = format_html("{} · <b>stale</b>: the files changed after it ran; it no longer counts", outcome)
+    if check.cwd and check.cwd == run.worktree:
+        where = format_html("<code>{}</code> (the run's worktree)", check.cwd)
+    elif check.kind == Check.Kind.FINAL:
+        where = format_html("<code>{}</code> (a fresh checkout of the run's final commit, not its worktree "
+                            "<code>{}</code>)", check.cwd, run.worktree or "—")
+    else:
+        where = format_html("<code>{}</code>", check.cwd or "—")
+    if running:
+        duration = format_html("running for {}", duration_text(_span(check.started_at, None)))
+    else:
+        duration = duration_text(check.elapsed_seconds)
+    if check.stage_id:
+        stage = format_html('<a href="{}#stage-{}">stage {} ‘{}’</a>', detail_url, check.stage_id,
+                            check.stage.order + 1, check.stage.key)
+    else:
+        stage = "none (a check of the whole run)"
+    if check.manifest_id:
+        files = format_html('<a href="{}#manifest-{}"><code>{}</code></a> (<a href="{}">its record</a>)', detail_url,
+                            check.manifest_id, check.manifest_digest or check.manifest.digest,
+                            reverse("admin:engine_manifest_change", args=[check.manifest_id]))
+    else:
+        files = format_html("<code>{}</code>", check.manifest_digest) if check.manifest_digest else "—"
+    argv = [str(arg) for arg in check.argv] if isinstance(check.argv, list) else []
+    if argv[:4] == ["bash", "-eo", "pipefail", "-c"] and argv[4:] == [check.command]:  # engine/steps/gates.py
+        executed = mark_safe("<code>bash -eo pipefail -c</code> with the command above as its one argument")
+    else:
+        executed = format_html('<pre class="cp-command-text">{}</pre>', shlex.join(argv)) if argv else ""
+    facts = [
+        ("check", format_html("<b>{}</b> · {}", check.name, check.get_kind_display())),
+        ("outcome", outcome),
+        ("exit status", exit_text(check.exit_code, check.signal)),
+        ("command", format_html('<pre class="cp-command-text">{}</pre>', check.command)),
+    ]
+    if executed:
+        facts.append(("executed as", executed))
+    facts += [
+        ("directory", where),
+        ("duration", duration),
+        ("started", moment_html(check.started_at)),
+        ("ended", moment_html(check.ended_at)),
+        ("run", format_html('<a href="{}">run {} of {}</a>{}', detail_url, run.pk, run.pipeline_name,
+                            " (simulated)" if run.simulated else "")),
+        ("stage", stage),
+        ("files tested", files),
+    ]
+    if check.network:
+        facts.append(("network", yaml_block(check.network)))
+    return facts
 
 
 def manifest_rows(run: Run, manifests: list[Manifest], stage_keys: dict) -> list[ManifestRow]:
@@ -1038,15 +1111,34 @@ class RunPages:
         return TemplateResponse(request, "admin/engine/run/diff_page.html", context)
 
     def check_log(self, request, object_id, check_id):
-        """A check's log as text, only from its recorded path inside the run's control records."""
+        """A check's page: what ran (the command, whole), where, when and how it ended, its run and stage,
+        then the end of its log (at most CHECK_LOG_BYTES, read from the end; the page says when it is cut).
+
+        ``?raw=1``: the whole log as text, only from its recorded path inside the run's control records
+        (``stored_file``; 404 when there is none)."""
         run = self._viewable_run(request, object_id)
-        check = Check.objects.filter(pk=check_id, run_id=run.pk).first()
+        check = Check.objects.select_related("stage", "manifest").filter(pk=check_id, run_id=run.pk).first()
         found = stored_file(run, check.log_path) if check is not None else None
-        if found is None:
-            raise Http404("This check has no log in its run's control records.")
-        response = FileResponse(open(found, "rb"), content_type="text/plain; charset=utf-8")
-        response["Content-Disposition"] = f'inline; filename="check-{check.pk}-{found.name}"'
-        return response
+        if request.GET.get("raw") == "1":
+            if found is None:
+                raise Http404("This check has no log in its run's control records.")
+            response = FileResponse(open(found, "rb"), content_type="text/plain; charset=utf-8")
+            response["Content-Disposition"] = f'inline; filename="check-{check.pk}-{found.name}"'
+            return response
+        if check is None:
+            raise Http404("No such check in this run.")
+        check.run = run
+        detail = reverse("admin:engine_run_detail", args=[run.pk])
+        size = found.stat().st_size if found is not None else 0
+        text = process.tail_text(found, CHECK_LOG_BYTES) if found is not None else ""
+        shown = len(text.encode("utf-8"))
+        context = self._context(
+            request, run, title=f"Check '{check.name}' of run {run.pk}", subtitle=None, check=check,
+            facts=check_facts(run, check, detail), detail_url=detail, back_url=f"{detail}#check-{check.pk}",
+            record_url=reverse("admin:engine_check_change", args=[check.pk]), has_log=found is not None,
+            log_path=check.log_path, text=text, size=size, shown=shown, cut=shown < size, limit=CHECK_LOG_BYTES,
+            raw_url=reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?raw=1")
+        return TemplateResponse(request, "admin/engine/run/check_log.html", context)
 
     # --------------------------------------------------------------- acting
 

@@ -168,7 +168,7 @@ def test_the_page_of_a_simulated_run_shows_its_story(staff, make_pipeline, repo,
     assert check.manifest_digest[:12] in check_row and check.manifest_digest
     log_url = reverse("admin:engine_run_check_log", args=[run.pk, check.pk])
     assert log_url in check_row
-    log = staff.get(log_url)
+    log = staff.get(log_url + "?raw=1")  # the check's page; ?raw=1 is its whole log as text
     assert log.status_code == 200
     assert b"".join(log.streaming_content) == (Path(settings.VAR_DIR) / check.log_path).read_bytes()
     # usage per stage and for the run

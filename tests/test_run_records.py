@@ -356,6 +356,9 @@ def test_c14_secrets_an_agent_prints_reach_no_store_and_no_page(solo, route, mak
     for a in Attempt.objects.filter(run=run):
         urls.append(reverse("admin:engine_attempt_change", args=[a.pk]))
         urls += [reverse("admin:engine_attempt_file", args=[a.pk, kind]) for kind in ("prompt", "log", "raw", "patch")]
+    for c in Check.objects.filter(run=run):  # each check's page and its whole log
+        page_url = reverse("admin:engine_run_check_log", args=[run.pk, c.pk])
+        urls += [page_url, page_url + "?raw=1"]
     for url in urls:
         response = client.get(url)
         if response.status_code == 404 and "/file/" in url:
