@@ -424,6 +424,10 @@ def test_a_running_attempt_is_tailed_live_until_it_ends(staff, make_pipeline, re
         assert staff.get(poll).status_code == 204
         live = staff.get(tail_url).content.decode()
         assert 'data-cp-tail="live"' in live and f'hx-get="{tail_url}" hx-trigger="every' in live
+        until = time.monotonic() + 5  # the conversation follows the raw log a fraction of a second behind
+        while "working on it" not in live and time.monotonic() < until:
+            time.sleep(0.1)
+            live = staff.get(tail_url).content.decode()
         assert "working on it" in live
     finally:
         release = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}" / "data" / "release"
