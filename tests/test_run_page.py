@@ -875,3 +875,47 @@ def test_the_run_list_filter_names_stages_in_the_right_number(staff, make_pipeli
     make_pipeline(name="two-stages", stages=two, scenario={"stages": {"one": {}, "two": {}}})
     listing = staff.get(reverse("admin:engine_run_changelist")).content.decode()
     assert "p (v1, 1 stage)" in listing and "1 stages" not in listing and "two-stages (v1, 2 stages)" in listing
+
+
+# ----------------------------------------------------------------------------- why it stopped, on top
+
+
+def test_the_stop_card_shows_the_failing_check_s_log_and_the_evidence_as_links(staff, make_pipeline, repo, sent):
+    from .test_verification import stage as one_stage
+
+    wrong = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 41\n'}}
+    gate = [{"name": "unit", "command": "python -m pytest -q"}]
+    run = run_with(make_pipeline, repo, sent, {"implement": [wrong]},
+                   stages=one_stage(gates=gate, repair_allowance=0))
+    assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
+    check = Check.objects.filter(run=run, kind="gate", passed=False).get()
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    text = page(staff, run)
+    card = section(text, 'id="stop"', "</section>")
+    assert text.index('id="stop"') < text.index('id="actions"') < text.index('id="timeline"')
+    assert "Why it stopped" in card and '<code class="cp-stop-reason">gate_failed</code>' in card
+    assert html.escape(run.stop_message) in card
+    # the failing check's log, its end inline: pytest's own failure lines
+    shown = html.unescape(section(card, '<pre class="cp-pre cp-stop-log">', "</pre>"))
+    assert "assert 41 == 42" in shown or "1 failed" in shown, shown
+    # the evidence as links: the check, its log page, the manifest; no JSON with bare ids
+    for href in (f"#check-{check.pk}", reverse("admin:engine_run_check_log", args=[run.pk, check.pk])):
+        assert f'href="{href}"' in card, href
+    assert re.search(r'href="#manifest-\d+">manifest ' + check.manifest_digest[:12], card)
+    assert '"check":' not in card and "{" not in re.sub(r"<[^>]+>", "", card.split("cp-stop-log")[0])
+    # only the buttons that apply, as jumps to their forms
+    jumps = set(re.findall(r'href="#action-(\w+)"', card))
+    assert jumps == buttons(text) == {"recheck", "recover", "fail"}
+    assert f"attempt-{attempt.pk}" in text
+
+
+def test_a_queued_run_with_no_live_worker_says_so_in_the_header(staff, make_pipeline, repo, sent):
+    from engine.models import Worker
+
+    Worker.objects.all().delete()  # no worker has ever beaten here
+    run = pending_run(make_pipeline, repo)
+    operations.request_start(run, requested_by="t", source="test")
+    header = section(page(staff, run), 'id="run-header"', "</section>")
+    assert "No worker is alive" in header and "make worker" in header
+    fragment = staff.get(reverse("admin:engine_run_header", args=[run.pk])).content.decode()
+    assert "No worker is alive" in fragment and 'hx-trigger="every' in fragment  # it keeps looking
