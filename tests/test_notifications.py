@@ -203,7 +203,7 @@ def test_tries_used_up_fail_the_delivery_and_the_run_page_and_admin_show_it(conf
     assert [entry["status"] for entry in row.log] == [503, 502]
     assert notifications.deliver(row.pk) is None and reconcile.reconcile()["notified"] == 0  # failed stays failed
     page = admin_client.get(reverse("admin:engine_run_detail", args=[run.pk])).content.decode()
-    section = page.split('<section id="notifications">', 1)[1].split("</section>", 1)[0]
+    section = page.split('<section id="notifications" data-cp-part="notifications">', 1)[1].split("</section>", 1)[0]
     assert str(row.uid) in section and "<b>failed</b>" in section and "502 HTTP 502 Bad Gateway" in section
     assert "run.ended" in section and "webhook" in section
     listing = admin_client.get(reverse("admin:engine_notification_changelist"))
