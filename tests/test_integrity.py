@@ -196,7 +196,7 @@ def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeli
     assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
     assert '<span class="cp-dadd">+    pass</span>' in table
     # red on the timeline too: its box links to the attempt's row
-    assert f'<a class="cp-step cp-bad" href="#attempt-{attempt.pk}"' in page
+    assert f'<a class="cp-step cp-bad cp-box-step" href="#attempt-{attempt.pk}"' in page
     row = page[page.index(f'<tr id="attempt-{attempt.pk}"'):]
     assert row.startswith(f'<tr id="attempt-{attempt.pk}" class="cp-row-bad">')
     assert "<code>protected_files_changed</code>" in row[:2000]
