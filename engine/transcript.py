@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from .process import tail_text
 from .redaction import Redactor
 
 #: The entry kinds, in the words the run page uses for them.
@@ -509,17 +510,7 @@ def build(raw_path: str | os.PathLike[str], fmt: str, workspace: str = "", redac
 def read_tail(path: str | os.PathLike[str], limit: int = 300, window: int = 256 * 1024) -> tuple[list[dict], int]:
     """The last ``limit`` entries of a transcript, read from its last ``window`` bytes only, and the
     number of the last entry (0 for none). A damaged line is skipped."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - window))
-            data = fh.read()
-    except FileNotFoundError:
-        return [], 0
-    lines = data.split(b"\n")
-    if size > window:
-        lines = lines[1:]  # the first may start inside a line
+    lines = tail_text(path, window).split("\n")  # from a line's start when it began inside one
     entries = []
     for line in lines:
         if not line.strip():

@@ -244,6 +244,18 @@ def wait_for(run_id: int, statuses=("succeeded", "failed", "waiting_review", "wa
     raise AssertionError(f"run {run_id} is still {Run.objects.get(pk=run_id).status} after {timeout} s")
 
 
+def wait_until(predicate, timeout: float = 60.0, what: str = "the condition"):
+    """Poll ``predicate`` every 0.1 s until it returns something true (returned) or ``timeout`` seconds
+    pass (AssertionError naming ``what``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _session_var_dir():
     """The session's own var directory (controlpanel.test_settings), removed at the end."""

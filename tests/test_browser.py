@@ -31,7 +31,7 @@ from django.contrib.auth.models import Permission
 from engine import operations, runner
 from engine.models import Attempt, Check, Run
 
-from .conftest import ARTIFACTS, ANSWER_STEP, wait_for
+from .conftest import ARTIFACTS, ANSWER_STEP, wait_for, wait_until
 from .test_run_records import route  # noqa: F401 (fixture)
 
 CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
@@ -198,14 +198,6 @@ def release(run) -> None:
     flag.write_text("go\n")
 
 
-def wait_until(predicate, timeout: float = 60.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def start_quietly(run, monkeypatch) -> None:

@@ -30,10 +30,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import answers, operations, runner, workers
+from engine import answers, operations, workers
 from engine.models import Attempt, Decision, Manifest, Run, Worker
 
-from .conftest import ANSWER_STEP, wait_for
+from .conftest import ANSWER_STEP, wait_for, wait_until
+from .test_run_records import route  # noqa: F401 (fixture)
 from .test_run_records import QUICK, Solo
 
 #: An implementer that waits (at most 60 s) until the test writes $CP_DATA_DIR/release.
@@ -382,25 +383,6 @@ def test_the_workers_admin_list_shows_each_worker_and_its_runs(staff, run_row):
 # ----------------------------------------------------------------------------- real worker processes
 
 
-@pytest.fixture
-def route(monkeypatch):
-    """Send the messages this process sends (Start) to ``queue`` instead of the session's."""
-    from engine.tasks import advance_run
-
-    def to(queue: str) -> None:
-        monkeypatch.setattr(runner, "enqueue",
-                            lambda run_id, token: advance_run.apply_async(args=[run_id, token], queue=queue))
-    return to
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 def row_of(solo: Solo) -> Worker | None:
