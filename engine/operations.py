@@ -313,7 +313,7 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
             run.protected_files = protected.snapshot(repo, commit, list(definition.get("protected_paths") or []),
                                                      commands, str(control / "protected"))
             run.save(update_fields=["protected_files"])
-            sim = f" It is simulated: it uses the {', '.join(reasons)}." if simulated else ""
+            sim = f" It is simulated: it uses the {reasons}." if simulated else ""
             left = f" {len(not_included)} uncommitted change(s) in the checkout are not included." if not_included else ""
             guarded = (f" {len(run.protected_files)} protected file(s) copied to the control records: "
                        f"{', '.join(p['path'] for p in run.protected_files[:8])}"

@@ -170,3 +170,11 @@ def test_a_pipeline_name_that_looks_like_an_id_wins_over_the_id(make_pipeline, r
     run = operations.create_run(numeric.name, str(repo), "main")
     assert run.pipeline == numeric
     assert operations.create_run(str(first.pk), str(repo), "main").pipeline == first
+
+
+def test_the_created_event_says_in_words_why_the_run_is_simulated(make_pipeline, repo):
+    from engine.models import RunEvent
+
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    created = RunEvent.objects.get(run=run, kind="created")
+    assert "It is simulated: it uses the scripted test adapter." in created.message, created.message
