@@ -123,6 +123,10 @@ function cpIdle() {
   // the version the page shows: the state poll asks with it (its hx-get carries the first one)
   document.addEventListener("htmx:configRequest", function (evt) {
     var elt = evt.detail.elt;
+    if (elt && elt.hasAttribute && elt.hasAttribute("data-cp-live") && elt.hasAttribute("data-cp-ended")) {
+      evt.preventDefault();  // the run has ended: its state no longer changes
+      return;
+    }
     if (elt && elt.hasAttribute && elt.hasAttribute("data-cp-live") && elt.getAttribute("data-cp-version")) {
       evt.detail.path = evt.detail.path.replace(/([?&]v=)[^&]*/, "$1" + encodeURIComponent(elt.getAttribute("data-cp-version")));
     }
