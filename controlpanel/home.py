@@ -33,6 +33,8 @@ from engine import answers, workers
 from engine.workers import age_text
 from engine.models import RUN_ACTIVE, RUN_WAITING, Attempt, Run, RunStatus
 
+from .readable import code_spans
+
 #: Seconds between two refreshes of the dashboard (htmx polls the fragment route).
 HOME_POLL_SECONDS = 5
 #: Runs listed at most in each of the waiting and active lists (the rest: the run list, one link away).
@@ -108,7 +110,7 @@ def _active(now: datetime, worker_rows: list[dict]) -> tuple[list[dict], bool]:
             "lease_owner": run.lease_owner, "pool_pid": in_hand["pool_pid"] if in_hand else None,
             "between_steps": run.status == RunStatus.RUNNING and not run.lease_owner,
             "queued_text": age_text(_since(run.queued_at, now)) if run.status == RunStatus.QUEUED else "",
-            "no_worker": workers.queued_without_worker(run, worker_rows, now)})
+            "no_worker": code_spans(workers.queued_without_worker(run, worker_rows, now))})
     return found, len(rows) > LIST_LIMIT
 
 

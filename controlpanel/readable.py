@@ -16,12 +16,13 @@ Every function returns escaped HTML (or plain text) and never reads a file.
 from __future__ import annotations
 
 import datetime
+import re
 
 import yaml
 from django.contrib import admin
 from django.db import models
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 #: What a value that was never recorded shows.
@@ -268,3 +269,9 @@ class Readable:
         """An inline's formset, the model fields' help texts given to their readable displays."""
         kwargs["help_texts"] = {**self.readable_help, **kwargs.get("help_texts", {})}
         return super().get_formset(request, obj, **kwargs)
+
+
+def code_spans(text: str):
+    """``text`` escaped, with each `backquoted` part as <code> (a command in a sentence, as the engine's
+    sentences write one: engine/workers.py ``queued_without_worker``)."""
+    return mark_safe(re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text)))

@@ -67,7 +67,7 @@ from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Chec
 from .attempt_files import attempt_file
 from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, RerunForm, StartForm,
                     first_error, mark_kept, typed_fields)
-from .readable import duration_text, moment_html, yaml_block
+from .readable import code_spans, duration_text, moment_html, yaml_block
 
 #: Bytes of an attempt's display log the tail endpoint returns (read from the end, never the whole file).
 TAIL_BYTES = 64 * 1024
@@ -731,33 +731,79 @@ def build_page(run: Run) -> dict:
 AXIS_TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
+#: An idle stretch of the timeline (no attempt or check running: a person deciding, a queue) longer
+#: than this share of the busy time (at least IDLE_MIN_SECONDS) is drawn at that length, marked as cut.
+IDLE_SHARE = 0.08
+IDLE_MIN_SECONDS = 3.0
+
+
 def place_on_axis(run: Run, blocks: list) -> dict:
     """Put every box of ``blocks`` on one time axis: the run's span from its first step (or its start)
     to its end (or now). Each box gets ``left`` and ``width`` in percent (a box still open runs to
-    the end; at least 0.8 % wide so it can be seen). Returns ``{"seconds": span, "ticks": [(percent,
-    label)]}``; ``seconds`` is 0 when nothing has a time yet."""
+    the end; at least 0.8 % wide so it can be seen). Idle stretches longer than IDLE_SHARE of the busy
+    time are shortened to that (a wait of ten minutes for a person does not squash the work into a
+    sliver) and returned as ``cuts``. Returns ``{"seconds": span, "ticks": [(percent, label)],
+    "cuts": [(percent, label)]}``; ``seconds`` is 0 when nothing has a time yet. Labels are real
+    times since the start."""
     starts = [box.start for block in blocks for box in block.boxes if math.isfinite(box.start)]
     if run.started_at:
         starts.append(run.started_at.timestamp())
     if not starts:
-        return {"seconds": 0, "ticks": []}
+        return {"seconds": 0, "ticks": [], "cuts": []}
     first = min(starts)
     last = run.finished_at.timestamp() if run.finished_at else timezone.now().timestamp()
     ends = [box.end for block in blocks for box in block.boxes if math.isfinite(box.end)]
     last = max([last, first + 0.001] + ends)
-    span = last - first
+    busy = sorted((box.start, box.end if math.isfinite(box.end) else last) for block in blocks for box in block.boxes
+                  if box.kind != "wait" and math.isfinite(box.start))
+    merged: list[list[float]] = []
+    for start, end in busy:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    worked = sum(end - start for start, end in merged)
+    limit = max(IDLE_MIN_SECONDS, IDLE_SHARE * worked)
+    gaps, cursor = [], first  # idle stretches (start, end) longer than the limit
+    for start, end in merged + [[last, last]]:
+        if start - cursor > limit:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+
+    def mapped(moment: float) -> float:
+        out = moment - first
+        for start, end in gaps:
+            if moment > start:
+                out -= min(moment, end) - start - min(limit, min(moment, end) - start)
+        return out
+
+    span = mapped(last) or 0.001
+
+    def percent(moment: float) -> float:
+        return mapped(moment) / span * 100
+
     for block in blocks:
         for box in block.boxes:
             if not math.isfinite(box.start):
                 box.left, box.width = "0", "0"
                 continue
             end = box.end if math.isfinite(box.end) else last
-            left = (box.start - first) / span * 100
-            width = max(0.8, (max(end, box.start) - box.start) / span * 100)
+            left = percent(box.start)
+            width = max(0.8, percent(max(end, box.start)) - left)
             left = min(left, 100 - width)
             box.left, box.width = f"{max(0.0, left):.2f}", f"{width:.2f}"
-    ticks = [(f"{tick * 100:.0f}", seconds_text(span * tick) or "0 s") for tick in AXIS_TICKS]
-    return {"seconds": span, "ticks": ticks}
+
+    def real(fraction: float) -> float:  # the real seconds since ``first`` at a place on the axis
+        low, high = first, last
+        for _ in range(40):
+            middle = (low + high) / 2
+            low, high = (middle, high) if percent(middle) < fraction * 100 else (low, middle)
+        return low - first
+
+    ticks = [(f"{tick * 100:.0f}", seconds_text(real(tick)) or "0 s") for tick in AXIS_TICKS]
+    cuts = [(f"{percent(start) + limit / span * 50:.2f}", f"{seconds_text(end - start)} idle, shortened")
+            for start, end in gaps]
+    return {"seconds": last - first, "ticks": ticks, "cuts": cuts}
 
 
 #: Bytes of the failing check's log shown inline on the stop card (its end).
@@ -795,12 +841,22 @@ def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict |
             links.append((f"#decision-{value}", f"decision {value}"))
         elif key in ("report", "changes") and run.stop_reason == "protected_files_changed":
             continue  # the tamper table below shows them
-        else:
+        elif not _empty(value) and _fact_text(value):
             facts.append((key, _fact_text(value)))
     if not named and run.stop_reason in ("gate_failed", "repair_exhausted", "unchanged_failure",
                                          "final_verification_failed"):
         failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None]
         named = failed[-1:]
+    if "attempt" not in evidence:  # the change the checks failed on: the stage's latest attempt with a patch
+        stage_id = next((c.stage_id for c in named), None)
+        changed = [a for a in attempts if a.operation != "review" and attempt_file(a, "patch") is not None
+                   and (stage_id is None or a.stage_id == stage_id)]
+        if named and changed:
+            attempt = changed[-1]
+            links.append((f"#attempt-{attempt.pk}", f"attempt {attempt.number} ({attempt.operation})"))
+            if attempt_file(attempt, "prompt") is not None:
+                links.append((reverse("admin:engine_attempt_file", args=[attempt.pk, "prompt"]), "its prompt"))
+            links.append((reverse("admin:engine_run_attempt_diff", args=[run.pk, attempt.pk]), "its diff"))
     check = None
     for found in named:
         links.append((f"#check-{found.pk}", f"check '{found.name}'"))
@@ -815,14 +871,25 @@ def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict |
     return {"reason": run.stop_reason, "message": run.stop_message, "check": check, "links": links, "facts": facts}
 
 
+#: Keys of nested evidence that hold database ids (the links above name those records).
+_ID_KEYS = ("attempt", "check", "decision", "journal", "id")
+
+
+def _empty(value) -> bool:
+    return value is None or value == "" or value == [] or value == {}
+
+
 def _fact_text(value) -> str:
-    """A value of the stop evidence as one readable line (lists joined, mappings as ``k: v``)."""
+    """A value of the stop evidence as one readable line: lists joined, mappings as ``k: v`` without
+    empty values and database ids, git object ids cut to 12 characters."""
     if isinstance(value, list):
-        shown = ", ".join(_fact_text(item) for item in value[:20])
+        shown = ", ".join(_fact_text(item) for item in value[:20] if not _empty(item))
         return shown + (f" … and {len(value) - 20} more" if len(value) > 20 else "")
     if isinstance(value, dict):
-        return "; ".join(f"{k}: {_fact_text(v)}" for k, v in list(value.items())[:20])
-    return str(value)
+        parts = [f"{k}: {_fact_text(v)}" for k, v in list(value.items())[:20] if not _empty(v) and k not in _ID_KEYS]
+        return "(" + "; ".join(parts) + ")" if parts else ""
+    text = str(value)
+    return text[:12] if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", text) else text
 
 
 def notification_rows(run: Run) -> list:
@@ -924,6 +991,7 @@ def build_header(run: Run, pending: list[Decision] | None = None) -> dict:
             "finished_epoch": _epoch(run.finished_at), "heartbeat_epoch": _epoch(run.heartbeat_at),
             "heartbeat_age": seconds_text(heartbeat_age), "heartbeat_stale": stale,
             "active_seconds": f"{active:.1f}", "active_time": seconds_text(active), "active_counting": counting,
+            "active_base": f"{run.active_seconds:.3f}", "queued_without_worker_html": code_spans(queued),
             "elapsed_time": seconds_text(_span(run.started_at, run.finished_at)) if run.started_at else "",
             "stale_limit": f"{settings.CP_HEARTBEAT_STALE:.0f}", "reconcile_period": f"{settings.CP_RECONCILE_PERIOD:.0f}",
             "waiting_for": _waiting_for(run, pending), "queued_without_worker": queued,
@@ -1079,7 +1147,11 @@ class RunPages:
             return HttpResponse(status=204)
         entries, last = transcript.read_tail(found, TRANSCRIPT_ENTRIES, TRANSCRIPT_WINDOW)
         tail_url = reverse("admin:engine_run_attempt_tail", args=[attempt.run_id, attempt.pk])
+        refused = attempt.failure_kind in REFUSED_KINDS
         context = {"attempt": attempt, "entries": [conversation_entry(entry) for entry in entries],
+                   "state_text": (f"refused ({attempt.failure_kind})" if refused else attempt.status
+                                  + (f" ({attempt.failure_kind})" if attempt.failure_kind
+                                     and attempt.failure_kind != attempt.status else "")),
                    "count": last, "shown": len(entries), "size": size, "live": live, "tail_poll": TAIL_POLL_SECONDS,
                    "tail_url": tail_url, "log_view_url": tail_url + "?view=log",
                    "raw_url": (reverse("admin:engine_attempt_file", args=[attempt.pk, "raw"])

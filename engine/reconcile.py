@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import time
 from datetime import timedelta
@@ -36,6 +37,7 @@ from . import machine, notifications, process, runner, steps, workspace
 from .models import (ATTEMPT_OPEN, Attempt, Check, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageStatus,
                      StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
+from .steps.paths import attempt_homes
 
 log = logging.getLogger("engine.reconcile")
 
@@ -303,6 +305,10 @@ def interrupt(run_id: int, token: str, heartbeat_at):
         return False
     run = Run.objects.get(pk=run_id)
     reaping = reap_run(run)
+    if not reaping["unconfirmed"]:
+        # the attempts' HOMEs (the CLIs' own session and temporary files: their output unredacted),
+        # which the dead worker could not remove; nothing of them is evidence
+        shutil.rmtree(attempt_homes(run.pk), ignore_errors=True)
     if reaping["unconfirmed"]:  # a git of another host may hold it: its processes are not confirmed gone
         lock = {"state": "unknown", "path": None, "holders": [], "sentence": "git's index lock was left alone: "
                 "attempts of another host could not be confirmed stopped."}

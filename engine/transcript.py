@@ -14,7 +14,7 @@ A ``Follower`` thread reads the attempt's raw log (``output.raw``) while the pro
 appends one JSON object a line to ``transcript.jsonl`` beside it. An entry::
 
     {"n": 7, "t": 1764662400.25, "kind": "tool_call", "tool": "Bash",
-     "text": "Ran `python -m pytest -q`", "detail": "Run the tests", "call": "toolu_01"}
+     "text": "Runs `python -m pytest -q`", "detail": "Run the tests", "call": "toolu_01"}
 
 ``kind`` is one of ``KINDS``; ``t`` the time it was read (seconds since the epoch); ``text`` the
 sentence shown; optional ``detail`` (the first lines of a result, a description), ``ok``
@@ -57,6 +57,7 @@ POLL_SECONDS = 0.25
 _REFUSAL = re.compile(r"permission|denied|not allowed|haven't granted|No such tool available|blocked|"
                       r"requires approval|declined", re.IGNORECASE)
 _EXIT = re.compile(r"Exit code:?\s*(-?\d+)")
+_TOOL_ERROR_TAG = re.compile(r"</?tool_use_error>")
 
 
 def transcript_path(raw_path: str | os.PathLike[str]) -> Path:
@@ -127,41 +128,42 @@ class Normalizer:
         return path
 
     def tool_sentence(self, name: str, args: dict) -> str:
-        """A tool call as a sentence: ``Ran `pytest -q```, ``Read app/core.py``, ``Searched for “x” in app``."""
+        """A tool call as a sentence of what the agent asks for (its result follows as its own entry):
+        ``Runs `pytest -q```, ``Reads app/core.py``, ``Searches for “x” in app``."""
         args = args if isinstance(args, dict) else {}
         path = self._path(args.get("file_path") or args.get("notebook_path") or args.get("path") or "")
         if name in ("Bash", "shell", "exec_command", "local_shell"):
             command = args.get("command") or args.get("cmd") or ""
             if isinstance(command, list):
                 command = " ".join(str(part) for part in command)
-            return f"Ran {_code(command)}"
+            return f"Runs {_code(command)}"
         if name == "Read":
-            return f"Read {path or 'a file'}"
+            return f"Reads {path or 'a file'}"
         if name == "Write":
             lines = str(args.get("content") or "").count("\n")
-            return f"Wrote {path or 'a file'}" + (f" ({lines} line{'s' if lines != 1 else ''})" if lines else "")
+            return f"Writes {path or 'a file'}" + (f" ({lines} line{'s' if lines != 1 else ''})" if lines else "")
         if name in ("Edit", "MultiEdit"):
-            return f"Edited {path or 'a file'}"
+            return f"Edits {path or 'a file'}"
         if name == "NotebookEdit":
-            return f"Edited the notebook {path}"
+            return f"Edits the notebook {path}"
         if name == "Grep":
             where = f" in {path}" if path else ""
-            return f"Searched for “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
+            return f"Searches for “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
         if name == "Glob":
             where = f" in {path}" if path else ""
-            return f"Looked for files matching “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
+            return f"Looks for files matching “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
         if name == "LS":
-            return f"Listed {path or 'a folder'}"
+            return f"Lists {path or 'a folder'}"
         if name == "TodoWrite":
             todos = args.get("todos") if isinstance(args.get("todos"), list) else []
-            return f"Updated its to-do list ({len(todos)} item{'s' if len(todos) != 1 else ''})"
+            return f"Updates its to-do list ({len(todos)} item{'s' if len(todos) != 1 else ''})"
         if name == "Task":
-            return f"Started a sub-agent: {_cut(str(args.get('description') or args.get('prompt') or ''), 160)}"
+            return f"Starts a sub-agent: {_cut(str(args.get('description') or args.get('prompt') or ''), 160)}"
         if name == "WebFetch":
-            return f"Fetched {_cut(str(args.get('url') or ''), 200)}"
+            return f"Fetches {_cut(str(args.get('url') or ''), 200)}"
         if name == "WebSearch":
-            return f"Searched the web for “{_cut(str(args.get('query') or ''), 160)}”"
-        return f"Called {name or 'a tool'}"
+            return f"Searches the web for “{_cut(str(args.get('query') or ''), 160)}”"
+        return f"Calls {name or 'a tool'}"
 
     def _add_usage(self, reported) -> dict | None:
         if not isinstance(reported, dict):
@@ -235,7 +237,8 @@ class Normalizer:
                     entry["exit"] = int(found.group(1))
                 if error and _REFUSAL.search(content[:500]):
                     entry["kind"] = "refusal"
-                    entry["text"] = f"{tool or 'The tool call'} was refused: {_cut(first_lines(content, 1), 240)}"
+                    said = _TOOL_ERROR_TAG.sub("", first_lines(content, 1)).strip()
+                    entry["text"] = f"{tool or 'The tool call'} was refused: {_cut(said, 240)}"
                 elif error:
                     entry["text"] = (f"failed with exit status {entry['exit']}" if "exit" in entry
                                      else f"failed: {_cut(first_lines(content, 1), 240)}")
@@ -246,6 +249,8 @@ class Normalizer:
                         entry["text"] = "done"
                     elif tool == "Read":
                         entry["text"] = f"{many} read"
+                    elif tool == "Bash":  # claude reports a failed command as an error: this one exited 0
+                        entry["text"], entry["exit"] = f"exit status 0 · {many} of output", 0
                     else:
                         entry["text"] = f"{many} of output"
                 out.append(entry)
@@ -269,9 +274,7 @@ class Normalizer:
                              str(e) for e in event.get("errors") or [])))}]
             return [{"kind": "result", "ok": True, "text": f"Finished{': ' + summary if summary else ''}",
                      "detail": first_lines(str(event.get("result") or ""), 10)}]
-        if kind == "system" and event.get("subtype"):
-            return [{"kind": "output", "text": f"system: {_cut(str(event.get('subtype')), 80)}"}]
-        return []
+        return []  # the CLI's other system events (task notifications, hooks) say nothing a person needs
 
     # ------------------------------------------------------------------ codex (exec --json)
 
@@ -307,7 +310,7 @@ class Normalizer:
             if kind == "item.started" or (done and call not in self.tools):
                 self.tools[call] = "shell"
                 out.append({"kind": "tool_call", "tool": "shell", "call": call,
-                            "text": f"Ran {_code(item.get('command') or '')}"})
+                            "text": f"Runs {_code(item.get('command') or '')}"})
             if done:
                 status = str(item.get("status") or "")
                 code = item.get("exit_code")
@@ -335,14 +338,14 @@ class Normalizer:
                      "text": f"Changed {_cut(names, 400) or 'files'}"}]
         if what == "mcp_tool_call" and kind == "item.started":
             return [{"kind": "tool_call", "tool": "mcp", "call": call,
-                     "text": f"Called {item.get('server') or '?'}.{item.get('tool') or '?'}"}]
+                     "text": f"Calls {item.get('server') or '?'}.{item.get('tool') or '?'}"}]
         if what == "web_search" and kind == "item.started":
             return [{"kind": "tool_call", "tool": "web_search", "call": call,
-                     "text": f"Searched the web for “{_cut(str(item.get('query') or ''), 160)}”"}]
+                     "text": f"Searches the web for “{_cut(str(item.get('query') or ''), 160)}”"}]
         if what == "todo_list" and done:
             items = item.get("items") if isinstance(item.get("items"), list) else []
             return [{"kind": "tool_call", "tool": "todo_list", "call": call,
-                     "text": f"Updated its to-do list ({len(items)} item{'s' if len(items) != 1 else ''})"}]
+                     "text": f"Updates its to-do list ({len(items)} item{'s' if len(items) != 1 else ''})"}]
         if what == "error" and done:
             return [{"kind": "error", "ok": False, "text": _cut(str(item.get("message") or ""), 400)}]
         return []
@@ -369,7 +372,7 @@ class Normalizer:
             if text.startswith(prefix):
                 return [{"kind": "tool_call", "tool": tool, "ok": True, "text": f"{verb} {text[len(prefix):]}"}]
         if text.startswith("running "):
-            return [{"kind": "tool_call", "tool": "Bash", "text": f"Ran {_code(text[len('running '):])}"}]
+            return [{"kind": "tool_call", "tool": "Bash", "text": f"Runs {_code(text[len('running '):])}"}]
         return [{"kind": "output", "text": _cut(text, DETAIL_LINE_CHARS * 2)}]
 
 

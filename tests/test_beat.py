@@ -49,6 +49,9 @@ def test_beat_alone_interrupts_a_run_whose_only_worker_died_and_reaps_its_agent(
         # the heartbeat stopped at the kill: stale after STALE s, then at most one period, plus the reaping
         assert took <= STALE + PERIOD + 8, f"interrupted {took:.1f} s after the kill"
         assert Run.objects.get(pk=run.pk).status == "waiting_review"
+        # the attempt's HOME (a CLI's unredacted session and temporary files) did not outlive it
+        from engine.steps.paths import attempt_homes
+        assert not attempt_homes(run.pk).exists(), list(attempt_homes(run.pk).rglob("*"))[:5]
     finally:
         worker.kill()
         if beat is not None:

@@ -262,7 +262,7 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     assert re.search(r"line-1.*line-2.*line-3.*line-4.*line-5", tail.inner_text(), re.S)
     # the conversation, not the raw bytes: the scripted agent's write and command as sentences
     assert tail.locator('[data-kind="tool_call"]').filter(has_text="Wrote app/core.py").count() == 1
-    assert tail.locator('[data-kind="tool_call"]').filter(has_text="Ran `sh -c").count() == 1
+    assert tail.locator('[data-kind="tool_call"]').filter(has_text="Runs `sh -c").count() == 1
     screenshot(tab, "1-running-live-output")
 
     # the human gate: the checks and the review passed, the page reloaded to say so and offers Approve
@@ -552,10 +552,10 @@ def test_the_conversation_of_a_real_claude_grows_on_the_page_and_the_header_tick
     operations.request_start(run, requested_by="admin", source="test")
     tab.goto(detail_path(run))
     calls = conversation(tab).locator('[data-kind="tool_call"]')
-    calls.filter(has_text="Read app/core.py").wait_for(timeout=2 * WAIT_MS)
+    calls.filter(has_text="Reads app/core.py").wait_for(timeout=2 * WAIT_MS)
     assert conversation(tab).locator('[data-kind="start"]').filter(has_text="Claude Code 2.1.197 started").count()
     assert conversation(tab).locator('[data-kind="text"]').filter(has_text="Let me read the code first.").count()
-    assert calls.filter(has_text="Wrote app/core.py").count() == 0
+    assert calls.filter(has_text="Writes app/core.py").count() == 0
     tab.evaluate("window.cpMarker = 'watching'")
     loads = []
     tab.on("load", lambda _: loads.append(1))
@@ -568,8 +568,8 @@ def test_the_conversation_of_a_real_claude_grows_on_the_page_and_the_header_tick
         "#run-header .cp-heartbeat")
     assert "Now:" in tab.inner_text("#run-header .cp-now")
     # the next calls come into the same box, without a reload
-    calls.filter(has_text="Ran `python -m pytest -q`").wait_for(timeout=WAIT_MS)
-    calls.filter(has_text="Wrote app/core.py (5 lines)").wait_for(timeout=WAIT_MS)
+    calls.filter(has_text="Runs `python -m pytest -q`").wait_for(timeout=WAIT_MS)
+    calls.filter(has_text="Writes app/core.py (5 lines)").wait_for(timeout=WAIT_MS)
     assert tab.evaluate("window.cpMarker") == "watching" and loads == [], "the page was reloaded"
     results = conversation(tab).locator('[data-kind="tool_result"]')
     assert results.filter(has_text="read").count() >= 1
@@ -618,6 +618,8 @@ def test_killing_the_worker_turns_the_page_to_no_heartbeat(open_tab, route, make
         assert took <= period + 5, took
         said = tab.inner_text("#run-header .cp-heartbeat")
         assert said.startswith("no heartbeat for") and "its worker may be gone" in said, said
+        time.sleep(1.3)  # the age goes on ticking every second, between the header's looks at the server
+        assert tab.inner_text("#run-header .cp-heartbeat") != said
         assert "cp-no-heartbeat" in tab.get_attribute("#run-header", "class")
         screenshot(tab, "7-no-heartbeat")
         # the reconciler interrupts the run; the page follows without a reload

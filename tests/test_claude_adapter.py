@@ -86,7 +86,7 @@ def test_a_stage_run_by_the_real_cli_against_the_scripted_endpoint(claude_pipeli
     assert "return 42" in (Path(run.worktree) / "app" / "core.py").read_text()
     # the conversations, normalized from the real CLI's stream-json (engine/transcript.py)
     said = conversation(attempt)
-    assert ("tool_call", "Read app/core.py") in said and ("tool_call", "Wrote app/core.py (5 lines)") in said
+    assert ("tool_call", "Reads app/core.py") in said and ("tool_call", "Writes app/core.py (5 lines)") in said
     assert ("text", "Done: answer() returns 42.") in said and said[0][0] == "start"
     assert said[-1][0] == "result" and said[-1][1].startswith("Finished: 3 turns; 2,500 tokens in, 345 out; cost $")
     refused = [text for kind, text in conversation(review) if kind == "refusal"]

@@ -107,11 +107,11 @@ def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, s
     # the conversations, normalized from the real CLI's JSON events (engine/transcript.py)
     said = conversation(attempt)
     assert said[0][0] == "start" and ("text", "Done: answer() returns 42.") in said
-    assert any(kind == "tool_call" and text.startswith("Ran `") and "app/core.py" in text for kind, text in said), said
+    assert any(kind == "tool_call" and text.startswith("Runs `") and "app/core.py" in text for kind, text in said), said
     assert any(kind == "tool_result" and text == "exit status 0" for kind, text in said), said
     assert any(kind == "usage" and "1,003 in" in text for kind, text in said), said
     review_said = conversation(review)
-    assert ("tool_call", "Ran `touch made-by-reviewer.txt`") in review_said, review_said
+    assert ("tool_call", "Runs `touch made-by-reviewer.txt`") in review_said, review_said
     assert [kind for kind, _ in review_said].count("refusal") == 2, review_said
 
 

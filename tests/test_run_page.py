@@ -919,3 +919,25 @@ def test_a_queued_run_with_no_live_worker_says_so_in_the_header(staff, make_pipe
     assert "No worker is alive" in header and "make worker" in header
     fragment = staff.get(reverse("admin:engine_run_header", args=[run.pk])).content.decode()
     assert "No worker is alive" in fragment and 'hx-trigger="every' in fragment  # it keeps looking
+
+
+def test_a_long_wait_for_a_person_is_shortened_on_the_timeline():
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from controlpanel.views import Box, place_on_axis
+
+    t0 = dt.datetime(2026, 12, 1, 8, 0, 0, tzinfo=dt.timezone.utc)
+
+    def box(kind, start, end):
+        return Box(label=kind, outcome="ok", duration="", anchor="x", title="", weight="1", kind=kind,
+                   start=(t0 + dt.timedelta(seconds=start)).timestamp(), end=(t0 + dt.timedelta(seconds=end)).timestamp())
+
+    work, wait, final = box("step", 0, 30), box("wait", 30, 630), box("final", 630, 640)
+    run = SimpleNamespace(started_at=t0, finished_at=t0 + dt.timedelta(seconds=640))
+    axis = place_on_axis(run, [SimpleNamespace(boxes=[work, wait, final])])
+    # 40 s of work and a 10-minute wait: the wait is drawn as 3.2 s (8 % of the work), not 94 % of the axis
+    assert float(work.width) > 50 and float(final.width) > 15, (work.width, final.width)
+    assert float(wait.width) < 10 and float(final.left) + float(final.width) <= 100.0
+    assert axis["cuts"] and "10 min" in axis["cuts"][0][1] and axis["seconds"] == 640
+    assert axis["ticks"][-1][1] == "10 min 40 s" and axis["ticks"][0][1] == "0.0 s"

@@ -11,7 +11,9 @@ against the real binary):
 * a fresh ``HOME`` per attempt (no user-level settings of the worker can loosen the policy,
   docs/field-cases.md C28); only the login (``.credentials.json``) is copied in when present;
 * ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`` (no telemetry or title side call),
-  ``CLAUDE_CODE_MAX_RETRIES`` small;
+  ``CLAUDE_CODE_MAX_RETRIES`` small, ``CLAUDE_CODE_DISABLE_BACKGROUND_TASKS=1`` (a long command
+  is never moved to the background, where print mode loses its output), ``TMPDIR`` inside the
+  attempt's HOME (the CLI keeps its commands' output there unredacted; removed with the HOME);
 * role flags: reviewer ``--tools Read,Grep,Glob`` (removes every mutating tool, Bash
   included); implementer and documenter ``--permission-mode acceptEdits`` with Bash
   pre-approved (writes inside the working directory); what they changed is checked by
@@ -246,15 +248,20 @@ class ClaudeCodeAdapter(CliAdapter):
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "CLAUDE_CODE_MAX_RETRIES": str(request.profile.get("max_retries", 2)),
             "DISABLE_AUTOUPDATER": "1",
+            # headless, a command moved to the background loses its output when the session ends
+            # (the CLI tells the model it "will be notified", which print mode never does): every
+            # command runs in the foreground, within the attempt's deadline
+            "CLAUDE_CODE_DISABLE_BACKGROUND_TASKS": "1",
         })
         if request.profile.get("base_url"):  # a gateway (LLM proxy) in front of the Messages API
             env["ANTHROPIC_BASE_URL"] = str(request.profile["base_url"])
         env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
-        if not env.get("TMPDIR"):
-            # /tmp is read-only in the sandbox; without a writable TMPDIR claude 2.1.197 cannot
-            # make its /tmp/claude-<uid> folder and exits 0 having printed nothing
-            env["TMPDIR"] = os.path.join(home, "tmp")
-            os.makedirs(env["TMPDIR"], exist_ok=True)
+        # its own folder in the attempt's HOME, removed with it: claude keeps the output of its
+        # commands there unredacted (<TMPDIR>/claude-<uid>/.../tasks/*.output), which must not outlive
+        # the attempt in the run's shared scratch folder; and /tmp is read-only in the sandbox (without a
+        # writable TMPDIR claude 2.1.197 cannot make that folder and exits 0 having printed nothing)
+        env["TMPDIR"] = os.path.join(home, "tmp")
+        os.makedirs(env["TMPDIR"], exist_ok=True)
         return env
 
     def run(self, request: AgentRequest) -> AgentResult:

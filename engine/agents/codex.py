@@ -613,7 +613,7 @@ class CodexAdapter(CliAdapter):
             log.write(text)
         entries = []
         for denial in denials:
-            entries.append({"kind": "tool_call", "tool": "shell", "text": f"Ran `{denial['command'][:300]}`"})
+            entries.append({"kind": "tool_call", "tool": "shell", "text": f"Runs `{denial['command'][:300]}`"})
             entries.append({"kind": "refusal" if denial.get("sandbox_denied") else "tool_result", "tool": "shell",
                             "ok": False, "exit": denial.get("exit_code"),
                             "text": ("The sandbox refused it" if denial.get("sandbox_denied")

@@ -34,7 +34,8 @@ from .common import (
     storable,
 )
 from .gates import gate_commands
-from .paths import control_path, process_marker_prefix, run_env, scratch_dirs, sha256_file, var_path
+from .paths import (attempt_homes, control_path, process_marker_prefix, run_env, scratch_dirs, sha256_file,
+                    var_path)
 from .plans import AgentOutcome, AgentPlan, Tamper
 from .prompts import build_prompt
 
@@ -153,7 +154,8 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
         return {"failure_kind": "boundary_not_enforced", "launched": False,
                 "failure_message": f"The agent was not launched: the sandbox boundary is not enforced here "
                                    f"({exc}). Agents never run unguarded."}
-    home_dir = str(Path(scratch_dirs(run.pk)["tmp"]).parent / "home" / f"attempt-{attempt.number:03d}")
+    scratch_dirs(run.pk)
+    home_dir = str(attempt_homes(run.pk) / f"attempt-{attempt.number:03d}")
     env = {**run_env(run, stage.key), **boundary.credential_env(plan["profile"]["adapter"])}
     if plan["role"] == "reviewer":
         # a reviewer writes nothing another role reads: its TMPDIR and data folder are its own,

@@ -35,6 +35,12 @@ def scratch_dirs(run_id: int) -> dict[str, str]:
     return dirs
 
 
+def attempt_homes(run_id: int) -> Path:
+    """The folder of the run's attempts' HOMEs (``attempt-NNN`` each), in its scratch folder: removed
+    after each attempt, and whole by the reconciler after a worker died during one."""
+    return Path(settings.VAR_DIR) / "scratch" / f"run-{run_id}" / "home"
+
+
 def remove_scratch(run_id: int) -> None:
     """Remove the run's temporary folders (its worktree and control records stay)."""
     shutil.rmtree(Path(settings.VAR_DIR) / "scratch" / f"run-{run_id}", ignore_errors=True)

@@ -61,3 +61,25 @@ def test_a_hostile_agent_s_output_is_shown_as_text_and_cannot_reach_its_transcri
     assert "<script>alert(1)</script>" not in fragment and "<img src=x" not in fragment
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in fragment
     assert KEY not in fragment and TOKEN not in fragment
+
+
+def test_what_a_real_claude_s_command_printed_is_nowhere_unredacted_after_the_attempt(make_pipeline, repo, sent):
+    from engine.agents.cli_adapter import find_executable
+
+    from .attacks import claude_attack_pipeline, start_and_drive
+
+    if find_executable("claude") is None:
+        pytest.skip("run `make agents` to install the pinned claude CLI")
+    body = "K" * 36
+    # the token is made by the shell, so that only its output holds it (not the command the model sent)
+    run = start_and_drive(claude_attack_pipeline(make_pipeline, [f"printf 'gh''p_%s\\n' {body}"]), repo, sent)
+    token = f"ghp_{body}".encode()
+    attempt = Attempt.objects.get(run=run, operation="implement")
+    assert attempt.status == "succeeded", (attempt.failure_kind, attempt.failure_message)
+    var = Path(settings.VAR_DIR)
+    places = [var / run.control_dir, var / "scratch" / f"run-{run.pk}", Path(run.worktree)]
+    found = [str(path) for place in places if place.exists() for path in place.rglob("*")
+             if path.is_file() and not path.is_symlink() and token in path.read_bytes()]
+    assert found == [], found  # not the CLI's task output in the scratch folder, not its session in the HOME
+    said = ((var / attempt.raw_path).parent / "transcript.jsonl").read_text()
+    assert "[REDACTED]" in said and token.decode() not in said

@@ -134,6 +134,55 @@ function cpIdle() {
 
   var updating = false;
 
+  // what a person typed into the action forms: {verb: {field name: value}}
+  function typedValues() {
+    var typed = {};
+    document.querySelectorAll("form.cp-action").forEach(function (form) {
+      var verb = form.getAttribute("data-cp-action");
+      form.querySelectorAll("textarea, input").forEach(function (field) {
+        if (field.type === "hidden" || field.type === "submit" || !field.name) {
+          return;
+        }
+        var changed = (field.type === "radio" || field.type === "checkbox") ? field.checked !== field.defaultChecked
+          : field.value !== field.defaultValue;
+        if (changed) {
+          typed[verb] = typed[verb] || {};
+          typed[verb][field.name + (field.type === "radio" ? "=" + field.value : "")] =
+            (field.type === "radio" || field.type === "checkbox") ? field.checked : field.value;
+        }
+      });
+    });
+    return typed;
+  }
+
+  // put typed values back into the (new) forms; false when a form typed into is gone
+  function restoreTyped(typed) {
+    var whole = true;
+    Object.keys(typed).forEach(function (verb) {
+      var form = document.querySelector('form.cp-action[data-cp-action="' + verb + '"]');
+      if (!form) {
+        whole = false;
+        return;
+      }
+      Object.keys(typed[verb]).forEach(function (key) {
+        var name = key.split("=")[0], value = key.indexOf("=") > 0 ? key.slice(key.indexOf("=") + 1) : null;
+        form.querySelectorAll('[name="' + name + '"]').forEach(function (field) {
+          if (value !== null) {
+            if (field.value === value) {
+              field.checked = typed[verb][key];
+            }
+          } else if (field.type === "checkbox") {
+            field.checked = typed[verb][key];
+          } else {
+            field.value = typed[verb][key];
+            field.setAttribute("data-cp-kept", "1");  // still counts as typed (cpIdle)
+          }
+        });
+      });
+    });
+    return whole;
+  }
+
   // replace the parts of the page by those of a fresh copy of it (``doc``)
   function replaceParts(doc, keepForms) {
     var fresh = doc.getElementById("content-main");
@@ -156,7 +205,32 @@ function cpIdle() {
       var part = freshParts[k], old = byName[name];
       delete byName[name];
       if (name === "actions" && keepForms && old) {
-        previous = old;
+        // the forms change with the run (Approve appears): new forms, with what was typed carried over,
+        // unless a form typed into is gone (then they stay as they are)
+        var typed = typedValues(), focused = document.activeElement;
+        var focusName = focused && focused.closest && focused.closest("form.cp-action") ?
+          [focused.closest("form.cp-action").getAttribute("data-cp-action"), focused.name] : null;
+        var fresh = document.importNode(part, true);
+        var verbs = Array.prototype.map.call(fresh.querySelectorAll("form.cp-action"), function (f) {
+          return f.getAttribute("data-cp-action");
+        });
+        if (Object.keys(typed).every(function (verb) { return verbs.indexOf(verb) >= 0; })) {
+          old.parentNode.replaceChild(fresh, old);
+          restoreTyped(typed);
+          if (focusName) {
+            var again = fresh.querySelector('form.cp-action[data-cp-action="' + focusName[0] + '"] [name="' +
+                                            focusName[1] + '"]');
+            if (again) {
+              again.focus();
+            }
+          }
+          if (window.htmx) {
+            window.htmx.process(fresh);
+          }
+          previous = fresh;
+        } else {
+          previous = old;
+        }
         return;
       }
       if (name === "live" && old && old.getAttribute("data-cp-open") === part.getAttribute("data-cp-open")) {
@@ -191,10 +265,11 @@ function cpIdle() {
     }
     document.title = doc.title || document.title;
     tick();
+    toLogEnds(main);
     return true;
   }
 
-  function update(said) {
+  function update(said, quiet) {
     if (updating) {
       return;
     }
@@ -213,12 +288,12 @@ function cpIdle() {
           window.location.reload();
           return;
         }
-        if (typing) {
+        if (typing && !quiet) {
           notice(changedSentence("it is now " + (said.label || said.status || "different")));
         }
       })
       .catch(function () {
-        if (!typing) {
+        if (!typing && !quiet) {
           window.location.reload();
         }
       })
@@ -299,17 +374,38 @@ function cpIdle() {
     document.querySelectorAll("[data-cp-since]").forEach(function (elt) {
       elt.textContent = spoken(now - parseFloat(elt.getAttribute("data-cp-since")));
     });
+    // the active time: what the workers counted up to their last heartbeat, plus the time since it while
+    // the heartbeat is fresh (the step in progress); a stale heartbeat stops it where the worker left it
     document.querySelectorAll("[data-cp-active]").forEach(function (elt) {
-      if (stale) {
-        return;  // no worker counts the time now
-      }
       var base = parseFloat(elt.getAttribute("data-cp-active"));
-      var at = header ? parseFloat(header.getAttribute("data-cp-now")) : now;
-      elt.textContent = spoken(base + (now - at));
+      var beat = parseFloat(elt.getAttribute("data-cp-active-since") || "NaN");
+      var limit = parseFloat(elt.getAttribute("data-cp-stale") || "60");
+      var since = isNaN(beat) ? 0 : now - beat;
+      elt.textContent = spoken(base + (since >= 0 && since <= limit ? since : 0));
     });
   }
 
   setInterval(tick, 1000);
+
+  // while the run runs, its step times, timeline and tables are brought up to date every REFRESH_MS
+  // even when no event changed its state (an attempt's elapsed time, the timeline's growing box)
+  var REFRESH_MS = 10000;
+  setInterval(function () {
+    var main = document.getElementById("content-main");
+    var header = document.getElementById("run-header");
+    if (main && main.hasAttribute("data-cp-live") && !main.hasAttribute("data-cp-ended") && header &&
+        header.getAttribute("data-cp-status") === "running" && !document.hidden) {
+      update({}, true);
+    }
+  }, REFRESH_MS);
+
+  // the end of the failing check's log is what a person needs: its box starts scrolled to the end
+  function toLogEnds(root) {
+    (root || document).querySelectorAll(".cp-stop-log").forEach(function (box) {
+      box.scrollTop = box.scrollHeight;
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { toLogEnds(); });
   document.addEventListener("htmx:afterSwap", function () {
     tick();
   });
