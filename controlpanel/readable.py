@@ -85,10 +85,25 @@ def _text(dumper: yaml.SafeDumper, value: str):
 _Dumper.add_representer(str, _text)
 
 
+#: Keys a mapping shows first, in this order (what a record is: its kind, its key, its name, its adapter); the rest
+#: follow alphabetically. Not the recorded order: PostgreSQL's jsonb keeps keys by length, SQLite as written.
+LEADING_KEYS = ("kind", "key", "name", "adapter")
+
+
+def _ordered(value):
+    if isinstance(value, dict):
+        keys = sorted(value, key=lambda k: (LEADING_KEYS.index(k) if k in LEADING_KEYS else len(LEADING_KEYS),
+                                            str(k)))
+        return {key: _ordered(value[key]) for key in keys}
+    if isinstance(value, list):
+        return [_ordered(item) for item in value]
+    return value
+
+
 def yaml_text(value) -> str:
-    """``value`` (what a JSON field holds) as YAML, keys in their recorded order, a text of several lines as a
-    literal block, without a document end."""
-    text = yaml.dump(value, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False,
+    """``value`` (what a JSON field holds) as YAML, keys in LEADING_KEYS order then alphabetically (the same
+    on every database), a text of several lines as a literal block, without a document end."""
+    text = yaml.dump(_ordered(value), Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False,
                      width=100)
     if text.endswith("\n...\n"):  # a lone scalar: no end-of-document marker for a person to read
         text = text[: -len("...\n")]
