@@ -289,7 +289,7 @@ def test_a_queued_run_with_no_live_worker_says_so_on_the_home_page(staff, run_ro
     assert f'data-run="{run.pk}"' in active and "queued 1 min 25 s ago" in active
     assert "No worker is alive: no worker has beaten in the last 15 s (the last one, dead@h on h, beat 2 min 05 s " \
            "ago)." \
-        in active and "`make worker`" in active
+        in active and "<code>make worker</code>" in active  # the command, shown as code
     listed = home(staff).split('id="cp-home-workers"')[1]
     assert 'data-worker="dead@h"' in listed and "not alive" in listed
     worker_row("live@h", pid=300, pool_pids=[301])
