@@ -244,6 +244,41 @@ def wait_for(run_id: int, statuses=("succeeded", "failed", "waiting_review", "wa
     raise AssertionError(f"run {run_id} is still {Run.objects.get(pk=run_id).status} after {timeout} s")
 
 
+#: Debian's Chromium (``make browser``: scripts/install-chromium.sh), or the one ``CP_CHROMIUM`` names; the browser
+#: tests skip without it, naming the command that installs it.
+CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
+NO_CHROMIUM = f"no Chromium at {CHROMIUM}: run `make browser` (scripts/install-chromium.sh) or set CP_CHROMIUM"
+
+
+def has_chromium() -> bool:
+    return os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)
+
+
+@pytest.fixture
+def narrow_page(live_server):
+    """A headless Chromium page 390 px wide on the live server (skips without Chromium: NO_CHROMIUM)."""
+    if not has_chromium():
+        pytest.skip(NO_CHROMIUM)
+    from playwright.sync_api import sync_playwright
+
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API keeps an asyncio loop in this thread
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                                  args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+            context = chromium.new_context(base_url=live_server.url, viewport={"width": 390, "height": 844})
+            context.set_default_timeout(20_000)
+            yield context.new_page()
+            context.close()
+            chromium.close()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
 def wait_until(predicate, timeout: float = 60.0, what: str = "the condition"):
     """Poll ``predicate`` every 0.1 s until it returns something true (returned) or ``timeout`` seconds
     pass (AssertionError naming ``what``)."""

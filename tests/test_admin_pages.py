@@ -429,18 +429,10 @@ def test_every_record_page_renders_readably(staff, evidence):
 # ----------------------------------------------------------------------------- 6. narrow screens
 
 
-CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
-                    reason=f"no Chromium at {CHROMIUM}: run `make browser` or set CP_CHROMIUM")
-def test_the_pages_fit_a_390_px_wide_screen(evidence, live_server, django_user_model, monkeypatch, make_pipeline):
+def test_the_pages_fit_a_390_px_wide_screen(evidence, narrow_page, django_user_model, make_pipeline):
     """Each page at 390 px: the page is no wider than the screen (long lines wrap), and the long values are there."""
-    from playwright.sync_api import sync_playwright
-
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's loop in this thread; the ORM is sync
     run, check, attempt = evidence["run"], evidence["check"], evidence["attempt"]
     pipeline = make_pipeline(name="narrow")
     django_user_model.objects.create_superuser("narrow", "narrow@example.invalid", "pw-for-tests-only")
@@ -452,32 +444,26 @@ def test_the_pages_fit_a_390_px_wide_screen(evidence, live_server, django_user_m
         "profile": reverse("admin:engine_profile_change", args=[pipeline.profiles.first().pk]),
         "record": reverse("admin:engine_run_change", args=[run.pk]),
     }
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                             args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
-        try:
-            tab = browser.new_context(base_url=live_server.url, viewport={"width": 390, "height": 844}).new_page()
-            tab.goto("/admin/login/")
-            tab.fill("#id_username", "narrow")
-            tab.fill("#id_password", "pw-for-tests-only")
-            with tab.expect_navigation():
-                tab.click("#login-form input[type=submit]")
-            too_wide = {}
-            for name, url in pages.items():
-                tab.goto(url)
-                width = tab.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)")
-                main = tab.evaluate("document.querySelector('#content-main, #content').scrollWidth")
-                # nor a box inside it that scrolls sideways (a table in a scrolling box, a <pre> too wide)
-                boxes = tab.evaluate("""[...document.querySelectorAll('#content *')].filter(e =>
-                    e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
-                    .map(e => e.tagName + '.' + e.className + ' ' + e.scrollWidth + '>' + e.clientWidth)""")
-                if width > 390 or main > 390 or boxes:
-                    too_wide[name] = (width, main, boxes)
-            tab.goto(pages["check"])
-            assert tab.locator(".cp-command-text").first.bounding_box()["width"] <= 390
-            assert "ALL-DONE-END-OF-COMMAND" in tab.inner_text(".cp-command-text >> nth=0")
-            tab.goto(pages["events"])
-            assert "END-OF-THE-MESSAGE." in tab.inner_text("#result_list")
-        finally:
-            browser.close()
+    tab = narrow_page
+    tab.goto("/admin/login/")
+    tab.fill("#id_username", "narrow")
+    tab.fill("#id_password", "pw-for-tests-only")
+    with tab.expect_navigation():
+        tab.click("#login-form input[type=submit]")
+    too_wide = {}
+    for name, url in pages.items():
+        tab.goto(url)
+        width = tab.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)")
+        main = tab.evaluate("document.querySelector('#content-main, #content').scrollWidth")
+        # nor a box inside it that scrolls sideways (a table in a scrolling box, a <pre> too wide)
+        boxes = tab.evaluate("""[...document.querySelectorAll('#content *')].filter(e =>
+            e.scrollWidth > e.clientWidth + 1 && ['auto', 'scroll'].includes(getComputedStyle(e).overflowX))
+            .map(e => e.tagName + '.' + e.className + ' ' + e.scrollWidth + '>' + e.clientWidth)""")
+        if width > 390 or main > 390 or boxes:
+            too_wide[name] = (width, main, boxes)
+    tab.goto(pages["check"])
+    assert tab.locator(".cp-command-text").first.bounding_box()["width"] <= 390
+    assert "ALL-DONE-END-OF-COMMAND" in tab.inner_text(".cp-command-text >> nth=0")
+    tab.goto(pages["events"])
+    assert "END-OF-THE-MESSAGE." in tab.inner_text("#result_list")
     assert not too_wide, too_wide

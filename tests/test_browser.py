@@ -31,14 +31,12 @@ from django.contrib.auth.models import Permission
 from engine import operations, runner
 from engine.models import Attempt, Check, Run
 
-from .conftest import ARTIFACTS, ANSWER_STEP, wait_for, wait_until
+from .conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, wait_for, wait_until
 from .test_run_records import route  # noqa: F401 (fixture)
 
-CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
-NO_CHROMIUM = f"no Chromium at {CHROMIUM}: run `make browser` (scripts/install-chromium.sh) or set CP_CHROMIUM"
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
-              pytest.mark.skipif(not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)), reason=NO_CHROMIUM)]
+              pytest.mark.skipif(not has_chromium(), reason=NO_CHROMIUM)]
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]

@@ -25,7 +25,7 @@ from engine.redaction import Redactor
 from .test_run_page import live_attempt, page, pending_run, run_with, staff  # noqa: F401 (fixtures)
 from .conftest import ANSWER_STEP
 
-WS = "/work/space"
+WS = "/srv/example-worktree"  # a worktree's path as the CLIs report it; nothing is read there
 
 
 def lines(*events) -> bytes:

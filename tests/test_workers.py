@@ -41,7 +41,6 @@ from .test_run_records import QUICK, Solo
 WAIT_FOR_RELEASE = {**ANSWER_STEP, "run": [
     "sh", "-c", 'i=0; while [ ! -f "$CP_DATA_DIR/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done']}
 HOST = socket.gethostname()
-CHROMIUM = os.environ.get("CP_CHROMIUM", "/usr/bin/chromium")
 
 
 def worker_row(name="w1@h", host="h", pid=100, queues=None, beat_ago=1.0, stopped=False, pool_pids=(101,),
@@ -458,34 +457,9 @@ def test_a_killed_worker_leaves_a_row_whose_beat_goes_stale(tmp_path, settings, 
 # ----------------------------------------------------------------------------- the page in a browser
 
 
-@pytest.fixture
-def browser_page(live_server):
-    """A headless Chromium page 390 px wide on the live server (skips without Chromium)."""
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.skip(f"no Chromium at {CHROMIUM}: run `make browser` (scripts/install-chromium.sh) or set CP_CHROMIUM")
-    from playwright.sync_api import sync_playwright
-
-    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API keeps an asyncio loop in this thread
-    try:
-        with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                                  args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
-            context = chromium.new_context(base_url=live_server.url, viewport={"width": 390, "height": 844})
-            context.set_default_timeout(20_000)
-            yield context.new_page()
-            context.close()
-            chromium.close()
-    finally:
-        if before is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_the_home_page_at_390_px_has_no_sideways_scroll_and_refreshes_itself(browser_page, run_row,
+def test_the_home_page_at_390_px_has_no_sideways_scroll_and_refreshes_itself(narrow_page, run_row,
                                                                              django_user_model):
     django_user_model.objects.create_superuser("admin", "admin@example.invalid", "pw-for-browser-tests")
     approval_run(run_row)
@@ -496,7 +470,7 @@ def test_the_home_page_at_390_px_has_no_sideways_scroll_and_refreshes_itself(bro
     worker_row("a-very-long-worker-node-name-for-a-narrow-screen@some-long-host-name.example", pid=100,
                pool_pids=[101])
     running_run(run_row, 101)
-    tab = browser_page
+    tab = narrow_page
     tab.goto("/admin/")
     tab.fill("#id_username", "admin")
     tab.fill("#id_password", "pw-for-browser-tests")
