@@ -320,19 +320,6 @@ def digest_link(digest: str, href: str = "") -> str:
                        code)
 
 
-_HEX = re.compile(r"\b[0-9a-f]{40,64}\b")
-
-
-def link_digests(text: str, hrefs: dict[str, str]) -> str:
-    """``text`` escaped, each known digest in it (40 to 64 hex digits) linked to its manifest's entry."""
-    def one(found):
-        digest = found.group(0)
-        if digest not in hrefs:
-            return digest
-        return format_html('<a class="cp-digest" href="{}">{}</a>', hrefs[digest], digest)
-    return mark_safe(_HEX.sub(one, str(escape(text))))
-
-
 def applicable_actions(run: Run, decisions: list[Decision]) -> dict[str, dict]:
     """The actions that apply to ``run`` now, each with the initial values of its form
     (engine/answers.py ``actions`` decides, for the page, the API and the commands)."""
@@ -363,7 +350,6 @@ class Box:
     duration: str
     anchor: str
     title: str
-    weight: str
     start: float
     end: float = float("nan")
     kind: str = "step"  # step, wait (a person's decision), final (the final verification)
@@ -447,11 +433,6 @@ class StageBlock:
     attempts: list = field(default_factory=list)
     checks: list = field(default_factory=list)
     boxes: list = field(default_factory=list)
-
-
-def _weight(seconds: float | None) -> str:
-    # wider for longer steps, without letting one long step hide the short ones
-    return f"{1 + math.sqrt(max(0.0, seconds or 0.0)):.2f}"
 
 
 def _moment(*stamps) -> float:
@@ -657,7 +638,7 @@ def build_page(run: Run) -> dict:
         title = f"attempt {attempt.number}: {attempt.operation}, {attempt.status}" + (
             f" ({attempt.failure_kind})" if attempt.failure_kind else "")
         block.boxes.append(Box(label=label, outcome=row.outcome, duration=row.elapsed or attempt.status,
-                               anchor=f"attempt-{attempt.pk}", title=title, weight=_weight(attempt.elapsed_seconds),
+                               anchor=f"attempt-{attempt.pk}", title=title,
                                start=_moment(attempt.started_at, attempt.created_at),
                                end=_moment(attempt.ended_at) if attempt.ended_at else float("nan")))
     for check in checks:
@@ -671,7 +652,6 @@ def build_page(run: Run) -> dict:
                                duration=row.elapsed or row.verdict, anchor=f"check-{check.pk}",
                                title=f"{check.get_kind_display()} '{check.name}': {row.verdict}"
                                      + (f" ({check.failure_kind})" if check.failure_kind else ""),
-                               weight=_weight(check.elapsed_seconds),
                                start=_moment(check.started_at, check.ended_at),
                                end=_moment(check.ended_at) if check.ended_at else float("nan"),
                                kind="final" if check.kind == Check.Kind.FINAL else "step"))
@@ -705,19 +685,17 @@ def build_page(run: Run) -> dict:
                                anchor=f"decision-{decision.pk}", kind="wait",
                                title=f"decision {decision.pk} ({decision.get_kind_display()}): {decision.state}"
                                      + (f" by {decision.decided_by}" if decision.decided_by else ""),
-                               weight=_weight(None), start=_moment(decision.created_at),
+                               start=_moment(decision.created_at),
                                end=_moment(decision.decided_at) if decision.decided_at else float("nan")))
     axis = place_on_axis(run, blocks)
     header = build_header(run, pending)
     active = float(header["active_seconds"])
-    stop_evidence = json.dumps(run.stop_evidence, indent=1, sort_keys=True) if run.stop_evidence else ""
     return {
         "run": run, "stages": blocks, "decisions": decisions, "manifests": entries,
         "events": event_rows(events, attempts, checks, stage_keys), "event_count": event_count,
         "events_cut": event_count > len(events), "usage": usage_text(answers.totals(run, attempts)),
         "step_time": seconds_text(step_seconds),
         "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
-        "stop_evidence": link_digests(stop_evidence, by_digest) if stop_evidence else "",
         "tamper": tamper_rows(run), "notifications": notification_rows(run), "axis": axis,
         "stop_card": stop_card(run, checks, attempts, by_digest),
         "open_attempts": [row for block in blocks for row in block.attempts if row.live and row.tail_url],

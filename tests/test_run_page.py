@@ -930,7 +930,7 @@ def test_a_long_wait_for_a_person_is_shortened_on_the_timeline():
     t0 = dt.datetime(2026, 12, 1, 8, 0, 0, tzinfo=dt.timezone.utc)
 
     def box(kind, start, end):
-        return Box(label=kind, outcome="ok", duration="", anchor="x", title="", weight="1", kind=kind,
+        return Box(label=kind, outcome="ok", duration="", anchor="x", title="", kind=kind,
                    start=(t0 + dt.timedelta(seconds=start)).timestamp(), end=(t0 + dt.timedelta(seconds=end)).timestamp())
 
     work, wait, final = box("step", 0, 30), box("wait", 30, 630), box("final", 630, 640)
