@@ -160,15 +160,20 @@ def status_of(tab) -> str:
 
 
 def wait_status(tab, run, status: str, timeout: int = WAIT_MS) -> None:
-    """Wait until the page of the active ``run`` (reloading itself while the run is queued or running)
-    shows it stopped, and assert that it stopped in ``status``."""
+    """Wait until the page of the active ``run`` (updating itself while the run is queued or running)
+    shows it stopped, in its header and in the rest of the page (#content-main's data-cp-status says which
+    state its parts were built for: run.js), and assert that it stopped in ``status``."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    stopped = '.cp-status[data-cp-status]:not([data-cp-status="queued"]):not([data-cp-status="running"])'
+    stopped = ':not([data-cp-status="queued"]):not([data-cp-status="running"])'
     try:
-        tab.wait_for_selector(stopped, timeout=timeout)
+        tab.wait_for_selector(f".cp-status[data-cp-status]{stopped}", timeout=timeout)
+        tab.wait_for_selector(f"#content-main[data-cp-status]{stopped}", timeout=WAIT_MS)
     except PlaywrightTimeout:
         pass
+    if tab.get_attribute("#content-main", "data-cp-status") != status_of(tab):
+        raise AssertionError(f"the header of run {run.pk}'s page says {status_of(tab)!r}, the rest of the page "
+                             f"{tab.get_attribute('#content-main', 'data-cp-status')!r}")
     if status_of(tab) != status:
         run.refresh_from_db()
         raise AssertionError(f"the page of run {run.pk} shows {status_of(tab)!r}, not {status!r}; the run is "
@@ -296,9 +301,15 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     tab.fill("form.cp-action-request_changes textarea[name=comments]", "app/core.py:4: a docstring here")
     submit(tab, "form.cp-action-request_changes input[type=submit]")
     assert messages(tab, "success")[0].startswith(f"Changes requested by admin on decision {decision.pk}")
+    # a box a person opened stays open while the page updates its parts around it (run.js keepFolds)
+    implement = Attempt.objects.get(run=run, operation="implement")
+    tab.click(f"#output-box-{implement.pk} > summary")
+    tab.locator(f"#output-box-{implement.pk} .cp-tail").wait_for()
     wait_until(lambda: run.decisions.filter(state="pending", kind="approval").exclude(pk=decision.pk).exists(),
                timeout=2 * WAIT_MS / 1000, what="a new decision after the repair")
     wait_status(tab, run, "waiting_approval")
+    assert tab.get_attribute(f"#output-box-{implement.pk}", "open") is not None, "the opened box was closed"
+    tab.locator(f"#output-box-{implement.pk} .cp-tail").wait_for()
     repair = Attempt.objects.get(run=run, operation="repair")
     prompt = (Path(settings.VAR_DIR) / repair.prompt_path).read_text()
     assert "Say where 42 comes from." in prompt and "app/core.py:4: a docstring here" in prompt

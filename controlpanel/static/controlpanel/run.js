@@ -9,6 +9,9 @@
  *    reload; the live conversation box is kept while the same attempts are open; the action forms
  *    are replaced only while nobody types: while a person has typed (or has the focus in a form)
  *    they stay as they are and a notice at the top says what the run became, with a Reload button.
+ *    Open (or closed) boxes (<details> with an id) stay so across a replacement. The header is
+ *    fetched on its own every few seconds; when its status differs from the one the rest of the page
+ *    was built with (#content-main's data-cp-status), the rest is fetched at once.
  *    An output box that sees its attempt end (HX-Trigger: cp-attempt-ended) makes the page look at
  *    the state at once (its hx-trigger; here only when the page does not poll).
  * 3. Clocks tick every second against the server's clock (the header's data-cp-now): elapsed
@@ -183,6 +186,33 @@ function cpIdle() {
     return whole;
   }
 
+  // which folding boxes (<details> with an id) a part has open: {id: {open, lazy}}, where lazy is the
+  // content a lazy box had loaded (the end of an output log, a diff)
+  function foldsOf(part) {
+    var folds = {};
+    part.querySelectorAll("details[id]").forEach(function (box) {
+      var lazy = box.querySelector(".cp-lazy");
+      folds[box.id] = {open: box.open, lazy: box.open && lazy ? lazy : null};
+    });
+    return folds;
+  }
+
+  // a person's open (or closed) boxes stay so when the part around them is replaced: a lazy box that
+  // was open keeps what it showed until its own request (its toggle) brings the fresh content
+  function keepFolds(node, folds) {
+    node.querySelectorAll("details[id]").forEach(function (box) {
+      var was = folds[box.id];
+      if (!was || was.open === box.open) {
+        return;
+      }
+      var lazy = box.querySelector(".cp-lazy");
+      if (was.lazy && lazy) {
+        lazy.parentNode.replaceChild(was.lazy, lazy);
+      }
+      box.open = was.open;
+    });
+  }
+
   // replace the parts of the page by those of a fresh copy of it (``doc``)
   function replaceParts(doc, keepForms) {
     var fresh = doc.getElementById("content-main");
@@ -238,6 +268,7 @@ function cpIdle() {
         return;
       }
       var node = document.importNode(part, true);
+      var folds = old ? foldsOf(old) : {};
       if (old) {
         old.parentNode.replaceChild(node, old);
       } else if (previous && previous.parentNode) {
@@ -245,6 +276,7 @@ function cpIdle() {
       } else {
         main.appendChild(node);
       }
+      keepFolds(node, folds);
       if (window.htmx) {
         window.htmx.process(node);
       }
@@ -255,6 +287,7 @@ function cpIdle() {
         byName[name].parentNode.removeChild(byName[name]);
       }
     });
+    main.setAttribute("data-cp-status", fresh.getAttribute("data-cp-status") || "");
     var version = fresh.getAttribute("hx-get") || "";
     var found = /[?&]v=([^&]*)/.exec(version);
     if (found) {
@@ -299,7 +332,30 @@ function cpIdle() {
       })
       .then(function () {
         updating = false;
+        followHeader();
       });
+  }
+
+  var follows = 0;  // fetches made because the header moved on, since the last time they agreed
+
+  // the header is fetched on its own (every few seconds, for the heartbeat): when it says the run is
+  // in another state than the rest of the page shows, the rest follows at once, so that the buttons,
+  // the stop card and the tables never disagree with the status above them for longer than one fetch
+  function followHeader() {
+    var main = document.getElementById("content-main");
+    var header = document.getElementById("run-header");
+    if (!main || !header || !main.hasAttribute("data-cp-live") || main.hasAttribute("data-cp-ended")) {
+      return;
+    }
+    var status = header.getAttribute("data-cp-status");
+    if (status === main.getAttribute("data-cp-status")) {
+      follows = 0;
+      return;
+    }
+    if (follows < 5) {
+      follows += 1;
+      update({status: status, label: (header.querySelector(".cp-status") || {}).textContent});
+    }
   }
 
   // the state poll found a change: replace the page's parts (htmx would reload: HX-Refresh)
@@ -408,6 +464,7 @@ function cpIdle() {
   document.addEventListener("DOMContentLoaded", function () { toLogEnds(); });
   document.addEventListener("htmx:afterSwap", function () {
     tick();
+    followHeader();
   });
 
   // an output box saw its attempt end on a page that does not follow the run's state by itself
