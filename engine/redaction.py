@@ -25,6 +25,11 @@ What is redacted (each occurrence is replaced by ``[REDACTED]``):
   line never comes);
 * the password in URLs ``scheme://user:PASSWORD@host``.
 
+A recognised credential is consumed to its end, whatever characters follow the part that
+made it recognisable (``_REST``: up to whitespace, a quote, a backslash, a bracket, ``<``, ``>``,
+``&``, ``@`` or a trailing punctuation mark), so no piece of its body survives after
+``[REDACTED]`` (issue 13 saw ``[REDACTED]_UZG0lgg``).
+
 JSON-escaped output (stream-json lines, docs/field-cases.md C14) is handled: token bodies never include a
 backslash or a quote, so a key inside ``"...sk_live_XXXX\\n..."`` ends at the ``\\`` of
 ``\\n`` and the closing quote is kept; escaped ``\\/`` inside base64 values and escaped
@@ -90,6 +95,14 @@ class _Rule:
 
 
 _TOKEN = rb"[A-Za-z0-9_-]"
+# The rest of a recognised credential, whatever its characters (issue 13: a key whose body ran past
+# its provider's usual alphabet left "_UZG0lgg" behind): everything up to whitespace, a quote, a
+# backslash (a JSON escape ends it, except a \uXXXX escape, which is consumed whole), a bracket, a
+# "<", ">", "&" or "@" (markup, URL query and host); a trailing punctuation mark (".", ",", ":"...)
+# ends it too, one followed by more body characters belongs to it.
+_STOP = rb"""\s"'`\\<>()\[\]{}&@.,;:!?"""
+_BODY = rb"[^" + _STOP + rb"]"
+_REST = rb"(?:" + _BODY + rb"|\\u[0-9A-Fa-f]{4}|[.,;:!?](?=" + _BODY + rb")){0,1024}"
 _B64ISH = rb"(?:[a-z0-9._~+-]|\\?/)"  # on the lowercased copy; \/ is JSON-escaped /
 
 _RULES: tuple[_Rule, ...] = (
@@ -101,19 +114,19 @@ _RULES: tuple[_Rule, ...] = (
         re.compile(
             rb"k(?<=[sr]k)(?<![A-Za-z0-9_-].k)"
             rb"(?:-(?<=sk-)" + _TOKEN + rb"{20,1024}"
-            rb"|_(?:live|test)_[A-Za-z0-9]{10,1024})"
+            rb"|_(?:live|test)_[A-Za-z0-9]{10,1024})" + _REST
         ),
         back=1,
         needs=(b"-", b"_"),
     ),
     _Rule(
         "github_token",
-        re.compile(rb"gh(?<![A-Za-z0-9_]gh)[pousr]_[A-Za-z0-9]{20,1024}"),
+        re.compile(rb"gh(?<![A-Za-z0-9_]gh)[pousr]_[A-Za-z0-9]{20,1024}" + _REST),
         needs=(b"_",),
     ),
     _Rule(
         "github_pat",
-        re.compile(rb"github_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{20,1024}"),
+        re.compile(rb"github_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{20,1024}" + _REST),
         needs=(b"_",),
     ),
     # Google API keys and AWS access key ids share the literal "A".
@@ -121,12 +134,12 @@ _RULES: tuple[_Rule, ...] = (
         "google_or_aws_key_id",
         re.compile(
             rb"A(?:Iza" + _TOKEN + rb"{30,1024}"
-            rb"|(?<![A-Z0-9]A)[KS]IA[0-9A-Z]{16}(?![A-Z0-9]))"
+            rb"|(?<![A-Z0-9]A)[KS]IA[0-9A-Z]{16}(?![A-Z0-9]))" + _REST
         ),
     ),
     _Rule(
         "slack_token",
-        re.compile(rb"xox[abeoprs]-[A-Za-z0-9-]{10,1024}"),
+        re.compile(rb"xox[abeoprs]-[A-Za-z0-9-]{10,1024}" + _REST),
         needs=(b"-",),
     ),
     _Rule(
@@ -149,8 +162,8 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         "bearer_token",
         re.compile(
-            rb"bearer[ \t]{1,8}((?=" + _B64ISH + rb"{0,4095}[0-9])" + _B64ISH + rb"{8,4096}=*"
-            rb"|" + _B64ISH + rb"{20,4096}=*)"
+            rb"bearer[ \t]{1,8}((?:(?=" + _B64ISH + rb"{0,4095}[0-9])" + _B64ISH + rb"{8,4096}=*"
+            rb"|" + _B64ISH + rb"{20,4096}=*)" + _REST + rb"(?<![.,;:!?]))"
         ),
         group=1,
         lower=True,
@@ -160,7 +173,7 @@ _RULES: tuple[_Rule, ...] = (
         "aws_secret_access_key",
         re.compile(
             rb"secret_?access_?key(?:\\?[\"'])?[ \t]{0,8}[=:][ \t]{0,8}(?:\\?[\"'])?"
-            rb"((?:[a-z0-9+=]|\\?/){16,1024})(?![a-z0-9+=/])"
+            rb"((?:[a-z0-9+=]|\\?/){16,1024}(?![a-z0-9+=/])" + _REST + rb")"
         ),
         group=1,
         lower=True,

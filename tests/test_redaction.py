@@ -88,6 +88,36 @@ def test_it_redacts_each_kind(case):
     assert count == 1
 
 
+# The prefixed kinds, each with a body of its provider's usual alphabet.
+def _prefixed() -> list[tuple[str, str]]:
+    return [("anthropic", "sk-ant-api03-" + rand(40)), ("openai", "sk-" + rand(48)),
+            ("stripe_live", "sk_live_" + rand(24)), ("github", "ghp_" + rand(36)),
+            ("github_pat", "github_pat_" + rand(22) + "_" + rand(30)), ("google", "AIza" + rand(35)),
+            ("slack", "xoxb-" + rand(12, string.digits) + "-" + rand(24)), ("aws_key_id", "AKIA" + rand(16, UPPER_DIGITS)),
+            ("bearer", "Bearer " + rand(40)), ("aws_secret", "aws_secret_access_key=" + rand(40, ALNUM + "/+"))]
+
+
+# what may follow a body's usual alphabet inside the same credential: issue 13 saw "[REDACTED]_UZG0lgg"
+_TAILS = ["_", ".", "~", "%2F", ":", "#", "+", "=", "*", "$", "|", "é", "-_."]
+
+
+@pytest.mark.parametrize("kind", _prefixed(), ids=lambda k: k[0])
+@pytest.mark.parametrize("joint", _TAILS)
+def test_a_credential_is_redacted_to_its_end_whatever_characters_follow_its_prefix(kind, joint):
+    tail = rand(6) + "Zq" + rand(6)
+    text = f"token: {kind[1]}{joint}{tail}. next"
+    out, count = redact_text(text)
+    assert count == 1, out
+    assert tail[:6] not in out and tail[-6:] not in out and kind[1][-6:] not in out, out
+    assert out.endswith("[REDACTED]. next"), out  # the sentence's own full stop and what follows are kept
+    # the same through a stream fed in small pieces, and JSON-escaped in a stream-json line
+    redactor = Redactor()
+    line = json.dumps({"text": text}).encode()
+    streamed = b"".join(redactor.feed(line[i:i + 7]) for i in range(0, len(line), 7)) + redactor.flush()
+    assert tail[:6].encode() not in streamed and tail[-6:].encode() not in streamed, streamed
+    assert json.loads(streamed)["text"].endswith("[REDACTED]. next")
+
+
 def test_it_keeps_the_rest_of_a_url_and_of_a_header():
     password = rand(20)
     out, _ = redact_text(f"git clone https://bot:{password}@git.example.com/org/repo.git")
