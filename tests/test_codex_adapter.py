@@ -414,14 +414,16 @@ def test_refusals_the_stream_reports_itself_are_recorded(tmp_path):
 
 def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch):
     import engine.agents.codex as codex_module
+    import engine.agents.lines as lines_module
 
-    monkeypatch.setattr(codex_module, "MAX_LINE_BYTES", 1024)
+    monkeypatch.setattr(lines_module, "MAX_LINE_BYTES", 1024)
     raw = tmp_path / "out.raw"
     write_jsonl(raw, [{"type": "thread.started", "thread_id": "t"},
                       {"type": "item.completed", "item": {"type": "agent_message", "text": "y" * 5000}},
                       {"type": "turn.completed", "usage": {"input_tokens": 1}}])
     parsed = codex_module.parse_events(str(raw))
     assert parsed["session_id"] == "t" and parsed["turns_completed"] == 1 and parsed["last_text"] == ""
+    assert parsed["truncated_lines"] == 1
 
 
 def classify(tmp_path, events, **process_fields) -> AgentResult:

@@ -34,6 +34,7 @@ from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
                           var_dir)
+from .lines import BoundedLines
 
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
 READ_ONLY_TOOLS = "Read,Grep,Glob"
@@ -111,7 +112,8 @@ def parse_stream(raw_path: str) -> dict:
     when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
     message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
     CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
-    permission; at most 200).
+    permission; at most 200), and ``"truncated_lines": int``: lines longer than
+    engine/agents/lines.py MAX_LINE_BYTES, read in bounded chunks and not parsed (whole in the raw log).
     """
     found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
              "refusals": []}
@@ -120,8 +122,9 @@ def parse_stream(raw_path: str) -> dict:
         fh = open(raw_path, "rb")
     except FileNotFoundError:
         return found
+    lines = BoundedLines(fh)
     with fh:
-        for line in fh:
+        for line in lines:
             line = line.strip()
             if not line:
                 continue
@@ -155,6 +158,7 @@ def parse_stream(raw_path: str) -> dict:
                         if len(found["refusals"]) < 200:
                             found["refusals"].append({"tool": tools.get(str(block.get("tool_use_id")), "?"),
                                                       "message": text[:500]})
+    found["truncated_lines"] = lines.truncated
     return found
 
 
@@ -328,5 +332,5 @@ class ClaudeCodeAdapter(CliAdapter):
             output_bytes=result.output_bytes, redactions=result.redactions, pid=result.pid,
             extra={"permission_denials": (outcome or {}).get("permission_denials") or [],
                    "refusals": parsed["refusals"], "num_turns": (outcome or {}).get("num_turns"),
-                   "network": self.network},
+                   "network": self.network, "truncated_lines": parsed["truncated_lines"]},
         )

@@ -87,6 +87,7 @@ from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
                           var_dir)
+from .lines import BoundedLines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -104,8 +105,6 @@ AUTH_PATTERNS = re.compile(
     r"|Incorrect API key|invalid api key|Not logged in|Please (?:run `?codex )?login", re.IGNORECASE)
 #: Texts in a command's output that say the sandbox refused it (0.171.0, bwrap-based sandbox).
 DENIAL_PATTERNS = ("Read-only file system", "Operation not permitted", "Permission denied")
-#: Longest JSONL line kept in memory (bytes); longer lines (huge command output) are skipped.
-MAX_LINE_BYTES = 4 * 1024 * 1024
 #: At most this many failed or refused commands are recorded per attempt; each output is cut to OUTPUT_CHARS.
 MAX_REFUSALS = 200
 OUTPUT_CHARS = 500
@@ -231,23 +230,6 @@ def prepare_home(home: str, env: dict) -> None:
         os.chmod(home_path / "auth.json", 0o600)
 
 
-def _lines(fh, limit: int | None = None):
-    """Yield the lines of a binary file, each at most ``limit`` bytes (default MAX_LINE_BYTES);
-    longer lines are skipped whole."""
-    limit = limit or MAX_LINE_BYTES
-    while True:
-        line = fh.readline(limit)
-        if not line:
-            return
-        if len(line) >= limit and not line.endswith(b"\n"):
-            while True:  # drain the rest of the overlong line in bounded chunks
-                rest = fh.readline(limit)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            continue
-        yield line
-
-
 def parse_events(raw_path: str) -> dict:
     """Read a ``codex exec --json`` capture line by line (bounded memory).
 
@@ -265,7 +247,9 @@ def parse_events(raw_path: str) -> dict:
     * ``stderr_tail``: the last five non-JSON lines (stderr), without the PATH-aliases warning;
     * ``rejected``: what the stream itself reports as refused (``rejected_item``): a
       ``command_execution`` with status ``declined`` and a ``file_change`` with status ``failed``
-      (codex's exec schema folds a declined patch into ``failed``); at most MAX_REFUSALS.
+      (codex's exec schema folds a declined patch into ``failed``); at most MAX_REFUSALS;
+    * ``truncated_lines``: lines longer than engine/agents/lines.py MAX_LINE_BYTES, not parsed
+      (whole in the raw log).
     """
     found = {"session_id": "", "turns_completed": 0, "usage": None, "last_text": "", "failure": "", "errors": [],
              "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": [],
@@ -276,8 +260,9 @@ def parse_events(raw_path: str) -> dict:
         fh = open(raw_path, "rb")
     except FileNotFoundError:
         return found
+    lines = BoundedLines(fh)
     with fh:
-        for line in _lines(fh):
+        for line in lines:
             line = line.strip()
             if not line:
                 continue
@@ -334,6 +319,7 @@ def parse_events(raw_path: str) -> dict:
                     found["rejected"].append(rejected)
     found["errors"] = list(errors)
     found["stderr_tail"] = list(stderr_tail)
+    found["truncated_lines"] = lines.truncated
     return found
 
 
@@ -417,7 +403,7 @@ def refusals_of(record: Path | None) -> list[dict]:
     except OSError:
         return []
     with fh:
-        for line in _lines(fh):
+        for line in BoundedLines(fh):
             try:
                 entry = json.loads(line)
             except ValueError:
@@ -576,7 +562,8 @@ class CodexAdapter(CliAdapter):
             simulated=bool(request.profile.get("scripted_endpoint")), output_bytes=result.output_bytes,
             redactions=result.redactions, pid=result.pid,
             extra={"turns_completed": parsed["turns_completed"], "commands": parsed["commands"],
-                   "refusals": refusals, "reconnects": parsed["reconnects"], "network": self.network},
+                   "refusals": refusals, "reconnects": parsed["reconnects"], "network": self.network,
+                   "truncated_lines": parsed["truncated_lines"]},
         )
 
     @staticmethod
