@@ -10,10 +10,21 @@ from __future__ import annotations
 
 import os
 
-#: Repository instruction files read for agents when present, in this order.
-INSTRUCTION_FILES = ("AGENTS.md", "CLAUDE.md")
+#: Repository instruction files given to every agent when present, in this order (docs/pipeline-format.md,
+#: "What an agent's prompt holds"); ``instruction_files`` adds the nearest AGENTS.md of the stage's scope
+#: after the root one, the files of .cursor/rules/ and CONTRIBUTING*.
+INSTRUCTION_FILES = ("AGENTS.md", "CLAUDE.md", "GEMINI.md", ".github/copilot-instructions.md")
+#: How the prompt names the list it looked for (the same order).
+INSTRUCTION_ORDER = ("AGENTS.md (the root one, then the nearest in the folders of the stage's scope), CLAUDE.md, "
+                     "GEMINI.md, .github/copilot-instructions.md, .cursor/rules/*, CONTRIBUTING* (the root and .github/)")
 #: Bytes of one included file beyond which it is cut (the agent can read the rest itself).
 MAX_FILE_BYTES = 64 * 1024
+#: An instruction file larger than this is named in the prompt, not included (bytes); so is every file
+#: once the included ones reach MAX_INSTRUCTION_TOTAL bytes.
+MAX_INSTRUCTION_BYTES = 64 * 1024
+MAX_INSTRUCTION_TOTAL = 128 * 1024
+#: At most this many files of one kind (.cursor/rules/*, AGENTS.md in the scope's folders) are looked at.
+MAX_INSTRUCTION_FILES = 20
 
 
 class ContextError(Exception):
@@ -55,17 +66,27 @@ def read_inside(worktree: str, rel: str, *, required: bool) -> str | None:
 
 #: Folders never walked when looking for documentation.
 _SKIP_DIRS = frozenset({".git", "node_modules", "__pycache__", ".venv", "venv", ".tox", ".pytest_cache"})
-#: Bytes read from a document to find its title (its first Markdown heading).
+#: Bytes read from a document to find its title (``_title``).
 _TITLE_BYTES = 4096
 #: Documents listed at most in a generated index (a huge docs/ folder is cut, and says so).
 MAX_INDEX_ENTRIES = 500
 
 
+#: Extensions of documentation files, each read by its own title rules (``_title``).
+DOC_EXTENSIONS = (".md", ".rst", ".txt", ".adoc")
+#: Top-level files that are documentation whatever their extension (README, CHANGELOG.rst, ...).
+_DOC_NAMES = ("README", "CHANGELOG", "HISTORY", "NEWS")
+
+
 def _is_documentation(rel: str) -> bool:
-    """README* and *.md at the top level (AGENTS.md and CLAUDE.md among them), and docs/**/*.md."""
+    """Documentation, by its path: at the top level ``README*``, ``CHANGELOG*``, ``HISTORY*``,
+    ``NEWS*`` and every ``*.md``, ``*.rst``, ``*.adoc`` (not ``*.txt``: requirements.txt is no
+    document); under ``docs/`` every ``*.md``, ``*.rst``, ``*.txt`` and ``*.adoc``."""
+    lower = rel.lower()
     if "/" not in rel:
-        return rel.upper().startswith("README") or rel.lower().endswith(".md")
-    return rel.startswith("docs/") and rel.lower().endswith(".md")
+        return (rel.upper().startswith(_DOC_NAMES) and (os.path.splitext(lower)[1] in DOC_EXTENSIONS + ("",))) \
+            or lower.endswith((".md", ".rst", ".adoc"))
+    return rel.startswith("docs/") and lower.endswith(DOC_EXTENSIONS)
 
 
 def _documentation_files(root: str) -> list[str]:
@@ -77,7 +98,7 @@ def _documentation_files(root: str) -> list[str]:
     docs = os.path.join(root, "docs")
     if os.path.isdir(docs) and not os.path.islink(docs):
         for folder, dirs, files in os.walk(docs):  # followlinks=False: a linked folder is not entered
-            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("_build"))
             for name in files:
                 rel = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
                 if _is_documentation(rel):
@@ -93,27 +114,127 @@ def _documentation_files(root: str) -> list[str]:
     return kept
 
 
+#: Characters a reStructuredText section title may be underlined with (docutils' "adornment"
+#: characters: any non-alphanumeric printable 7-bit ASCII; these are the ones in use).
+_RST_ADORNMENT = set("=-~^\"'`#*+.:_!$%&,;<>?@|/")
+
+
+def _markdown_title(lines: list[str]) -> str:
+    """The first heading of Markdown text: an ATX heading (``# Title``) or a setext one (a line
+    underlined with ``===`` or ``---``), outside fenced (```, ~~~) and indented code blocks, HTML
+    comments and a leading YAML front matter block."""
+    fence = ""
+    in_comment = False
+    previous = ""
+    start = 0
+    if lines and lines[0].strip() == "---":  # front matter: up to the next ---
+        for i in range(1, len(lines)):
+            if lines[i].strip() in ("---", "..."):
+                start = i + 1
+                break
+    for raw in lines[start:]:
+        line = raw.rstrip()
+        stripped = line.strip()
+        if fence:
+            if stripped.startswith(fence):
+                fence = ""
+            previous = ""
+            continue
+        if in_comment:
+            in_comment = "-->" not in stripped
+            previous = ""
+            continue
+        if stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+            previous = ""
+            continue
+        if stripped.startswith("<!--"):
+            in_comment = "-->" not in stripped
+            previous = ""
+            continue
+        if line.startswith(("    ", "\t")):  # an indented code block (or a continuation)
+            previous = ""
+            continue
+        if stripped.startswith("#"):
+            hashes = len(stripped) - len(stripped.lstrip("#"))
+            rest = stripped[hashes:]
+            if hashes <= 6 and (not rest or rest[0] in " \t"):
+                return rest.strip().rstrip("#").strip()
+        if previous and stripped and set(stripped) <= {"="} | {"-"} and len(set(stripped)) == 1:
+            return previous
+        previous = stripped if stripped and not stripped.startswith(("-", "*", "+", ">", "|")) else ""
+    return ""
+
+
+def _rst_title(lines: list[str]) -> str:
+    """The first section title of reStructuredText: a line of text underlined (and maybe overlined)
+    by one adornment character repeated at least as long as the text; directives and comments
+    (``.. ``) and their indented bodies are skipped."""
+    in_directive = False
+    for i, raw in enumerate(lines[:-1]):
+        line = raw.rstrip()
+        if in_directive:
+            if not line or line[0] in " \t":
+                continue
+            in_directive = False
+        if line.startswith(".."):
+            in_directive = True
+            continue
+        text, under = line.strip(), lines[i + 1].rstrip()
+        if not text or line[0] in " \t" or set(text) <= _RST_ADORNMENT:
+            continue
+        if under and len(set(under)) == 1 and under[0] in _RST_ADORNMENT and len(under) >= len(text):
+            return text
+    return ""
+
+
+def _asciidoc_title(lines: list[str]) -> str:
+    """The document title of AsciiDoc (``= Title``), else its first section title (``== Title``),
+    outside delimited blocks (``----``, ``....``, ``====``, ``////``)."""
+    block = ""
+    for raw in lines:
+        line = raw.rstrip()
+        if block:
+            if line == block:
+                block = ""
+            continue
+        if len(line) >= 4 and len(set(line)) == 1 and line[0] in "-.=/+*_":
+            block = line
+            continue
+        if line.startswith("=") and not line.startswith("=" * 7):
+            level = len(line) - len(line.lstrip("="))
+            if line[level:level + 1] == " " and line[level:].strip():
+                return line[level:].strip()
+    return ""
+
+
 def _title(path: str) -> str:
-    """The first Markdown heading of a file (``# Title`` -> ``Title``), or ''."""
+    """The title of a documentation file, read the way its format defines one: Markdown's first
+    heading (``.md``), reStructuredText's first underlined section title (``.rst``, and ``.txt`` or
+    no extension, which are often reST), AsciiDoc's ``= Title`` (``.adoc``); '' when it has none.
+    Only the first 4 KiB are read; the title is cut at 120 characters."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(_TITLE_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return ""
-    for line in head.splitlines():
-        line = line.strip()
-        if line.startswith("#"):
-            title = line.lstrip("#").strip()
-            return title[:120]
-    return ""
+    lines = head.splitlines()
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".md":
+        title = _markdown_title(lines)
+    elif ext == ".adoc":
+        title = _asciidoc_title(lines)
+    else:
+        title = _rst_title(lines)
+    return title[:120]
 
 
 def initial_spec_index(worktree: str, spec_index_rel: str) -> str:
     """The text of an initial specification index for a repository that has none at ``spec_index_rel``.
 
-    It lists the repository's documentation files, sorted: ``README*`` and ``*.md`` at the top
-    level (``AGENTS.md``, ``CLAUDE.md`` among them) and ``docs/**/*.md``, each with its first
-    Markdown heading when it has one, under a header saying that the Run Engine generated it
+    It lists the repository's documentation files (``_is_documentation``: README*, CHANGELOG*,
+    *.md, *.rst and *.adoc at the top level; *.md, *.rst, *.txt and *.adoc under docs/), sorted,
+    each with its title when it has one (``_title``), under a header saying that the Run Engine generated it
     because the repository has no index at ``spec_index_rel``. Symlinks that lead out of the
     worktree are left out; ``spec_index_rel`` itself must stay inside it (ContextError
     ``path_escapes_workspace`` otherwise). Reads only; writes nothing.
@@ -125,8 +246,9 @@ def initial_spec_index(worktree: str, spec_index_rel: str) -> str:
         "# Specification index",
         "",
         f"Generated by the Run Engine because the repository has no specification index at "
-        f"`{spec_index_rel}`. It lists the repository's documentation files (README*, *.md at the top "
-        f"level, docs/**/*.md); read the ones your work needs. Add a maintained index at "
+        f"`{spec_index_rel}`. It lists the repository's documentation files (README*, CHANGELOG*, *.md, "
+        f"*.rst and *.adoc at the top level; *.md, *.rst, *.txt and *.adoc under docs/); read the ones "
+        f"your work needs. Add a maintained index at "
         f"`{spec_index_rel}` to replace this one.",
         "",
     ]
@@ -138,6 +260,103 @@ def initial_spec_index(worktree: str, spec_index_rel: str) -> str:
     if len(files) > MAX_INDEX_ENTRIES:
         lines.append(f"- ... and {len(files) - MAX_INDEX_ENTRIES} more under docs/")
     return "\n".join(lines) + "\n"
+
+
+def _scope_folders(scope: list[str]) -> list[str]:
+    """The folders a stage's scope patterns are rooted in, in their order: the part of each pattern
+    before its first wildcard, up to its last ``/`` (``app/**`` -> ``app``, ``src/pkg/*.py`` ->
+    ``src/pkg``, ``README.md`` -> the root, '')."""
+    folders = []
+    for pattern in scope or []:
+        fixed = pattern.replace("\\", "/")
+        for i, char in enumerate(fixed):
+            if char in "*?[{":
+                fixed = fixed[:i]
+                break
+        folder = (fixed.rsplit("/", 1)[0] if "/" in fixed else "").strip("/")
+        if folder not in folders:
+            folders.append(folder)
+    return folders
+
+
+def _is_file_inside(root: str, rel: str) -> bool:
+    """Whether ``rel`` is a file in the worktree; ContextError when it is a symlink out of it."""
+    return os.path.isfile(resolve_inside(root, rel))
+
+
+def instruction_files(worktree: str, scope: list[str]) -> list[str]:
+    """The repository instruction files present in ``worktree``, as repository-relative paths in the
+    order they are given to agents (INSTRUCTION_ORDER): ``AGENTS.md``; for each folder of the stage's
+    ``scope`` (``_scope_folders``), the nearest ``AGENTS.md`` in it or above it (below the root), and
+    those inside it (at most MAX_INSTRUCTION_FILES); ``CLAUDE.md``, ``GEMINI.md``,
+    ``.github/copilot-instructions.md``; the files of ``.cursor/rules/`` (sorted, at most
+    MAX_INSTRUCTION_FILES); ``CONTRIBUTING*`` at the root, then in ``.github/``.
+    Raises ContextError (``path_escapes_workspace``) for one that is a symlink out of the worktree.
+    """
+    root = os.path.realpath(worktree)
+    found: list[str] = []
+
+    def add(rel: str) -> None:
+        if rel not in found and _is_file_inside(root, rel):
+            found.append(rel)
+
+    add("AGENTS.md")
+    for folder in _scope_folders(scope):
+        parts = [p for p in folder.split("/") if p]
+        for depth in range(len(parts), 0, -1):  # the nearest one, from the folder up
+            rel = "/".join(parts[:depth]) + "/AGENTS.md"
+            if _is_file_inside(root, rel):
+                add(rel)
+                break
+        base = os.path.join(root, *parts) if parts else ""
+        if parts and os.path.isdir(base) and not os.path.islink(base):
+            inside = []
+            for current, dirs, files in os.walk(base):  # followlinks=False
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+                if "AGENTS.md" in files:
+                    inside.append(os.path.relpath(os.path.join(current, "AGENTS.md"), root).replace(os.sep, "/"))
+                if len(inside) >= MAX_INSTRUCTION_FILES:
+                    break
+            for rel in sorted(inside):
+                add(rel)
+    for rel in INSTRUCTION_FILES[1:]:
+        add(rel)
+    for folder in (".cursor/rules",):
+        path = os.path.join(root, folder)
+        if os.path.isdir(path) and not os.path.islink(path):
+            for name in sorted(os.listdir(path))[:MAX_INSTRUCTION_FILES]:
+                add(f"{folder}/{name}")
+    for folder in ("", ".github"):
+        path = os.path.join(root, folder)
+        if os.path.isdir(path) and not os.path.islink(path):
+            for name in sorted(os.listdir(path)):
+                if name.upper().startswith("CONTRIBUTING"):
+                    add(f"{folder}/{name}" if folder else name)
+    return found
+
+
+def _instructions(worktree: str, scope: list[str]) -> list[str]:
+    """The prompt's "Repository instructions" section: what was looked for, what was found, which
+    were too large (named, for the agent to read), then each included file under its path."""
+    root = os.path.realpath(worktree)
+    found = instruction_files(worktree, scope)
+    included: list[tuple[str, str]] = []
+    too_large: list[str] = []
+    total = 0
+    for rel in found:
+        size = os.path.getsize(resolve_inside(root, rel))
+        if size > MAX_INSTRUCTION_BYTES or total + size > MAX_INSTRUCTION_TOTAL:
+            too_large.append(f"{rel} ({size:,} bytes)")
+            continue
+        total += size
+        included.append((rel, read_inside(worktree, rel, required=False) or ""))
+    parts = ["", "## Repository instructions", f"Looked for, in this order: {INSTRUCTION_ORDER}.",
+             f"Found: {', '.join(found) if found else 'none'}."]
+    if too_large:
+        parts.append(f"Too large to include here (read them yourself): {', '.join(too_large)}.")
+    for rel, text in included:
+        parts += ["", f"### {rel}", text.strip()]
+    return parts
 
 
 def assemble_prompt(*, pipeline: dict, stage: dict, worktree: str, operation: str,
@@ -171,10 +390,7 @@ def assemble_prompt(*, pipeline: dict, stage: dict, worktree: str, operation: st
     if pipeline.get("master_plan"):
         parts += ["", f"## Master plan ({pipeline['master_plan']})",
                   read_inside(worktree, pipeline["master_plan"], required=True).strip()]
-    for name in INSTRUCTION_FILES:
-        text = read_inside(worktree, name, required=False)
-        if text is not None:
-            parts += ["", f"## Repository instructions ({name})", text.strip()]
+    parts += _instructions(worktree, stage.get("scope") or [])
     if spec_index_text is not None:
         where = f" ({pipeline['spec_index']})" if pipeline.get("spec_index") else ""
         parts += ["", f"## Specification index{where}", spec_index_text.strip()]

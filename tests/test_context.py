@@ -52,7 +52,7 @@ def test_the_prompt_holds_requirement_plan_dependencies_docs_and_gates(tree):
     assert "Agent's final message:\nDone." in text
     assert "## Document docs/design.md\n# Design\nThe design notes body." in text
     assert "## Document notes/api.md\nAPI notes body." in text
-    assert "## Repository instructions (AGENTS.md)\nUse four spaces." in text
+    assert "## Repository instructions\n" in text and "Found: AGENTS.md.\n\n### AGENTS.md\nUse four spaces." in text
     assert "## Specification index (docs/INDEX.md)\n# Index\n- docs/PLAN.md" in text
     assert "- lint: `ruff check .`" in text and "- unit: `pytest -q`" in text
     assert "Scope (files you may change): app/**" in text
@@ -146,6 +146,47 @@ def test_loading_refuses_a_dotdot_path_naming_the_field(tmp_path, where, field):
         validate(doc, "inline")
 
 
+def test_the_prompt_gives_every_kind_of_repository_instructions_in_order_and_names_the_too_large(tree):
+    """Issue 13: .github/copilot-instructions.md was skipped and the prompt did not say so."""
+    write(tree, {"app/AGENTS.md": "App rules.\n", "app/api/AGENTS.md": "API rules.\n", "lib/AGENTS.md": "not in scope\n",
+                 "CLAUDE.md": "Claude rules.\n", "GEMINI.md": "Gemini rules.\n",
+                 ".github/copilot-instructions.md": "Copilot rules.\n", ".cursor/rules/style.mdc": "Cursor style.\n",
+                 ".cursor/rules/tests.mdc": "Cursor tests.\n", "CONTRIBUTING.rst": "x" * (70 * 1024),
+                 ".github/CONTRIBUTING.md": "How to contribute.\n"})
+    text = prompt(tree, stage={"scope": ["app/api/**", "tests/test_api.py"]})
+    order = ["AGENTS.md", "app/api/AGENTS.md", "CLAUDE.md", "GEMINI.md", ".github/copilot-instructions.md",
+             ".cursor/rules/style.mdc", ".cursor/rules/tests.mdc", "CONTRIBUTING.rst", ".github/CONTRIBUTING.md"]
+    assert f"Found: {', '.join(order)}." in text
+    assert "Too large to include here (read them yourself): CONTRIBUTING.rst (71,680 bytes)." in text
+    assert "Looked for, in this order: AGENTS.md (the root one, then the nearest in the folders" in text
+    positions = [text.index(f"### {rel}\n") for rel in order if rel != "CONTRIBUTING.rst"]
+    assert positions == sorted(positions)
+    assert "### .github/copilot-instructions.md\nCopilot rules." in text and "API rules." in text
+    assert "xxxxxxxx" not in text and "### CONTRIBUTING.rst" not in text
+    assert "not in scope" not in text and "App rules." not in text  # app/api/ has a nearer one
+    # a file in a folder without its own AGENTS.md gets the nearest one above it
+    assert "### app/AGENTS.md\nApp rules." in prompt(tree, stage={"scope": ["app/core.py"]})
+
+
+def test_a_repository_without_instructions_is_told_so(tmp_path):
+    root = tmp_path / "bare"
+    write(root, {"app/core.py": "x = 1\n"})
+    text = prompt(root, pipeline={"master_plan": None, "spec_index": None}, stage={"docs": []})
+    assert "## Repository instructions\nLooked for, in this order:" in text and "Found: none." in text
+
+
+@pytest.mark.parametrize("rel", [".github/copilot-instructions.md", ".cursor/rules/evil.mdc", "CONTRIBUTING.md",
+                                 "app/AGENTS.md"])
+def test_an_instruction_file_that_is_a_symlink_out_of_the_worktree_is_refused(tree, tmp_path, rel):
+    outside = tmp_path / "outside-secret.md"
+    outside.write_text("SECRET CONTENT FROM OUTSIDE\n")
+    (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tree / rel).symlink_to(outside)
+    with pytest.raises(ContextError) as info:
+        prompt(tree)
+    assert info.value.code == "path_escapes_workspace" and info.value.path == rel
+
+
 # ----------------------------------------------------------------------------- the initial specification index
 
 
@@ -160,7 +201,8 @@ def test_the_initial_index_lists_the_documentation_sorted_under_a_header(tmp_pat
         "docs/PLAN.md": "# Plan\n",
         "docs/api/reference.md": "intro\n\n### Reference of the API\n",
         "docs/diagram.png": "not text",
-        "docs/notes.txt": "not markdown",
+        "docs/notes.txt": "Notes\n-----\n",
+        "requirements.txt": "pytest\n",
         "src/module.md": "markdown outside docs/ and not at the top",
         "setup.py": "",
     })
@@ -180,10 +222,11 @@ def test_the_initial_index_lists_the_documentation_sorted_under_a_header(tmp_pat
         "- `CHANGELOG.md`: 1.0",
         "- `CLAUDE.md`",
         "- `README.md`: Textstats",
-        "- `README.rst`",
+        "- `README.rst`: Textstats",
         "- `docs/PLAN.md`: Plan",
         "- `docs/api/reference.md`: Reference of the API",
         "- `docs/linked-in.md`: Plan",
+        "- `docs/notes.txt`: Notes",
     ]
     assert "Outside" not in text and "linked-out" not in text
     assert text.endswith("\n")
@@ -233,3 +276,35 @@ def test_without_index_text_a_missing_index_is_left_out_and_a_present_one_is_rea
     os.remove(tree / "docs" / "INDEX.md")
     assert "Specification index" not in prompt(tree)
     assert "Specification index" not in prompt(tree, pipeline={"spec_index": None})
+
+
+def test_the_initial_index_reads_restructuredtext_asciidoc_and_text_with_their_own_titles(tmp_path):
+    """Issue 13: on a real library the index listed the README alone, titled by a comment inside a
+    code example, and missed docs/index.rst and CHANGELOG.rst."""
+    root = tmp_path / "repo"
+    write(root, {
+        "README.md": "```python\n# not a title: a comment in a code example\nimport x\n```\n\n"
+                     "    # nor this: indented code\n\n<!-- # nor this -->\n\nAttrs Library\n=============\n",
+        "CHANGELOG.rst": ".. towncrier release notes start\n\n=========\nChangelog\n=========\n\n25.1.0\n------\n",
+        "HISTORY": "History\n*******\n",
+        "docs/index.rst": ".. module:: attrs\n   :synopsis: a directive's body\n\n"
+                          "Welcome to attrs\n================\n\n.. toctree::\n",
+        "docs/guide.adoc": "// a comment\n----\n= not the title, inside a listing\n----\n\n= The Guide\n:toc:\n",
+        "docs/howto.md": "---\ntitle: front matter\n# nor this\n---\n\nIntro.\n\n## How to\n",
+        "docs/setext.md": "Overview\n--------\n",
+        "docs/plain.txt": "just some words\n",
+        "docs/conf.py": "project = 'x'\n",
+        "requirements.txt": "attrs\n",
+        "setup.cfg": "[metadata]\n",
+    })
+    listed = [line for line in initial_spec_index(str(root), "docs/INDEX.md").splitlines() if line.startswith("- ")]
+    assert listed == [
+        "- `CHANGELOG.rst`: Changelog",
+        "- `HISTORY`: History",
+        "- `README.md`: Attrs Library",
+        "- `docs/guide.adoc`: The Guide",
+        "- `docs/howto.md`: How to",
+        "- `docs/index.rst`: Welcome to attrs",
+        "- `docs/plain.txt`",
+        "- `docs/setext.md`: Overview",
+    ]
