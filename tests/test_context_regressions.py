@@ -56,6 +56,31 @@ def test_the_dependency_output_carries_the_implementers_final_message(make_pipel
     attempt = Attempt.objects.get(run=run, stage__key="double", operation="implement")
     prompt = (Path(settings.VAR_DIR) / attempt.prompt_path).read_text()
     assert f"Agent's final message:\n{final}" in prompt
+    # issue 13: the second stage got the first stage's file list and message, not its patch
+    first = run.stages.get(key="answer")
+    assert (f"The accepted patch (1 file, " in prompt and f"`git diff {first.base_commit} {first.checkpoint_commit}` "
+            "shows it):\n```diff\ndiff --git a/app/core.py b/app/core.py") in prompt, prompt
+    assert "+def answer():\n+    return 42\n```" in prompt
+
+
+def test_a_long_accepted_patch_is_cut_and_the_rest_named_by_its_git_command(make_pipeline, repo, sent):
+    from engine.steps import prompts
+
+    body = "".join(f"LINE_{n:05d} = {n}\n" for n in range(6000))  # ~100 KB of new code
+    stages = [QUICK[0], {"key": "double", "requirement": "Add double().", "scope": ["app/**"],
+                         "depends_on": ["answer"], "gates": [{"name": "unit", "command": "true"}]}]
+    step = {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], "app/table.py": body}}
+    scenario = {"stages": {"answer": {"implement": [step]}, "double": {"implement": [{"print": "no change"}]}}}
+    run = operations.create_run(make_pipeline(stages=stages, scenario=scenario), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    attempt = Attempt.objects.get(run=run, stage__key="double", operation="implement")
+    prompt = (Path(settings.VAR_DIR) / attempt.prompt_path).read_text()
+    first = run.stages.get(key="answer")
+    assert f"[... cut at {prompts.DEPENDENCY_PATCH_BYTES:,} of " in prompt
+    assert f"the rest: `git diff {first.base_commit} {first.checkpoint_commit}`]" in prompt
+    assert "LINE_00010 = 10" in prompt and "LINE_05999" not in prompt
 
 
 def test_a_scenario_command_whose_output_ends_without_a_newline_still_succeeds(make_pipeline, repo, sent, tmp_path):

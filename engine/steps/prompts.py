@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from datetime import timezone as dt_timezone
 
 from django.db import transaction
@@ -89,9 +90,35 @@ def _where(finding: dict) -> str:
     return f"[{finding['severity']}] {where}" if finding.get("severity") else where
 
 
+#: Bytes of a dependency's accepted patch given in a prompt; the rest by reference (the git command).
+DEPENDENCY_PATCH_BYTES = 48 * 1024
+
+
+def _accepted_patch(run: Run, dep: StageRun) -> list[str]:
+    """The prompt lines of a dependency's accepted patch: its diff from the stage's base commit to its
+    checkpoint (workspace.write_patch: no user diff configuration, no textconv), the first
+    DEPENDENCY_PATCH_BYTES bytes of it fenced, and when it is longer, the git command that shows it
+    whole in the worktree. [] when the stage has no checkpoint."""
+    if not (dep.checkpoint_commit and dep.base_commit):
+        return []
+    with tempfile.TemporaryDirectory(prefix="cp-dep-patch-") as tmp:
+        out = os.path.join(tmp, "accepted.diff")
+        info = workspace.write_patch(run.worktree, dep.base_commit, dep.checkpoint_commit, out)
+        with open(out, "rb") as fh:
+            head = fh.read(DEPENDENCY_PATCH_BYTES + 1)
+    whole = f"git diff {dep.base_commit} {dep.checkpoint_commit}"
+    lines = ["", f"The accepted patch ({info['files']} file{'s' if info['files'] != 1 else ''}, {info['bytes']:,} "
+                 f"bytes; `{whole}` shows it):", "```diff",
+             head[:DEPENDENCY_PATCH_BYTES].decode("utf-8", "replace").rstrip("\n").replace("```", "`\u200b``"), "```"]
+    if len(head) > DEPENDENCY_PATCH_BYTES:
+        lines.append(f"[... cut at {DEPENDENCY_PATCH_BYTES:,} of {info['bytes']:,} bytes; the rest: `{whole}`]")
+    return lines
+
+
 def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
     """The accepted output of the stages ``stage_def`` depends on: the files of the manifest its
-    checkpoint committed, and the final message of the implementer (or repairer) that wrote them."""
+    checkpoint committed, the final message of the implementer (or repairer) that wrote them, the
+    accepted patch (``_accepted_patch``, bounded) and the documentation notes as checkpointed."""
     summaries = []
     for key in stage_def.get("depends_on") or []:
         dep = run.stages.get(key=key)
@@ -105,6 +132,8 @@ def _dependency_summaries(run: Run, stage_def: dict) -> list[dict]:
             lines += [f"- {c['status']}: {c['path']}" for c in data["changes"]]
         if author is not None and author.final_message:
             lines += ["", "Agent's final message:", author.final_message]
+        if accepted is not None:
+            lines += _accepted_patch(run, dep)
         if accepted is not None and dep.checkpoint_commit:
             docs = [c["path"] for c in data["changes"] if c["status"] != "deleted"
                     and globs.matches(c["path"], list(run.definition["pipeline"]["documentation_paths"]))]
