@@ -352,3 +352,31 @@ def test_the_real_cli_repairs_a_failed_gate_then_the_review_passes(make_pipeline
     assert attempts[1].final_message == "Repaired: answer() returns 42."
     assert "return 42" in git(repo, "show", f"{run.branch}:app/core.py")
     assert run.stages.get().repairs_used == 1
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_documentation_the_cli_refused_to_write_is_a_failed_documentation_attempt(make_pipeline, repo, sent):
+    """Issue 13: claude's Write refused to overwrite docs/INDEX.md (not read first); the documentation
+    attempt still counted as succeeded and the index stayed stale."""
+    document = {"turns": [
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/INDEX.md",
+                                                "content": "# Index\n- docs/PLAN.md\n- docs/answer.md\n"}}]},
+        {"text": "Updated the index."}]}
+    pipeline = make_pipeline(
+        name="claude-docs", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
+        profiles={"claude": claude_profile({"stages": {"answer": {
+            "implement": WRITE_ANSWER, "review": REVIEW_TURNS, "document": document}}})},
+        deadlines={"implement": 60, "gate": 120})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.get(run=run, operation="document")
+    assert (run.status, run.stop_reason) == ("waiting_review", "docs_failed"), run.stop_message
+    assert attempt.exit_code == 0 and attempt.failure_kind == "writes_refused", attempt.failure_message
+    assert [r["tool"] for r in attempt.refusals] == ["Write"]
+    assert "refused 1 of its writes" in run.stop_message and "Write" in run.stop_message
+    assert run.stop_evidence["refused"][0]["tool"] == "Write"
+    assert "docs/answer.md" not in (Path(run.worktree) / "docs" / "INDEX.md").read_text()
+    assert not run.stages.get().checkpoint_commit

@@ -9,6 +9,21 @@ from .attempts import begin_attempt, execute_agent, finish_attempt
 from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
+#: The file-writing tools of the agent CLIs, by the names their adapters record refusals under:
+#: Claude Code's Write, Edit, MultiEdit and NotebookEdit (2.1.197), codex's apply_patch (0.171.0).
+WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit", "apply_patch"})
+
+
+def refused_writes(refusals: list[dict] | None) -> list[dict]:
+    """The refusals of an attempt (``Attempt.refusals``: ``{"tool", "message", ...}``) that are file
+    writes the CLI refused or that failed: a tool of WRITE_TOOLS (Claude Code's "File has not been read
+    yet" refusal of a Write, a denied permission), or a command the sandbox refused with a read-only
+    file system."""
+    return [r for r in refusals or [] if isinstance(r, dict) and (
+        r.get("tool") in WRITE_TOOLS
+        or (r.get("sandbox_denied") and "Read-only file system" in str(r.get("message") or "")))]
+
+
 def begin(run: Run, stage: StageRun, plan: StagePlan) -> AgentPlan:
     """Record the documenter's attempt before it launches."""
     return {**plan, **begin_attempt(run, stage, "document", "documenter", plan["lease"])}
@@ -20,8 +35,10 @@ def execute(plan: AgentPlan, should_stop) -> AgentOutcome:
 
 
 def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) -> None:
-    """The documentation agent's attempt: a failure stops the run (docs_failed); changed docs are
-    verified and reviewed again before the checkpoint."""
+    """The documentation agent's attempt: a failure stops the run (docs_failed), and so does an
+    attempt that exited 0 after its CLI refused one of its writes (``refused_writes``: the attempt's
+    failure kind becomes ``writes_refused``); changed docs are verified and reviewed again before the
+    checkpoint."""
     attempt = finish_attempt(run, stage, plan, outcome)
     if attempt is None:
         return
@@ -35,6 +52,18 @@ def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) ->
                      f"({attempt.failure_kind}): {attempt.failure_message or 'no message'}. The verified files are "
                      f"kept; the stage is not checkpointed without current documentation.",
                      stage=stage, evidence={"attempt": attempt.pk, "failure_kind": attempt.failure_kind})
+        return
+    refused = refused_writes(attempt.refusals)
+    if refused:
+        said = "; ".join(f"{r.get('tool')} {r.get('command') or ''}".strip() + f": {str(r.get('message') or '')[:200]}"
+                         for r in refused[:3])
+        machine.refuse_attempt(attempt.pk, "writes_refused", f"the CLI refused {len(refused)} of its writes: {said}")
+        machine.stop(run, "docs_failed",
+                     f"The documentation agent (attempt {attempt.number}) exited 0, but its CLI refused "
+                     f"{len(refused)} of its writes ({said}): the documentation is not what it meant to write. The "
+                     f"verified files are kept; the stage is not checkpointed without current documentation.",
+                     stage=stage, evidence={"attempt": attempt.pk, "failure_kind": "writes_refused",
+                                            "refused": refused[:10]})
         return
     changed = outcome.get("changed") or []
     machine.event(run, "documented",
