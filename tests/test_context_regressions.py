@@ -43,18 +43,24 @@ def test_a_profile_whose_executable_is_missing_is_refused_at_creation(make_pipel
     assert not Run.objects.exists()  # nothing half created
 
 
-def test_the_dependency_output_carries_the_implementers_final_message(make_pipeline, repo, sent):
-    final = "answer() returns 42 now (FINAL-" + secrets.token_hex(4) + ")"
+def second_stage_prompt(make_pipeline, repo, sent, first_step: dict):
+    """Run two stages (the second depends on the first, whose implementer does ``first_step``) to
+    success; the run and the second implementer's saved prompt."""
     stages = [QUICK[0], {"key": "double", "requirement": "Add double().", "scope": ["app/**"],
                          "depends_on": ["answer"], "gates": [{"name": "unit", "command": "true"}]}]
-    scenario = {"stages": {"answer": {"implement": [{**ANSWER_STEP, "final_message": final}]},
+    scenario = {"stages": {"answer": {"implement": [first_step]},
                            "double": {"implement": [{"print": "nothing to change"}]}}}
     run = operations.create_run(make_pipeline(stages=stages, scenario=scenario), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
     run = drive(run.pk, sent)
     assert run.status == "succeeded", run.stop_message
     attempt = Attempt.objects.get(run=run, stage__key="double", operation="implement")
-    prompt = (Path(settings.VAR_DIR) / attempt.prompt_path).read_text()
+    return run, (Path(settings.VAR_DIR) / attempt.prompt_path).read_text()
+
+
+def test_the_dependency_output_carries_the_implementers_final_message(make_pipeline, repo, sent):
+    final = "answer() returns 42 now (FINAL-" + secrets.token_hex(4) + ")"
+    run, prompt = second_stage_prompt(make_pipeline, repo, sent, {**ANSWER_STEP, "final_message": final})
     assert f"Agent's final message:\n{final}" in prompt
     # issue 13: the second stage got the first stage's file list and message, not its patch
     first = run.stages.get(key="answer")
@@ -67,16 +73,8 @@ def test_a_long_accepted_patch_is_cut_and_the_rest_named_by_its_git_command(make
     from engine.steps import prompts
 
     body = "".join(f"LINE_{n:05d} = {n}\n" for n in range(6000))  # ~100 KB of new code
-    stages = [QUICK[0], {"key": "double", "requirement": "Add double().", "scope": ["app/**"],
-                         "depends_on": ["answer"], "gates": [{"name": "unit", "command": "true"}]}]
-    step = {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], "app/table.py": body}}
-    scenario = {"stages": {"answer": {"implement": [step]}, "double": {"implement": [{"print": "no change"}]}}}
-    run = operations.create_run(make_pipeline(stages=stages, scenario=scenario), str(repo), "main")
-    operations.request_start(run, requested_by="t", source="test")
-    run = drive(run.pk, sent)
-    assert run.status == "succeeded", run.stop_message
-    attempt = Attempt.objects.get(run=run, stage__key="double", operation="implement")
-    prompt = (Path(settings.VAR_DIR) / attempt.prompt_path).read_text()
+    run, prompt = second_stage_prompt(make_pipeline, repo, sent,
+                                      {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], "app/table.py": body}})
     first = run.stages.get(key="answer")
     assert f"[... cut at {prompts.DEPENDENCY_PATCH_BYTES:,} of " in prompt
     assert f"the rest: `git diff {first.base_commit} {first.checkpoint_commit}`]" in prompt
