@@ -80,11 +80,12 @@ _DOC_NAMES = ("README", "CHANGELOG", "HISTORY", "NEWS")
 
 def _is_documentation(rel: str) -> bool:
     """Documentation, by its path: at the top level ``README*``, ``CHANGELOG*``, ``HISTORY*``,
-    ``NEWS*`` and every ``*.md``, ``*.rst``, ``*.adoc`` (not ``*.txt``: requirements.txt is no
+    ``NEWS*`` (any extension but code and configuration) and every ``*.md``, ``*.rst``, ``*.adoc`` (not ``*.txt``: requirements.txt is no
     document); under ``docs/`` every ``*.md``, ``*.rst``, ``*.txt`` and ``*.adoc``."""
     lower = rel.lower()
     if "/" not in rel:
-        return (rel.upper().startswith(_DOC_NAMES) and (os.path.splitext(lower)[1] in DOC_EXTENSIONS + ("",))) \
+        return (rel.upper().startswith(_DOC_NAMES)
+                and os.path.splitext(lower)[1] not in (".py", ".sh", ".json", ".toml", ".yaml", ".yml", ".cfg")) \
             or lower.endswith((".md", ".rst", ".adoc"))
     return rel.startswith("docs/") and lower.endswith(DOC_EXTENSIONS)
 
@@ -136,7 +137,7 @@ def _markdown_title(lines: list[str]) -> str:
         line = raw.rstrip()
         stripped = line.strip()
         if fence:
-            if stripped.startswith(fence):
+            if stripped.startswith(fence) and not stripped.lstrip(fence[0]).strip():
                 fence = ""
             previous = ""
             continue
@@ -144,8 +145,8 @@ def _markdown_title(lines: list[str]) -> str:
             in_comment = "-->" not in stripped
             previous = ""
             continue
-        if stripped.startswith(("```", "~~~")):
-            fence = stripped[:3]
+        if stripped.startswith(("```", "~~~")):  # closed by a run of the same character at least as long
+            fence = stripped[:len(stripped) - len(stripped.lstrip(stripped[0]))]
             previous = ""
             continue
         if stripped.startswith("<!--"):
@@ -220,12 +221,12 @@ def _title(path: str) -> str:
         return ""
     lines = head.splitlines()
     ext = os.path.splitext(path)[1].lower()
-    if ext == ".md":
+    if ext in (".md", ".markdown"):
         title = _markdown_title(lines)
     elif ext == ".adoc":
         title = _asciidoc_title(lines)
-    else:
-        title = _rst_title(lines)
+    else:  # reST, or a README / CHANGELOG without extension that may be Markdown
+        title = _rst_title(lines) or (_markdown_title(lines) if ext in ("", ".txt") else "")
     return title[:120]
 
 
@@ -290,14 +291,17 @@ def instruction_files(worktree: str, scope: list[str]) -> list[str]:
     ``scope`` (``_scope_folders``), the nearest ``AGENTS.md`` in it or above it (below the root), and
     those inside it (at most MAX_INSTRUCTION_FILES); ``CLAUDE.md``, ``GEMINI.md``,
     ``.github/copilot-instructions.md``; the files of ``.cursor/rules/`` (sorted, at most
-    MAX_INSTRUCTION_FILES); ``CONTRIBUTING*`` at the root, then in ``.github/``.
+    MAX_INSTRUCTION_FILES); ``CONTRIBUTING*`` at the root, then in ``.github/`` (at most
+    MAX_INSTRUCTION_FILES in each).
     Raises ContextError (``path_escapes_workspace``) for one that is a symlink out of the worktree.
     """
     root = os.path.realpath(worktree)
     found: list[str] = []
+    seen: set[str] = set()
 
     def add(rel: str) -> None:
-        if rel not in found and _is_file_inside(root, rel):
+        if rel not in seen and _is_file_inside(root, rel):
+            seen.add(rel)
             found.append(rel)
 
     add("AGENTS.md")
@@ -329,38 +333,54 @@ def instruction_files(worktree: str, scope: list[str]) -> list[str]:
     for folder in ("", ".github"):
         path = os.path.join(root, folder)
         if os.path.isdir(path) and not os.path.islink(path):
-            for name in sorted(os.listdir(path)):
-                if name.upper().startswith("CONTRIBUTING"):
-                    add(f"{folder}/{name}" if folder else name)
+            names = sorted(name for name in os.listdir(path) if name.upper().startswith("CONTRIBUTING"))
+            for name in names[:MAX_INSTRUCTION_FILES]:
+                add(f"{folder}/{name}" if folder else name)
     return found
 
 
-def _instructions(worktree: str, scope: list[str]) -> list[str]:
+def _named(paths: list[str], most: int = MAX_INSTRUCTION_FILES) -> str:
+    """``paths`` joined for a sentence, at most ``most`` of them, then how many more."""
+    shown = ", ".join(paths[:most])
+    return shown + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
+def _instructions(worktree: str, scope: list[str], changed: frozenset[str] = frozenset()) -> list[str]:
     """The prompt's "Repository instructions" section: what was looked for, what was found, which
-    were too large (named, for the agent to read), then each included file under its path."""
+    were too large (named, for the agent to read), which were left out because an agent of this run
+    changed them (``changed``: paths changed since the stage's base commit; an agent's own text is not
+    the repository's instructions), then each included file under its path. Empty files count as found
+    and are not included."""
     root = os.path.realpath(worktree)
     found = instruction_files(worktree, scope)
     included: list[tuple[str, str]] = []
     too_large: list[str] = []
+    planted = [rel for rel in found if rel in changed]
     total = 0
     for rel in found:
+        if rel in changed:
+            continue
         size = os.path.getsize(resolve_inside(root, rel))
         if size > MAX_INSTRUCTION_BYTES or total + size > MAX_INSTRUCTION_TOTAL:
             too_large.append(f"{rel} ({size:,} bytes)")
             continue
         total += size
-        included.append((rel, read_inside(worktree, rel, required=False) or ""))
+        if size:
+            included.append((rel, read_inside(worktree, rel, required=False) or ""))
     parts = ["", "## Repository instructions", f"Looked for, in this order: {INSTRUCTION_ORDER}.",
-             f"Found: {', '.join(found) if found else 'none'}."]
+             f"Found: {_named(found, 3 * MAX_INSTRUCTION_FILES) if found else 'none'}."]
     if too_large:
-        parts.append(f"Too large to include here (read them yourself): {', '.join(too_large)}.")
+        parts.append(f"Too large to include here (read them yourself): {_named(too_large)}.")
+    if planted:
+        parts.append(f"Left out because an agent of this run changed them: {_named(planted)}.")
     for rel, text in included:
         parts += ["", f"### {rel}", text.strip()]
     return parts
 
 
 def assemble_prompt(*, pipeline: dict, stage: dict, worktree: str, operation: str,
-                    dependencies: list[dict], spec_index_text: str | None = None) -> str:
+                    dependencies: list[dict], spec_index_text: str | None = None,
+                    changed: frozenset[str] = frozenset()) -> str:
     """The prompt of one agent session for ``stage`` (a frozen stage definition).
 
     ``dependencies``: accepted output of the stages this one depends on, each
@@ -368,6 +388,8 @@ def assemble_prompt(*, pipeline: dict, stage: dict, worktree: str, operation: st
     ``spec_index_text``: the specification index to give instead of reading the pipeline's
     ``spec_index`` file (the engine's initial index, ``initial_spec_index``, when the repository
     has none); None reads the file, if there is one.
+    ``changed``: the paths the worktree changed since the stage's base commit; instruction files among
+    them are left out (``_instructions``).
     Raises ContextError for a missing required file or a path outside the worktree.
     """
     parts = [
@@ -390,7 +412,7 @@ def assemble_prompt(*, pipeline: dict, stage: dict, worktree: str, operation: st
     if pipeline.get("master_plan"):
         parts += ["", f"## Master plan ({pipeline['master_plan']})",
                   read_inside(worktree, pipeline["master_plan"], required=True).strip()]
-    parts += _instructions(worktree, stage.get("scope") or [])
+    parts += _instructions(worktree, stage.get("scope") or [], changed)
     if spec_index_text is not None:
         where = f" ({pipeline['spec_index']})" if pipeline.get("spec_index") else ""
         parts += ["", f"## Specification index{where}", spec_index_text.strip()]

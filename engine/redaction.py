@@ -99,9 +99,11 @@ _TOKEN = rb"[A-Za-z0-9_-]"
 # its provider's usual alphabet left "_UZG0lgg" behind): everything up to whitespace, a quote, a
 # backslash (a JSON escape ends it, except a \uXXXX escape, which is consumed whole), a bracket, a
 # "<", ">", "&" or "@" (markup, URL query and host); a trailing punctuation mark (".", ",", ":"...)
-# ends it too, one followed by more body characters belongs to it.
-_STOP = rb"""\s"'`\\<>()\[\]{}&@.,;:!?"""
-_BODY = rb"[^" + _STOP + rb"]"
+# ends it too, one followed by more body characters belongs to it; a control character (an escape
+# sequence) or a byte that is no UTF-8 ends it. A body character is printable ASCII but those stops,
+# or one whole UTF-8 character (never half of one: the bound counts characters, so what follows
+# [REDACTED] stays valid UTF-8).
+_BODY = rb"(?:[#$%*+\-/0-9=A-Z^_a-z|~]|[\xc2-\xf4][\x80-\xbf]{1,3})"
 _REST = rb"(?:" + _BODY + rb"|\\u[0-9A-Fa-f]{4}|[.,;:!?](?=" + _BODY + rb")){0,1024}"
 _B64ISH = rb"(?:[a-z0-9._~+-]|\\?/)"  # on the lowercased copy; \/ is JSON-escaped /
 
@@ -163,7 +165,7 @@ _RULES: tuple[_Rule, ...] = (
         "bearer_token",
         re.compile(
             rb"bearer[ \t]{1,8}((?:(?=" + _B64ISH + rb"{0,4095}[0-9])" + _B64ISH + rb"{8,4096}=*"
-            rb"|" + _B64ISH + rb"{20,4096}=*)" + _REST + rb"(?<![.,;:!?]))"
+            rb"|" + _B64ISH + rb"{20,4096}=*)" + _REST + rb")"
         ),
         group=1,
         lower=True,

@@ -380,3 +380,51 @@ def test_documentation_the_cli_refused_to_write_is_a_failed_documentation_attemp
     assert run.stop_evidence["refused"][0]["tool"] == "Write"
     assert "docs/answer.md" not in (Path(run.worktree) / "docs" / "INDEX.md").read_text()
     assert not run.stages.get().checkpoint_commit
+
+
+def test_a_refused_write_that_a_later_write_of_the_same_file_made_good_is_recovered(tmp_path):
+    from engine.agents.claude import parse_stream
+    from engine.steps.document import refused_writes
+
+    def use(call, tool, path):
+        return {"type": "assistant", "message": {"content": [
+            {"type": "tool_use", "id": call, "name": tool, "input": {"file_path": path}}]}}
+
+    def result(call, error):
+        return {"type": "user", "message": {"content": [
+            {"type": "tool_result", "tool_use_id": call, "is_error": error, "content": "File has not been read yet."
+             if error else "ok"}]}}
+
+    raw = tmp_path / "out.raw"
+    events = [use("1", "Write", "/w/docs/INDEX.md"), result("1", True), use("2", "Read", "/w/docs/INDEX.md"),
+              result("2", False), use("3", "Write", "/w/docs/INDEX.md"), result("3", False),
+              use("4", "Edit", "/w/docs/other.md"), result("4", True)]
+    raw.write_text("".join(json.dumps(e) + "\n" for e in events))
+    refusals = parse_stream(str(raw))["refusals"]
+    assert [(r["tool"], r["path"], r.get("recovered", False)) for r in refusals] == [
+        ("Write", "/w/docs/INDEX.md", True), ("Edit", "/w/docs/other.md", False)]
+    assert [r["path"] for r in refused_writes(refusals)] == ["/w/docs/other.md"]
+
+
+@needs_claude
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_documenter_that_reads_and_writes_again_after_a_refusal_documents(make_pipeline, repo, sent):
+    index = "# Index\n- docs/PLAN.md\n- docs/answer.md\n"
+    document = {"turns": [
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/INDEX.md", "content": index}}]},
+        {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/docs/INDEX.md"}}]},
+        {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/INDEX.md", "content": index}}]},
+        {"text": "Updated the index."}]}
+    pipeline = make_pipeline(
+        name="claude-docs", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
+        profiles={"claude": claude_profile({"stages": {"answer": {
+            "implement": WRITE_ANSWER, "review": REVIEW_TURNS, "document": document}}})},
+        deadlines={"implement": 60, "gate": 120})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    run = drive(run.pk, sent)
+    attempt = Attempt.objects.filter(run=run, operation="document").order_by("number").first()
+    assert [(r["tool"], r.get("recovered")) for r in attempt.refusals] == [("Write", True)], attempt.refusals
+    assert run.status == "succeeded", run.stop_message
+    assert "docs/answer.md" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:docs/INDEX.md")

@@ -36,6 +36,8 @@ from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, fi
                           var_dir)
 from .lines import BoundedLines
 
+#: Claude Code's file-writing tools (2.1.197).
+WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
 READ_ONLY_TOOLS = "Read,Grep,Glob"
 #: Messages of the CLI that mean it has no usable login (checked on 2.1.197).
@@ -112,12 +114,14 @@ def parse_stream(raw_path: str) -> dict:
     when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
     message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
     CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
-    permission; at most 200), and ``"truncated_lines": int``: lines longer than
+    permission; at most 200; with ``"path"`` when the call named a file, and ``"recovered": True``
+    when a later file-writing call on that file succeeded), and ``"truncated_lines": int``: lines longer than
     engine/agents/lines.py MAX_LINE_BYTES, read in bounded chunks and not parsed (whole in the raw log).
     """
     found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
-             "refusals": []}
+             "refusals": [], "truncated_lines": 0}
     tools: dict[str, str] = {}
+    paths: dict[str, str] = {}  # tool_use id -> the file it writes or reads
     try:
         fh = open(raw_path, "rb")
     except FileNotFoundError:
@@ -150,14 +154,29 @@ def parse_stream(raw_path: str) -> dict:
                         found["last_text"] = block["text"]
                     elif isinstance(block, dict) and block.get("type") == "tool_use":
                         tools[str(block.get("id"))] = str(block.get("name"))
+                        given = block.get("input") if isinstance(block.get("input"), dict) else {}
+                        target = given.get("file_path") or given.get("notebook_path")
+                        if isinstance(target, str):
+                            paths[str(block.get("id"))] = target[:1000]
             elif kind == "user":
                 for block in (event.get("message") or {}).get("content") or []:
-                    if isinstance(block, dict) and block.get("type") == "tool_result" and block.get("is_error"):
-                        text = block.get("content")
-                        text = text if isinstance(text, str) else json.dumps(text)
-                        if len(found["refusals"]) < 200:
-                            found["refusals"].append({"tool": tools.get(str(block.get("tool_use_id")), "?"),
-                                                      "message": text[:500]})
+                    if not (isinstance(block, dict) and block.get("type") == "tool_result"):
+                        continue
+                    call = str(block.get("tool_use_id"))
+                    if not block.get("is_error"):
+                        # a later success on the same file: the refusals of it before were recovered from
+                        if call in paths and tools.get(call) in WRITE_TOOLS:
+                            for refusal in found["refusals"]:
+                                if refusal.get("path") == paths[call]:
+                                    refusal["recovered"] = True
+                        continue
+                    text = block.get("content")
+                    text = text if isinstance(text, str) else json.dumps(text)
+                    if len(found["refusals"]) < 200:
+                        refusal = {"tool": tools.get(call, "?"), "message": text[:500]}
+                        if call in paths:
+                            refusal["path"] = paths[call]
+                        found["refusals"].append(refusal)
     found["truncated_lines"] = lines.truncated
     return found
 

@@ -253,7 +253,7 @@ def parse_events(raw_path: str) -> dict:
     """
     found = {"session_id": "", "turns_completed": 0, "usage": None, "last_text": "", "failure": "", "errors": [],
              "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": [],
-             "rejected": []}
+             "rejected": [], "truncated_lines": 0}
     errors: deque[str] = deque(maxlen=5)
     stderr_tail: deque[str] = deque(maxlen=5)
     try:

@@ -4,24 +4,24 @@ run; changed documentation is verified and reviewed again before the checkpoint.
 from __future__ import annotations
 
 from .. import machine
+from ..agents import claude
 from ..models import AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
 from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
 #: The file-writing tools of the agent CLIs, by the names their adapters record refusals under:
-#: Claude Code's Write, Edit, MultiEdit and NotebookEdit (2.1.197), codex's apply_patch (0.171.0).
-WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit", "apply_patch"})
+#: Claude Code's (engine/agents/claude.py WRITE_TOOLS) and codex's apply_patch (0.171.0).
+WRITE_TOOLS = claude.WRITE_TOOLS | {"apply_patch"}
 
 
 def refused_writes(refusals: list[dict] | None) -> list[dict]:
-    """The refusals of an attempt (``Attempt.refusals``: ``{"tool", "message", ...}``) that are file
-    writes the CLI refused or that failed: a tool of WRITE_TOOLS (Claude Code's "File has not been read
-    yet" refusal of a Write, a denied permission), or a command the sandbox refused with a read-only
-    file system."""
-    return [r for r in refusals or [] if isinstance(r, dict) and (
-        r.get("tool") in WRITE_TOOLS
-        or (r.get("sandbox_denied") and "Read-only file system" in str(r.get("message") or "")))]
+    """The refusals of an attempt (``Attempt.refusals``: ``{"tool", "message", "path"?, "recovered"?}``)
+    that are file writes the CLI refused or that failed, for good: a tool of WRITE_TOOLS (Claude Code's
+    "File has not been read yet" refusal of a Write, a denied permission, codex's failed patch) whose
+    file no later write of the same attempt wrote (``recovered``: engine/agents/claude.py parse_stream)."""
+    return [r for r in refusals or [] if isinstance(r, dict) and r.get("tool") in WRITE_TOOLS
+            and not r.get("recovered")]
 
 
 def begin(run: Run, stage: StageRun, plan: StagePlan) -> AgentPlan:

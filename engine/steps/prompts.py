@@ -34,7 +34,8 @@ def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str
                              reviewer=f"reviewer '{plan['profile_name']}'") + people_section(run, stage)
     text = context.assemble_prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
                                    operation=plan["operation"], dependencies=_dependency_summaries(run, stage.spec),
-                                   spec_index_text=_initial_spec_index(run, stage, plan))
+                                   spec_index_text=_initial_spec_index(run, stage, plan),
+                                   changed=frozenset(c["path"] for c in start.get("changes") or []))
     text += people_section(run, stage)
     if plan["operation"] == "repair":
         text += _repair_section(run, stage, plan, start)

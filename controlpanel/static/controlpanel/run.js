@@ -302,9 +302,10 @@ function cpIdle() {
     return true;
   }
 
+  // fetch the page and replace its parts; false when a fetch is already under way
   function update(said, quiet) {
     if (updating) {
-      return;
+      return false;
     }
     updating = true;
     var typing = !cpIdle();
@@ -334,6 +335,7 @@ function cpIdle() {
         updating = false;
         followHeader();
       });
+    return true;
   }
 
   var follows = 0;  // fetches made because the header moved on, since the last time they agreed
@@ -352,9 +354,9 @@ function cpIdle() {
       follows = 0;
       return;
     }
-    if (follows < 5) {
+    // counted only when a fetch starts (one under way calls this again when it ends)
+    if (follows < 5 && update({status: status, label: (header.querySelector(".cp-status") || {}).textContent})) {
       follows += 1;
-      update({status: status, label: (header.querySelector(".cp-status") || {}).textContent});
     }
   }
 
