@@ -354,6 +354,19 @@ def test_the_real_cli_repairs_a_failed_gate_then_the_review_passes(make_pipeline
     assert run.stages.get().repairs_used == 1
 
 
+def documented_by_claude(make_pipeline, repo, sent, document: dict):
+    """A one-stage run by the real claude against the scripted endpoint, whose documenter's model
+    answers ``document``; the run, driven to its stop."""
+    pipeline = make_pipeline(
+        name="claude-docs", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
+        profiles={"claude": claude_profile({"stages": {"answer": {
+            "implement": WRITE_ANSWER, "review": REVIEW_TURNS, "document": document}}})},
+        deadlines={"implement": 60, "gate": 120})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    return drive(run.pk, sent)
+
+
 @needs_claude
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -364,14 +377,7 @@ def test_documentation_the_cli_refused_to_write_is_a_failed_documentation_attemp
         {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/INDEX.md",
                                                 "content": "# Index\n- docs/PLAN.md\n- docs/answer.md\n"}}]},
         {"text": "Updated the index."}]}
-    pipeline = make_pipeline(
-        name="claude-docs", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
-        profiles={"claude": claude_profile({"stages": {"answer": {
-            "implement": WRITE_ANSWER, "review": REVIEW_TURNS, "document": document}}})},
-        deadlines={"implement": 60, "gate": 120})
-    run = operations.create_run(pipeline, str(repo), "main")
-    operations.request_start(run, requested_by="t", source="test")
-    run = drive(run.pk, sent)
+    run = documented_by_claude(make_pipeline, repo, sent, document)
     attempt = Attempt.objects.get(run=run, operation="document")
     assert (run.status, run.stop_reason) == ("waiting_review", "docs_failed"), run.stop_message
     assert attempt.exit_code == 0 and attempt.failure_kind == "writes_refused", attempt.failure_message
@@ -416,14 +422,7 @@ def test_a_documenter_that_reads_and_writes_again_after_a_refusal_documents(make
         {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/docs/INDEX.md"}}]},
         {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/INDEX.md", "content": index}}]},
         {"text": "Updated the index."}]}
-    pipeline = make_pipeline(
-        name="claude-docs", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
-        profiles={"claude": claude_profile({"stages": {"answer": {
-            "implement": WRITE_ANSWER, "review": REVIEW_TURNS, "document": document}}})},
-        deadlines={"implement": 60, "gate": 120})
-    run = operations.create_run(pipeline, str(repo), "main")
-    operations.request_start(run, requested_by="t", source="test")
-    run = drive(run.pk, sent)
+    run = documented_by_claude(make_pipeline, repo, sent, document)
     attempt = Attempt.objects.filter(run=run, operation="document").order_by("number").first()
     assert [(r["tool"], r.get("recovered")) for r in attempt.refusals] == [("Write", True)], attempt.refusals
     assert run.status == "succeeded", run.stop_message
