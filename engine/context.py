@@ -325,18 +325,22 @@ def instruction_files(worktree: str, scope: list[str]) -> list[str]:
                 add(rel)
     for rel in INSTRUCTION_FILES[1:]:
         add(rel)
-    for folder in (".cursor/rules",):
-        path = os.path.join(root, folder)
-        if os.path.isdir(path) and not os.path.islink(path):
-            for name in sorted(os.listdir(path))[:MAX_INSTRUCTION_FILES]:
-                add(f"{folder}/{name}")
+    for rel in _folder_entries(root, ".cursor/rules"):
+        add(rel)
     for folder in ("", ".github"):
-        path = os.path.join(root, folder)
-        if os.path.isdir(path) and not os.path.islink(path):
-            names = sorted(name for name in os.listdir(path) if name.upper().startswith("CONTRIBUTING"))
-            for name in names[:MAX_INSTRUCTION_FILES]:
-                add(f"{folder}/{name}" if folder else name)
+        for rel in _folder_entries(root, folder, prefix="CONTRIBUTING"):
+            add(rel)
     return found
+
+
+def _folder_entries(root: str, folder: str, prefix: str = "") -> list[str]:
+    """Repository-relative paths of the entries of ``folder`` (not a symlink) whose names start with
+    ``prefix`` (any case), sorted, at most MAX_INSTRUCTION_FILES; [] when there is no such folder."""
+    path = os.path.join(root, folder)
+    if not os.path.isdir(path) or os.path.islink(path):
+        return []
+    names = sorted(name for name in os.listdir(path) if name.upper().startswith(prefix.upper()))
+    return [f"{folder}/{name}" if folder else name for name in names[:MAX_INSTRUCTION_FILES]]
 
 
 def _named(paths: list[str], most: int = MAX_INSTRUCTION_FILES) -> str:
