@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## make agents: the pinned agent CLIs (claude, codex) in tools/agents (project-local npm install).
+## make agents: the pinned agent CLIs (claude, codex, gemini, pi) in tools/agents (project-local npm install).
 agents:
 	bash scripts/install-agent-clis.sh
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the pinned coding-agent CLIs (Claude Code, Codex) project-locally into tools/agents.
+# Install the pinned coding-agent CLIs (Claude Code, Codex, Gemini CLI, Pi) project-locally into tools/agents.
 #
 #   scripts/install-agent-clis.sh            # install if needed, then print both versions
 #   AGENT_CLIS_PREFIX=/some/dir scripts/...  # install somewhere else (default: <repo>/tools/agents)
@@ -7,7 +7,7 @@
 # The pins live in one committed place: scripts/agents/package.json (exact versions). The script
 # copies it to $PREFIX/package.json and runs `npm install --prefix $PREFIX --no-audit --no-fund`;
 # never a global install. It is idempotent and fast when the pinned versions are already there
-# (no npm call at all). Afterwards it checks that `claude --version` and `codex --version`
+# (no npm call at all). Afterwards it checks that `claude`, `codex`, `gemini` and `pi --version`
 # answer and name the pinned versions, and prints them.
 #
 # Needs: node (Node.js 18+; codex runs under it) and, when something must be installed, npm.
@@ -86,3 +86,5 @@ pinned() { node -e 'console.log(JSON.parse(require("fs").readFileSync(process.ar
 
 check_version claude "$(pinned @anthropic-ai/claude-code)"
 check_version codex "$(pinned @openai/codex)"
+check_version gemini "$(pinned @google/gemini-cli)"
+check_version pi "$(pinned @mariozechner/pi-coding-agent)"
