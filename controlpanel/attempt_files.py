@@ -1,4 +1,4 @@
-"""The stored files of an attempt that the Control Panel serves: prompt, output log, raw output, patch,
+"""The stored files of an attempt that the Control Panel serves: prompt, output log, raw output (stdout), stderr, patch,
 transcript (engine/transcript.py: beside the raw log, no field of its own).
 
 Used by the attempt's admin page (controlpanel/admin.py ``AttemptAdmin``) and by the run page
@@ -20,7 +20,8 @@ from engine.models import Attempt
 ATTEMPT_FILES = {
     "prompt": ("prompt_path", "prompt", "prompt_sha256"),
     "log": ("log_path", "output log", ""),
-    "raw": ("raw_path", "raw output (redacted bytes)", ""),
+    "raw": ("raw_path", "raw output: stdout (redacted bytes)", ""),
+    "stderr": ("stderr_path", "stderr (redacted bytes)", ""),
     "patch": ("patch_path", "patch", "patch_sha256"),
     "transcript": ("raw_path", "transcript (the conversation, normalized)", ""),
 }

@@ -462,7 +462,7 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
     if attempt.late:
         outcome = "off"
     files, log_bytes = {}, 0
-    for kind in ("prompt", "log", "raw", "patch"):
+    for kind in ("prompt", "log", "raw", "stderr", "patch"):
         found = attempt_file(attempt, kind)
         if found is not None:
             files[kind] = reverse("admin:engine_attempt_file", args=[attempt.pk, kind])

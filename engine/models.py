@@ -296,7 +296,8 @@ class Attempt(models.Model):
     prompt_path = models.CharField(max_length=1000, blank=True)
     prompt_sha256 = models.CharField(max_length=64, blank=True)
     log_path = models.CharField(max_length=1000, blank=True)
-    raw_path = models.CharField(max_length=1000, blank=True)
+    raw_path = models.CharField(max_length=1000, blank=True, help_text="the CLI's stdout (redacted bytes)")
+    stderr_path = models.CharField(max_length=1000, blank=True, help_text="the CLI's stderr, kept apart (redacted bytes)")
     patch_path = models.CharField(max_length=1000, blank=True)
     patch_sha256 = models.CharField(max_length=64, blank=True)
     result_manifest = models.ForeignKey(
@@ -309,6 +310,10 @@ class Attempt(models.Model):
     usage = models.JSONField(null=True, blank=True, help_text="tokens and cost; null fields are unknown")
     session_id = models.CharField(max_length=200, blank=True)
     final_message = models.TextField(blank=True)
+    structured = models.BooleanField(
+        null=True, blank=True,
+        help_text="whether the CLI's documented output (its JSON stream) was read; false: it printed text, kept as "
+                  "the final message; unknown for the scripted test adapter")
     cli_version = models.CharField(max_length=200, blank=True)
     output_bytes = models.BigIntegerField(default=0)
     redactions = models.PositiveIntegerField(default=0)

@@ -253,7 +253,7 @@ def validate(data: object, source: str = "<input>", *, base_dir: str | os.PathLi
                            "document": float, "gate": float},
              "roles": {"implementer": str, "reviewer": str | [str], "documenter": str},
              "profiles": {name: {"name", "adapter", "model", "max_turns", "executable",
-                                 "extra_args", "env", "base_url", "network_allow", "scenario", "scenario_path",
+                                 "extra_args", "env", "base_url", "api_key_env", "network_allow", "scenario", "scenario_path",
                                  "description"}},
              "stages": [{"key", "title", "requirement", "scope", "docs", "depends_on",
                          "gates", "repair_allowance", "human_gate"}]}

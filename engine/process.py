@@ -14,7 +14,9 @@ test named after its id, in tests/test_process.py and tests/test_steps.py):
 * stdout and stderr go to one pipe that a reader thread streams through a
   :class:`~engine.redaction.Redactor` into a raw file (bytes as emitted, apart from
   redactions; docs/field-cases.md C11, C12, C14) and a display log (UTF-8, ANSI removed, carriage-return
-  progress collapsed; docs/field-cases.md C12), with a byte cap and bounded memory;
+  progress collapsed; docs/field-cases.md C12), with a byte cap and bounded memory; given a
+  ``stderr_path``, stderr has a pipe and a reader of its own: the raw file then holds stdout
+  alone (what an adapter parses) and stderr is kept apart, both still shown in the display log;
 * the deadline is watched by the caller's thread; on expiry the tree is stopped
   politely and then by force (SIGINT, SIGTERM, SIGKILL; docs/field-cases.md C08), and the reader is joined
   with a bounded wait even if a process outside our reach still holds the pipe (docs/field-cases.md C06).
@@ -353,7 +355,7 @@ class _Capture:
         self._fd = read_fd
         self._log_fd: int | None = log_fd
         self._raw_fd = raw_fd
-        self._redactor = redactor
+        self._redactor = self.redactor = redactor
         # the display text is redacted again once terminal escapes are gone: a key printed with a
         # colour code inside it (`grep --color`) is only whole there
         self.display_redactor = redactor.fresh()
@@ -874,6 +876,7 @@ def run_supervised(
     on_start: Callable[[int, float], None] | None = None,
     poll_seconds: float = 0.2,
     stdin_path: str | os.PathLike[str] | None = None,
+    stderr_path: str | os.PathLike[str] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` as a supervised process tree and capture its output.
 
@@ -907,11 +910,16 @@ def run_supervised(
     :param stdin_path: a file given to the child as its standard input (e.g. the prompt of
         a CLI that reads it from stdin); it ends in EOF, so nothing can wait on it. Default:
         ``/dev/null``.
+    :param stderr_path: optional capture of stderr alone, appended to (redacted bytes, as
+        ``raw_path``). With it, stderr gets its own pipe and reader, ``raw_path`` holds stdout
+        alone, and the display log shows both (each stream's lines whole where a line fits
+        one read of 64 KiB). ``max_output_bytes`` then applies to each stream; ``output_bytes``
+        and ``redactions`` count both.
     :returns: a :class:`ProcessResult`.  A program that cannot be started gives
         ``missing_executable=True`` (not found / not executable) or ``error`` set,
         with the error text also written to the log; this never raises.
     :raises ValueError: if ``argv`` is empty.
-    :raises OSError: if ``log_path`` or ``raw_path`` cannot be opened.
+    :raises OSError: if ``log_path``, ``raw_path`` or ``stderr_path`` cannot be opened.
     :raises BaseException: whatever ``on_start`` or ``should_stop`` raise (and
         KeyboardInterrupt etc.), after the process tree has been stopped.
 
@@ -920,24 +928,29 @@ def run_supervised(
     """
     plan = _plan(argv, cwd, env, marker, redactor)
     result = ProcessResult(argv=plan.argv, cwd=plan.cwd, marker=plan.marker)
-    log_fd, raw_fd = _open_outputs(log_path, raw_path)
+    log_fd, raw_fd, err_fd = _open_outputs(log_path, raw_path, stderr_path)
 
     result.started_at = time.time()
     t0 = time.monotonic()
     try:
-        proc, read_fd = _launch(plan, stdin_path)
+        proc, read_fd, err_read_fd = _launch(plan, stdin_path, separate_stderr=err_fd is not None)
     except _StartFailed as failed:
-        return _start_failed(result, failed.error, t0, log_fd, raw_fd)
+        return _start_failed(result, failed.error, t0, log_fd, raw_fd, err_fd)
     except OSError:  # stdin_path could not be opened: the caller's error, no file of ours left open
-        for fd in (log_fd, raw_fd):
+        for fd in (log_fd, raw_fd, err_fd):
             if fd is not None:
                 os.close(fd)
         raise
 
-    capture = _Capture(read_fd, log_fd, raw_fd, plan.redactor, max_output_bytes)
+    captures = [_Capture(read_fd, log_fd, raw_fd, plan.redactor, max_output_bytes)]
+    raws = [raw_path]
+    if err_read_fd is not None:  # stderr apart: its own reader, redactor and file; the same display log
+        captures.append(_Capture(err_read_fd, os.dup(log_fd), err_fd, plan.redactor.fresh(), max_output_bytes))
+        raws.append(stderr_path)
     supervision = _Supervision.started(proc, result, plan.marker, grace_seconds, t0, deadline_seconds)
     try:
-        capture.start()
+        for capture in captures:
+            capture.start()
         if on_start is not None:
             on_start(proc.pid, result.create_time)
         supervision.wait(should_stop, poll_seconds)
@@ -946,10 +959,12 @@ def run_supervised(
         # on_start / should_stop raised, or we are being interrupted: never leave the
         # tree running or the pipe open behind us.
         supervision.abort()
-        _discard_capture(capture, read_fd)
+        _discard_capture(captures[0], read_fd)
+        if err_read_fd is not None:
+            _discard_capture(captures[1], err_read_fd)
         raise
     supervision.record_exit()
-    _finish_capture(result, capture, supervision.stop_note, plan, raw_path)
+    _finish_capture(result, captures, supervision.stop_note, plan, raws)
     return result
 
 
@@ -999,21 +1014,25 @@ def _plan(
 
 
 def _open_outputs(
-    log_path: str | os.PathLike[str], raw_path: str | os.PathLike[str] | None
-) -> tuple[int, int | None]:
-    """Open the display log and the optional raw capture for appending.
+    log_path: str | os.PathLike[str], raw_path: str | os.PathLike[str] | None,
+    stderr_path: str | os.PathLike[str] | None = None,
+) -> tuple[int, int | None, int | None]:
+    """Open the display log, the optional raw capture and the optional stderr capture for appending.
 
-    :returns: ``(log_fd, raw_fd)``; ``raw_fd`` is None without ``raw_path``.
-    :raises OSError: if either cannot be opened (the log is closed again if only the raw
-        capture failed).
+    :returns: ``(log_fd, raw_fd, err_fd)``; ``raw_fd`` / ``err_fd`` are None without their path.
+    :raises OSError: if one cannot be opened (those already open are closed again).
     """
-    log_fd = _open_append(log_path)
+    opened: list[int] = []
     try:
-        raw_fd = _open_append(raw_path) if raw_path is not None else None
+        for path in (log_path, raw_path, stderr_path):
+            opened.append(_open_append(path) if path is not None else -1)
     except OSError:
-        os.close(log_fd)
+        for fd in opened:
+            if fd >= 0:
+                os.close(fd)
         raise
-    return log_fd, raw_fd
+    log_fd, raw_fd, err_fd = (fd if fd >= 0 else None for fd in opened)
+    return log_fd, raw_fd, err_fd
 
 
 class _StartFailed(Exception):
@@ -1024,19 +1043,24 @@ class _StartFailed(Exception):
         self.error = error
 
 
-def _launch(plan: _Plan, stdin_path: str | os.PathLike[str] | None) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the child in its own session, stdout and stderr on one new pipe.
+def _launch(
+    plan: _Plan, stdin_path: str | os.PathLike[str] | None, separate_stderr: bool = False
+) -> tuple[subprocess.Popen[bytes], int, int | None]:
+    """Start the child in its own session, stdout and stderr on one new pipe (or each on
+    its own with ``separate_stderr``).
 
     Standard input is ``stdin_path`` opened for reading, or ``/dev/null``.  Our copies of
-    the pipe's write end and of the stdin file are closed once ``Popen`` has returned or
+    the pipes' write ends and of the stdin file are closed once ``Popen`` has returned or
     failed.
 
-    :returns: ``(proc, read_fd)``: the child, and the pipe's read end (ours to close).
-    :raises _StartFailed: if ``Popen`` raised OSError or ValueError (the pipe is closed).
+    :returns: ``(proc, read_fd, err_read_fd)``: the child, the stdout pipe's read end and
+        the stderr pipe's read end (None when stderr shares the first pipe); ours to close.
+    :raises _StartFailed: if ``Popen`` raised OSError or ValueError (the pipes are closed).
     :raises OSError: if ``stdin_path`` cannot be opened.
     """
     stdin_file = open(stdin_path, "rb") if stdin_path is not None else None  # before the pipe: nothing to leak
     read_fd, write_fd = os.pipe()
+    err_read_fd, err_write_fd = os.pipe() if separate_stderr else (None, write_fd)
     try:
         proc = subprocess.Popen(
             plan.argv,
@@ -1044,22 +1068,27 @@ def _launch(plan: _Plan, stdin_path: str | os.PathLike[str] | None) -> tuple[sub
             env=plan.env,
             stdin=stdin_file if stdin_file is not None else subprocess.DEVNULL,
             stdout=write_fd,
-            stderr=write_fd,
+            stderr=err_write_fd,
             start_new_session=True,
             close_fds=True,
         )
     except (OSError, ValueError) as exc:
         os.close(read_fd)
+        if err_read_fd is not None:
+            os.close(err_read_fd)
         raise _StartFailed(exc) from exc
     finally:
         os.close(write_fd)
+        if err_read_fd is not None:
+            os.close(err_write_fd)
         if stdin_file is not None:
             stdin_file.close()
-    return proc, read_fd
+    return proc, read_fd, err_read_fd
 
 
 def _start_failed(
-    result: ProcessResult, exc: OSError | ValueError, t0: float, log_fd: int, raw_fd: int | None
+    result: ProcessResult, exc: OSError | ValueError, t0: float, log_fd: int, raw_fd: int | None,
+    err_fd: int | None = None,
 ) -> ProcessResult:
     """Fill ``result`` for a child that never started; note why in the log; close the files.
 
@@ -1076,9 +1105,9 @@ def _start_failed(
     try:
         _write_all(log_fd, f"{_NOTE}{message}\n".encode("utf-8", "replace"))
     finally:
-        os.close(log_fd)
-        if raw_fd is not None:
-            os.close(raw_fd)
+        for fd in (log_fd, raw_fd, err_fd):
+            if fd is not None:
+                os.close(fd)
     return result
 
 
@@ -1218,34 +1247,41 @@ def _discard_capture(capture: _Capture, read_fd: int) -> None:
 
 def _finish_capture(
     result: ProcessResult,
-    capture: _Capture,
+    captures: list[_Capture],
     stop_note: str | None,
     plan: _Plan,
-    raw_path: str | os.PathLike[str] | None,
+    raw_paths: list[str | os.PathLike[str] | None],
 ) -> None:
-    """Close the capture after the tree is gone and fill in the output fields of ``result``.
+    """Close the captures after the tree is gone and fill in the output fields of ``result``.
 
-    Lets the reader drain (:func:`_close_capture`); if it finished, appends the stop note
-    to the log, closes the files and, when the display text needed redactions the raw bytes
-    did not get, rewrites the raw capture (:func:`_scrub_raw`).  Sets ``output_bytes``,
-    ``truncated``, ``redactions``, and ``error`` if none is set yet and writing failed or
-    the capture did not finish.
+    ``captures``: stdout's (or both streams') first, then stderr's when it is kept apart;
+    ``raw_paths`` the file each writes. Lets each reader drain (:func:`_close_capture`); if
+    the first finished, appends the stop note to the log; closes the files of those that
+    finished and, when the display text needed redactions the raw bytes did not get,
+    rewrites that raw capture (:func:`_scrub_raw`).  Sets ``output_bytes``, ``truncated``,
+    ``redactions`` (summed over the captures), and ``error`` if none is set yet and writing
+    failed or a capture did not finish.
 
-    :raises OSError: if the raw capture cannot be rewritten.
+    :raises OSError: if a raw capture cannot be rewritten.
     """
-    finished = _close_capture(capture)
-    if finished:
-        if stop_note is not None:
-            _note_stop(capture, stop_note)
-        capture.release()
-    result.output_bytes = capture.captured
-    result.truncated = capture.truncated
-    result.redactions = plan.redactor.count - plan.redactions_before + capture.display_redactor.count
-    if finished and capture.display_redactor.count and raw_path:
-        _scrub_raw(raw_path, plan.redactor.fresh())
-    if capture.error and result.error is None:
-        result.error = capture.error
-    if not finished and result.error is None:
+    finished = [_close_capture(capture) for capture in captures]
+    if finished[0] and stop_note is not None:
+        _note_stop(captures[0], stop_note)
+    for capture, done in zip(captures, finished):
+        if done:
+            capture.release()
+    result.output_bytes = sum(capture.captured for capture in captures)
+    result.truncated = any(capture.truncated for capture in captures)
+    result.redactions = plan.redactor.count - plan.redactions_before + sum(
+        capture.display_redactor.count for capture in captures) + sum(
+        capture.redactor.count for capture in captures[1:])
+    for capture, done, raw_path in zip(captures, finished, raw_paths):
+        if done and capture.display_redactor.count and raw_path:
+            _scrub_raw(raw_path, plan.redactor.fresh())
+    for capture in captures:
+        if capture.error and result.error is None:
+            result.error = capture.error
+    if not all(finished) and result.error is None:
         result.error = "output capture did not finish; some output may be missing"
 
 

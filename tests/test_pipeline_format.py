@@ -110,7 +110,7 @@ def test_it_fills_profile_defaults_and_inlines_the_scenario(example):
     assert set(profiles) == {"claude-code", "codex", "claude-scripted", "scripted"}
     for name, profile in profiles.items():
         assert set(profile) == {"name", "adapter", "model", "max_turns", "executable", "extra_args", "env",
-                                "base_url", "network_allow", "scenario", "scenario_path", "scripted_endpoint", "scripted_endpoint_path", "description"}
+                                "base_url", "api_key_env", "network_allow", "scenario", "scenario_path", "scripted_endpoint", "scripted_endpoint_path", "description"}
         assert profile["name"] == name
     assert profiles["claude-code"]["adapter"] == "claude-code" and profiles["claude-code"]["max_turns"] == 40
     assert profiles["codex"]["adapter"] == "codex" and profiles["codex"]["max_turns"] == 40  # default filled
@@ -173,7 +173,7 @@ def test_it_fills_defaults_of_a_minimal_pipeline():
                      "repair_allowance": 2, "human_gate": False}
     assert result["profiles"]["claude"] == {
         "name": "claude", "adapter": "claude-code", "model": None, "max_turns": 40, "executable": None,
-        "extra_args": [], "env": {}, "base_url": None, "network_allow": [], "scenario": None, "scenario_path": None,
+        "extra_args": [], "env": {}, "base_url": None, "api_key_env": None, "network_allow": [], "scenario": None, "scenario_path": None,
         "scripted_endpoint": None, "scripted_endpoint_path": None,
         "description": "",
     }
@@ -299,7 +299,7 @@ RULES = [
     # roles name defined profiles
     ("role names an undefined profile", _set(["roles", "reviewer"], "gpt"), "roles.reviewer", "no profile named 'gpt'"),
     # adapters and scenarios
-    ("unknown adapter", _set(["profiles", "claude", "adapter"], "gemini"), "profiles.claude.adapter", "not one of claude-code, codex, scripted"),
+    ("unknown adapter", _set(["profiles", "claude", "adapter"], "gemini"), "profiles.claude.adapter", "not one of claude-code, codex, gemini-cli, pi, scripted"),
     ("scripted profile without scenario", lambda d: d["profiles"].update(sim={"adapter": "scripted"}),
      "profiles.sim.scenario", "needs a scenario"),
     ("scenario on a non-scripted profile", _set(["profiles", "claude", "scenario"], {"default": [{}]}),

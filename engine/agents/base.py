@@ -48,7 +48,9 @@ class AgentRequest:
     ``home_dir`` is a fresh folder for the attempt's HOME, outside the worktree and the control
     records; ``operation_attempt`` is 1 for the first attempt of this operation in this stage, 2 for the next...;
     ``deny_addresses`` are ``(address, port)`` pairs the attempt's egress proxy never connects to
-    (the database, the broker, the Control Panel: engine/boundary.py ``service_addresses``).
+    (the database, the broker, the Control Panel: engine/boundary.py ``service_addresses``);
+    ``stderr_path`` is where the CLI's stderr is kept apart from its stdout (``raw_path`` then holds
+    stdout alone, what the adapter parses); '' keeps both in ``raw_path``.
     """
 
     role: str
@@ -71,11 +73,16 @@ class AgentRequest:
     should_stop: Callable[[], bool] | None = None
     on_start: Callable[[int, float], None] | None = None
     deny_addresses: list = field(default_factory=list)
+    stderr_path: str = ""
 
 
 @dataclass
 class AgentResult:
-    """What one attempt produced. ``usage`` has the keys of USAGE_KEYS (tokens, cost in USD)."""
+    """What one attempt produced. ``usage`` has the keys of USAGE_KEYS (tokens, cost in USD).
+
+    ``structured``: True when the CLI's documented output (its JSON stream) was read, False when
+    it printed only text where that was expected (the text is then ``final_message``), None when
+    the adapter has no such output (the scripted test adapter) or the CLI never ran."""
 
     exit_code: int | None
     signal: int | None
@@ -90,6 +97,7 @@ class AgentResult:
     output_bytes: int = 0
     redactions: int = 0
     pid: int | None = None
+    structured: bool | None = None
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -130,7 +138,7 @@ class Adapter:
                     deadline_seconds=request.deadline_seconds, log_path=request.log_path, raw_path=request.raw_path,
                     redactor=Redactor(request.secrets), marker=request.marker, should_stop=request.should_stop,
                     on_start=request.on_start, grace_seconds=float(request.profile.get("grace_seconds", 5.0)),
-                    **run_options)
+                    stderr_path=request.stderr_path or None, **run_options)
             finally:
                 self.network = network_record(proxy)
                 if follower is not None:

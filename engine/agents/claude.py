@@ -34,7 +34,7 @@ from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
                           var_dir)
-from .lines import BoundedLines
+from .lines import BoundedLines, PlainText, stderr_lines
 
 #: Claude Code's file-writing tools (2.1.197).
 WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
@@ -106,7 +106,7 @@ def login_file() -> Path:
     return Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
 
 
-def parse_stream(raw_path: str) -> dict:
+def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     """Read a stream-json capture line by line (bounded memory).
 
     Returns ``{"result": dict | None, "last_text": str, "session_id": str, "version": str,
@@ -116,10 +116,18 @@ def parse_stream(raw_path: str) -> dict:
     CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
     permission; at most 200; with ``"path"`` when the call named a file, and ``"recovered": True``
     when a later file-writing call on that file succeeded), and ``"truncated_lines": int``: lines longer than
-    engine/agents/lines.py MAX_LINE_BYTES, read in bounded chunks and not parsed (whole in the raw log).
+    engine/agents/lines.py MAX_LINE_BYTES, read in bounded chunks and not parsed (whole in the raw log);
+    ``"structured": bool``: whether any line was a JSON event, and ``"plain_text": str``: the
+    lines that were not (engine/agents/lines.py ``PlainText``, bounded), which become the final
+    message when the CLI printed text instead of its stream. ``stderr_path``: the attempt's stderr
+    capture, read for the not-logged-in texts only.
     """
     found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
-             "refusals": [], "truncated_lines": 0}
+             "refusals": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
+    plain = PlainText()
+    for text in stderr_lines(stderr_path):
+        if any(auth in text for auth in AUTH_TEXTS):
+            found["auth_error"] = True
     tools: dict[str, str] = {}
     paths: dict[str, str] = {}  # tool_use id -> the file it writes or reads
     try:
@@ -134,14 +142,17 @@ def parse_stream(raw_path: str) -> dict:
                 continue
             if any(text.encode() in line for text in AUTH_TEXTS):
                 found["auth_error"] = True
-            if not line.startswith(b"{"):
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
+            event = None
+            if line.startswith(b"{"):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    event = None
             if not isinstance(event, dict):
+                if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (C11)
+                    plain.add(line)
                 continue
+            found["structured"] = True
             kind = event.get("type")
             if kind == "result":
                 found["result"] = event
@@ -178,6 +189,7 @@ def parse_stream(raw_path: str) -> dict:
                             refusal["path"] = paths[call]
                         found["refusals"].append(refusal)
     found["truncated_lines"] = lines.truncated
+    found["plain_text"] = plain.text
     return found
 
 
@@ -297,7 +309,9 @@ class ClaudeCodeAdapter(CliAdapter):
                                failure_message=message, usage=empty_usage())
         version = cli_version(exe)
         home = request.home_dir
-        settings_path = prepare_home(home, request.role, with_login=not request.profile.get("scripted_endpoint"))
+        # a scripted endpoint or a gateway's key (api_key_env) is the attempt's only credential: no login copy
+        settings_path = prepare_home(home, request.role, with_login=not (request.profile.get("scripted_endpoint")
+                                                                         or request.profile.get("api_key_env")))
         argv = build_argv(exe, request, settings_path)
         env = self.environment(request, home)
         endpoint = None
@@ -319,7 +333,7 @@ class ClaudeCodeAdapter(CliAdapter):
         return self._result(result, request, version)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
-        parsed = parse_stream(request.raw_path)
+        parsed = parse_stream(request.raw_path, request.stderr_path)
         outcome = parsed["result"]
         failure_kind, failure_message = classify_process(result)
         if failure_kind in (None, "crashed"):
@@ -332,6 +346,10 @@ class ClaudeCodeAdapter(CliAdapter):
                     failure_kind, failure_message = "crashed", f"The agent reported an error: {text}"
             elif outcome is None and parsed["auth_error"]:
                 failure_kind, failure_message = "auth_failed", "The agent reported that it is not logged in."
+            elif outcome is None and failure_kind is None and not parsed["structured"] and parsed["plain_text"]:
+                failure_kind = "malformed_result"
+                failure_message = ("The agent exited 0 but printed text where its stream-json output was expected "
+                                   "(structured: false); its text is kept as the final message.")
             elif outcome is None and failure_kind is None:
                 failure_kind = "malformed_result"
                 failure_message = "The agent exited 0 but its output has no complete result object."
@@ -340,6 +358,8 @@ class ClaudeCodeAdapter(CliAdapter):
         final = ""
         if outcome is not None:
             final = str(outcome.get("result") or "") or parsed["last_text"]
+        elif not parsed["structured"]:
+            final = parsed["plain_text"]  # what it printed instead of its stream: kept as its answer
         if failure_kind == "auth_failed" and self.auth_hint(request.profile):
             failure_message = f"{failure_message.rstrip().rstrip('.')}. {self.auth_hint(request.profile)}"
         usage = usage_of(outcome) if failure_kind != "auth_failed" else empty_usage()  # no model call was made
@@ -349,6 +369,7 @@ class ClaudeCodeAdapter(CliAdapter):
             session_id=(outcome or {}).get("session_id") or parsed["session_id"], final_message=final,
             cli_version=version or parsed["version"], simulated=bool(request.profile.get("scripted_endpoint")),
             output_bytes=result.output_bytes, redactions=result.redactions, pid=result.pid,
+            structured=parsed["structured"],
             extra={"permission_denials": (outcome or {}).get("permission_denials") or [],
                    "refusals": parsed["refusals"], "num_turns": (outcome or {}).get("num_turns"),
                    "network": self.network, "truncated_lines": parsed["truncated_lines"]},

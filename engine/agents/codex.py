@@ -87,7 +87,7 @@ from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
                           var_dir)
-from .lines import BoundedLines
+from .lines import BoundedLines, PlainText, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -215,8 +215,9 @@ def worker_codex_home(env: dict) -> Path:
     return Path(env.get("CODEX_HOME") or os.path.join(os.path.expanduser("~"), ".codex"))
 
 
-def prepare_home(home: str, env: dict) -> None:
-    """A fresh HOME (= CODEX_HOME) for the attempt holding, when present, only the worker's ``auth.json``.
+def prepare_home(home: str, env: dict, with_login: bool = True) -> None:
+    """A fresh HOME (= CODEX_HOME) for the attempt holding, when present and ``with_login``, only the
+    worker's ``auth.json``.
 
     No config.toml, rules or skills of the worker are copied: nothing there can loosen a role.
     """
@@ -225,12 +226,12 @@ def prepare_home(home: str, env: dict) -> None:
         shutil.rmtree(home_path)
     home_path.mkdir(parents=True)
     login = worker_codex_home(env) / "auth.json"
-    if login.is_file():
+    if with_login and login.is_file():
         shutil.copy2(login, home_path / "auth.json")
         os.chmod(home_path / "auth.json", 0o600)
 
 
-def parse_events(raw_path: str) -> dict:
+def parse_events(raw_path: str, stderr_path: str | None = None) -> dict:
     """Read a ``codex exec --json`` capture line by line (bounded memory).
 
     Returns ``{"session_id": str, "turns_completed": int, "usage": dict | None,
@@ -244,7 +245,12 @@ def parse_events(raw_path: str) -> dict:
     * ``errors``: the last five top-level ``error`` messages that are not reconnect notices;
     * ``auth_error``: a failure/error message or a stderr line matches AUTH_PATTERNS;
     * ``reconnects``: how many "Reconnecting..." error events there were (no network);
-    * ``stderr_tail``: the last five non-JSON lines (stderr), without the PATH-aliases warning;
+    * ``stderr_tail``: the last five lines of ``stderr_path`` (the attempt's stderr capture) and
+      the non-JSON lines of the raw log (stderr too when it is not kept apart), without the
+      PATH-aliases warning;
+    * ``structured``: whether any line of the raw log was a JSON event; ``plain_text``: the raw
+      log's other lines (engine/agents/lines.py ``PlainText``, bounded), the final message when
+      codex printed text instead of its JSONL;
     * ``rejected``: what the stream itself reports as refused (``rejected_item``): a
       ``command_execution`` with status ``declined`` and a ``file_change`` with status ``failed``
       (codex's exec schema folds a declined patch into ``failed``); at most MAX_REFUSALS;
@@ -253,9 +259,15 @@ def parse_events(raw_path: str) -> dict:
     """
     found = {"session_id": "", "turns_completed": 0, "usage": None, "last_text": "", "failure": "", "errors": [],
              "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": [],
-             "rejected": [], "truncated_lines": 0}
+             "rejected": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
     errors: deque[str] = deque(maxlen=5)
     stderr_tail: deque[str] = deque(maxlen=5)
+    plain = PlainText()
+    for text in stderr_lines(stderr_path):
+        if "could not create PATH aliases" not in text:
+            stderr_tail.append(text[:OUTPUT_CHARS])
+            if AUTH_PATTERNS.search(text):
+                found["auth_error"] = True
     try:
         fh = open(raw_path, "rb")
     except FileNotFoundError:
@@ -276,9 +288,12 @@ def parse_events(raw_path: str) -> dict:
                 text = line.decode("utf-8", errors="replace")
                 if "could not create PATH aliases" not in text:
                     stderr_tail.append(text[:OUTPUT_CHARS])
+                    if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (C11)
+                        plain.add(line)
                     if AUTH_PATTERNS.search(text):
                         found["auth_error"] = True
                 continue
+            found["structured"] = True
             kind = event.get("type")
             if kind == "thread.started":
                 found["session_id"] = str(event.get("thread_id") or found["session_id"])
@@ -320,6 +335,7 @@ def parse_events(raw_path: str) -> dict:
     found["errors"] = list(errors)
     found["stderr_tail"] = list(stderr_tail)
     found["truncated_lines"] = lines.truncated
+    found["plain_text"] = plain.text
     return found
 
 
@@ -502,7 +518,8 @@ class CodexAdapter(CliAdapter):
                                failure_message=message, usage=empty_usage())
         version = cli_version(exe)
         home = request.home_dir
-        prepare_home(home, os.environ)  # the worker's login (its CODEX_HOME), never the run's environment
+        # the worker's login (its CODEX_HOME), never the run's environment; none beside a gateway's key (api_key_env)
+        prepare_home(home, os.environ, with_login=not request.profile.get("api_key_env"))
         env = self.environment(request, home)
         for stale in (last_message_path(request), kept_message_path(request)):
             Path(stale).unlink(missing_ok=True)
@@ -527,7 +544,7 @@ class CodexAdapter(CliAdapter):
     wrapper = staticmethod(sandboxed)
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
-        parsed = parse_events(request.raw_path)
+        parsed = parse_events(request.raw_path, request.stderr_path)
         failure_kind, failure_message = classify_process(result)
         if failure_kind == "timeout" and parsed["turns_completed"] == 0 and parsed["reconnects"]:
             failure_message += (f" Codex never reached its model: {parsed['reconnects']} reconnect notices, the last "
@@ -539,6 +556,10 @@ class CodexAdapter(CliAdapter):
                 failure_message = f"The agent could not authenticate: {reported or '; '.join(parsed['stderr_tail'])}"
             elif parsed["failure"]:
                 failure_kind, failure_message = "crashed", f"The agent reported an error: {parsed['failure']}"
+            elif failure_kind is None and not parsed["structured"] and parsed["plain_text"]:
+                failure_kind = "malformed_result"
+                failure_message = ("The agent exited 0 but printed text where its JSONL events were expected "
+                                   "(structured: false); its text is kept as the final message.")
             elif failure_kind is None and parsed["turns_completed"] == 0:
                 failure_kind = "malformed_result"
                 failure_message = "The agent exited 0 but its output has no turn.completed event."
@@ -547,6 +568,8 @@ class CodexAdapter(CliAdapter):
         if failure_kind == "auth_failed" and self.auth_hint(request.profile):
             failure_message = f"{failure_message.rstrip().rstrip('.')}. {self.auth_hint(request.profile)}"
         final = self._final_message(request) or parsed["last_text"]
+        if not final and not parsed["structured"]:
+            final = parsed["plain_text"]  # what it printed instead of its events: kept as its answer
         refusals = refusals_of(session_record(request.home_dir, parsed["session_id"]))
         refusals += parsed["rejected"][:max(0, MAX_REFUSALS - len(refusals))]
         for refusal in refusals:  # the session record is not redacted: these go to the database
@@ -560,7 +583,7 @@ class CodexAdapter(CliAdapter):
             failure_kind=failure_kind, failure_message=failure_message, usage=usage_of(parsed["usage"]),
             session_id=parsed["session_id"], final_message=final, cli_version=version,
             simulated=bool(request.profile.get("scripted_endpoint")), output_bytes=result.output_bytes,
-            redactions=result.redactions, pid=result.pid,
+            redactions=result.redactions, pid=result.pid, structured=parsed["structured"],
             extra={"turns_completed": parsed["turns_completed"], "commands": parsed["commands"],
                    "refusals": refusals, "reconnects": parsed["reconnects"], "network": self.network,
                    "truncated_lines": parsed["truncated_lines"]},

@@ -9,9 +9,10 @@ its bytes stay whole in the raw log (engine/process.py writes the output as it c
 
 from __future__ import annotations
 
+from collections import deque
 from typing import BinaryIO, Iterator
 
-__all__ = ["MAX_LINE_BYTES", "BoundedLines"]
+__all__ = ["MAX_LINE_BYTES", "PLAIN_TEXT_CHARS", "BoundedLines", "PlainText", "stderr_lines"]
 
 #: Longest line a parser holds in memory (bytes): 1 MiB, the transcript's bound too
 #: (engine/transcript.py MAX_LINE_BYTES). No stream-json or JSONL event an adapter needs
@@ -45,3 +46,53 @@ class BoundedLines:
                         break
                 continue
             yield line
+
+
+#: Most text (characters) kept of what a CLI printed outside its JSON stream (``PlainText``).
+PLAIN_TEXT_CHARS = 64 * 1024
+
+
+class PlainText:
+    """The lines a CLI printed on stdout that are not JSON events (issue 13: plain text where
+    JSON was expected was lost as an answer), kept as text for the attempt's final message.
+
+    :param limit: characters kept at most; when more arrive, the last ``limit`` are kept (an
+        answer ends its output) and :attr:`cut` is set.
+    :ivar text: the kept text, lines joined by newlines.
+    """
+
+    def __init__(self, limit: int = PLAIN_TEXT_CHARS) -> None:
+        self.limit, self.cut, self._parts, self._size = limit, False, deque(), 0
+
+    def add(self, line: bytes) -> None:
+        """Keep one line (bytes, its newline stripped or not); bounded by ``limit``."""
+        text = line.decode("utf-8", errors="replace").rstrip("\r\n")
+        self._parts.append(text)
+        self._size += len(text) + 1
+        while self._size > self.limit and len(self._parts) > 1:
+            self._size -= len(self._parts.popleft()) + 1
+            self.cut = True
+        if self._size > self.limit:  # one line longer than the limit: its end
+            self._parts = deque([self._parts[0][-self.limit:]])
+            self._size, self.cut = len(self._parts[0]) + 1, True
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self._parts).strip()
+
+
+def stderr_lines(path: str | None, limit: int | None = None) -> Iterator[str]:
+    """The lines of an attempt's stderr capture (engine/process.py ``stderr_path``), decoded,
+    each at most ``limit`` bytes (overlong ones skipped, as :class:`BoundedLines`); nothing
+    when ``path`` is empty or missing."""
+    if not path:
+        return
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        for line in BoundedLines(fh, limit):
+            text = line.decode("utf-8", errors="replace").strip()
+            if text:
+                yield text

@@ -66,6 +66,7 @@ def begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: s
     folder = f"stages/{stage.order + 1:02d}-{stage.key}/attempts/{number:03d}-{operation}"
     attempt.log_path = control_path(run, folder, "output.log")
     attempt.raw_path = control_path(run, folder, "output.raw")
+    attempt.stderr_path = control_path(run, folder, "output.stderr")
     attempt.save()
     sim = f" (simulated: {why})" if why else ""
     machine.event(run, "attempt_intent",
@@ -156,7 +157,7 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
                                    f"({exc}). Agents never run unguarded."}
     scratch_dirs(run.pk)
     home_dir = str(attempt_homes(run.pk) / f"attempt-{attempt.number:03d}")
-    env = {**run_env(run, stage.key), **boundary.credential_env(plan["profile"]["adapter"])}
+    env = {**run_env(run, stage.key), **boundary.credential_env(plan["profile"]["adapter"], profile=plan["profile"])}
     if plan["role"] == "reviewer":
         # a reviewer writes nothing another role reads: its TMPDIR and data folder are its own,
         # inside its HOME, gone with it
@@ -193,6 +194,7 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
         operation_attempt=plan["operation_attempt"], marker=attempt.marker, secrets=secrets,
         should_stop=should_stop, on_start=on_start, prompt_path=str(var_path(prompt_rel)),
         home_dir=home_dir, deny_addresses=boundary.service_addresses(),
+        stderr_path=str(var_path(attempt.stderr_path)) if attempt.stderr_path else "",
     )
     git_file = Path(run.worktree, ".git")
     git_link = git_file.read_bytes() if git_file.is_file() else None
@@ -264,6 +266,7 @@ def apply_attempt_result(attempt: Attempt, outcome: AgentOutcome) -> None:
     # what a CLI printed is cut to the column's size: a stray line must not fail the record
     attempt.session_id = (result["session_id"] or "")[:200]
     attempt.final_message = result["final_message"]
+    attempt.structured = result.get("structured")
     attempt.cli_version = (result["cli_version"] or "")[:200]
     attempt.output_bytes = result["output_bytes"]
     attempt.redactions = result["redactions"] + outcome.get("prompt_redactions", 0)
