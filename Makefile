@@ -6,7 +6,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install agents browser demo test test-fast migrate web worker beat clean
+.PHONY: install agents browser samples demo test test-fast migrate web worker beat clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,17 @@ agents:
 browser:
 	bash scripts/install-chromium.sh
 
+## make samples: the pinned sdists of real libraries the slow tests run pipelines on (tools/repos/).
+samples: install
+	bash scripts/fetch-sample-repos.sh
+
 ## make demo: a real two-stage pipeline on a real repository through a separate Celery worker.
 demo: install agents
 	$(BIN)/python manage.py migrate -v 0
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included).
-test: install agents browser
+test: install agents browser samples
 	$(BIN)/python -m pytest -q --durations=15
 
 ## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those)

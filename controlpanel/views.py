@@ -114,7 +114,7 @@ _ATTEMPT_OUTCOME = {"preparing": "live", "running": "live", "succeeded": "ok", "
                     "cancelled": "off", "interrupted": "warn"}
 #: Failure kinds of an attempt whose work the engine refused (engine/steps/attempts.py), shown red whatever its exit.
 REFUSED_KINDS = ("protected_files_changed", "external_symlink", "nested_repository", "workspace_tampered",
-                 "scope_violation")
+                 "scope_violation", "writes_refused", "index_incomplete")
 _VERDICT_OUTCOME = {"pass": "ok", "repair": "warn", "escalate": "warn"}
 
 

@@ -46,8 +46,14 @@ ENV_PREFIXES = ("LC_",)
 CREDENTIALS = {
     "claude-code": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
     "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),
+    "gemini-cli": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    # pi 0.73.1 (pi-ai env-api-keys.js) for the providers engine/agents/pi.py runs: anthropic, openai, google
+    "pi": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY"),
     "scripted": (),
 }
+#: The variable each CLI reads its API key from, which a profile's ``api_key_env`` fills with the
+#: worker variable it names (a gateway's key): the first name of CREDENTIALS for each.
+KEY_TARGETS = {adapter: names[0] for adapter, names in CREDENTIALS.items() if names}
 
 
 class BoundaryNotEnforced(Exception):
@@ -70,9 +76,20 @@ def base_env(source: dict | None = None) -> dict[str, str]:
     return {k: v for k, v in source.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
 
 
-def credential_env(adapter: str, source: dict | None = None) -> dict[str, str]:
-    """The worker's credential variables for ``adapter``'s CLI (CREDENTIALS), those that are set."""
+def credential_env(adapter: str, source: dict | None = None, profile: dict | None = None) -> dict[str, str]:
+    """The worker's credential variables for ``adapter``'s CLI (CREDENTIALS), those that are set.
+
+    A profile with ``api_key_env`` (a gateway's key, docs/pipeline-format.md) gets instead the
+    value of the worker variable it names, under the name the CLI reads (KEY_TARGETS), and none
+    of the CLI's usual variables: the gateway's key is the only credential its agents see. The
+    value is read here, at launch, from ``source`` (the worker's environment); it is never stored
+    in a definition, a record or a log (the attempt's redactor gets it as a secret).
+    Returns ``{variable: value}``; empty when the named variable is not set."""
     source = os.environ if source is None else source
+    name = (profile or {}).get("api_key_env")
+    if name:
+        target, value = KEY_TARGETS.get(adapter), source.get(name)
+        return {target: value} if target and value else {}
     return {k: source[k] for k in CREDENTIALS.get(adapter, ()) if source.get(k)}
 
 

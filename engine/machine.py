@@ -837,8 +837,8 @@ def end_attempt_id(attempt_id: int, status: str, **fields) -> bool:
 
 def refuse_attempt(attempt_id: int, kind: str, message: str) -> None:
     """Record that an attempt's work was refused (``kind``: protected_files_changed,
-    external_symlink, scope_violation, nested_repository, writes_refused): its process may have exited 0; its
-    status stays, its failure kind says why its work does not count."""
+    external_symlink, scope_violation, nested_repository, writes_refused, index_incomplete): its process may
+    have exited 0; its status stays, its failure kind says why its work does not count."""
     Attempt.objects.filter(pk=attempt_id).update(failure_kind=kind, failure_message=storable(message[:2000]))
 
 

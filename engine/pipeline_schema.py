@@ -56,8 +56,10 @@ from .agents.netproxy import is_internal_host, split_host_port
 
 #: The only format version this module reads (top-level key ``format``).
 FORMAT_VERSION = 1
+#: Adapters of real agent CLIs (engine/agents/): each talks to a model endpoint.
+CLI_ADAPTERS = ("claude-code", "codex", "gemini-cli", "pi")
 #: Adapter names a profile may use. ``scripted`` is the test adapter (simulated runs).
-ADAPTERS = ("claude-code", "codex", "scripted")
+ADAPTERS = (*CLI_ADAPTERS, "scripted")
 #: Roles a pipeline assigns to profiles.
 ROLES = ("implementer", "reviewer", "documenter")
 #: Agent operations of a stage; a scripted scenario lists steps per operation.
@@ -124,6 +126,42 @@ _PERMISSION_ARGS = {
         "-C",
         "--cd",
     ),
+    # gemini 0.61.0 `gemini --help` (engine/agents/gemini.py): approval, sandbox, policy, trust and what adds tools
+    "gemini-cli": (
+        "-y",
+        "--yolo",
+        "--approval-mode",
+        "-s",
+        "--sandbox",
+        "--policy",
+        "--admin-policy",
+        "--allowed-tools",
+        "--allowed-mcp-server-names",
+        "-e",
+        "--extensions",
+        "--include-directories",
+        "--skip-trust",
+        "-w",
+        "--worktree",
+        "--acp",
+        "--experimental-acp",
+        "--raw-output",
+        "--accept-raw-output-risk",
+    ),
+    # pi 0.73.1 `pi --help` (engine/agents/pi.py): the tool allowlist, and what loads code or tools
+    "pi": (
+        "--tools",
+        "-t",
+        "--no-tools",
+        "-nt",
+        "--no-builtin-tools",
+        "-nbt",
+        "--extension",
+        "-e",
+        "--skill",
+        "--prompt-template",
+        "--api-key",  # a key in the argument array (and so in the process list): keys come from the environment
+    ),
 }
 _ENGINE_ARGS = {
     "claude-code": {
@@ -145,6 +183,41 @@ _ENGINE_ARGS = {
         "--json": "the engine parses the output format it asks for",
         "-o": "the engine reads the final message itself",
         "--output-last-message": "the engine reads the final message itself",
+    },
+    "gemini-cli": {
+        "-p": "the prompt is passed by the engine",
+        "--prompt": "the prompt is passed by the engine",
+        "-i": "the prompt is passed by the engine",
+        "--prompt-interactive": "the prompt is passed by the engine",
+        "-o": "the engine parses the output format it asks for",
+        "--output-format": "the engine parses the output format it asks for",
+        "-m": "use the profile's model field",
+        "--model": "use the profile's model field",
+        "-r": "each attempt starts a fresh session",
+        "--resume": "each attempt starts a fresh session",
+        "--session-id": "each attempt starts a fresh session",
+        "--session-file": "each attempt starts a fresh session",
+        "--list-sessions": "each attempt starts a fresh session",
+        "--delete-session": "each attempt starts a fresh session",
+        "-l": "the attempt runs the agent, not a listing",
+        "--list-extensions": "the attempt runs the agent, not a listing",
+    },
+    "pi": {
+        "-p": "the prompt is passed by the engine",
+        "--print": "the prompt is passed by the engine",
+        "--mode": "the engine parses the output format it asks for",
+        "--model": "use the profile's model field (provider/model-id)",
+        "--models": "use the profile's model field (provider/model-id)",
+        "--provider": "give the provider as the prefix of the profile's model field (provider/model-id)",
+        "--session": "each attempt starts a fresh session",
+        "--session-dir": "each attempt starts a fresh session",
+        "--fork": "each attempt starts a fresh session",
+        "--resume": "each attempt starts a fresh session",
+        "-r": "each attempt starts a fresh session",
+        "--continue": "each attempt starts a fresh session",
+        "-c": "each attempt starts a fresh session",
+        "--export": "the engine runs the agent, not an export",
+        "--list-models": "the engine runs the agent, not a listing",
     },
 }
 # Codex `-c key=value` overrides that touch permissions.
@@ -464,6 +537,25 @@ def _url(value: Optional[str]) -> Optional[str]:
 def _env_name(value: str) -> str:
     if not _ENV_NAME_RE.fullmatch(value):
         _fail(f"{value!r} is not a valid environment variable name")
+    return value
+
+
+#: Worker variables a profile's ``api_key_env`` may not name: the Control Panel's own settings and
+#: secrets (controlpanel/settings.py reads them) and the process basics. An agent's key is sent to
+#: its model endpoint, so naming one of these would hand it to the gateway and to the agent.
+RESERVED_KEY_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REDIS_URL", "SECRET_KEY",
+                    "PATH", "HOME", "USER", "SHELL", "PWD", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
+RESERVED_KEY_ENV_PREFIXES = ("CP_", "DJANGO_", "CELERY_", "EMAIL_", "PG", "MYSQL", "REDIS")
+
+
+def _key_env_name(value: Optional[str]) -> Optional[str]:
+    """A profile's ``api_key_env``: a variable name, not one of the Control Panel's own."""
+    if value is None:
+        return None
+    _env_name(value)
+    if value.upper() in RESERVED_KEY_ENV or value.upper().startswith(RESERVED_KEY_ENV_PREFIXES):
+        _fail(f"{value!r} is one of the Control Panel's own variables (its database, broker or settings), never "
+              "an agent's key: name the worker variable that holds the gateway's key, e.g. GATEWAY_API_KEY")
     return value
 
 
@@ -975,6 +1067,7 @@ class Profile(_Level):
     env: Annotated[dict[Annotated[StrictStr, AfterValidator(_env_name)], StrictStr], NoneIsDefault,
                    Say(type="must be a mapping of environment variables to strings, got {kind}", per_entry=True)] = {}
     base_url: Annotated[NullableText, AfterValidator(_url)] = None
+    api_key_env: Annotated[NullableText, AfterValidator(_key_env_name)] = None
     network_allow: Hosts = []
     scenario: _ScenarioRef = None
     scenario_path: NullableText = None
@@ -998,10 +1091,12 @@ class Profile(_Level):
         if adapter == "scripted" and not scenario and "scenario" not in failed:
             problems.append((("scenario",), "a scripted profile needs a scenario (a path to a scenario file, e.g. "
                              "scenarios/example.yaml, or an inline mapping)", True))
-        if adapter in ("claude-code", "codex") and scenario:
+        if adapter in CLI_ADAPTERS and scenario:
             problems.append((("scenario",), f"only scripted profiles take a scenario; this profile's adapter is '{adapter}'", True))
-        if values.get("scripted_endpoint") and adapter not in ("claude-code", "codex"):
-            problems.append((("scripted_endpoint",), "only claude-code and codex profiles talk to a model endpoint", True))
+        if values.get("api_key_env") and adapter not in CLI_ADAPTERS:
+            problems.append((("api_key_env",), f"only {', '.join(CLI_ADAPTERS)} profiles send an API key", True))
+        if values.get("scripted_endpoint") and adapter not in CLI_ADAPTERS:
+            problems.append((("scripted_endpoint",), f"only {', '.join(CLI_ADAPTERS)} profiles talk to a model endpoint", True))
         if values.get("scenario_path") and not isinstance(scenario, dict):
             problems.append((("scenario_path",), "is only kept beside an inline scenario mapping; give the file path as 'scenario'", True))
         if adapter in _PERMISSION_ARGS and "extra_args" not in failed:
@@ -1041,6 +1136,7 @@ class Profile(_Level):
             "extra_args": list(self.extra_args),
             "env": dict(self.env),
             "base_url": self.base_url,
+            "api_key_env": self.api_key_env,
             "network_allow": list(self.network_allow),
             "scenario": self.scenario,
             "scenario_path": self.scenario_path,

@@ -8,6 +8,11 @@ binaries are proven end to end against this server. It speaks just enough of two
   plain JSON otherwise);
 - the **OpenAI Responses API** subset that ``codex exec`` 0.171.0 uses with a custom provider
   (``POST /v1/responses``, SSE ``response.created`` … ``response.completed``).
+- the **Google Gemini API** as ``gemini`` 0.61.0 uses it with ``GOOGLE_GEMINI_BASE_URL``
+  (``POST /v1beta/models/<model>:streamGenerateContent?alt=sse``: ``data: {candidates, usageMetadata}``
+  frames, the text first, then the ``functionCall`` parts ``{"functionCall": {"name", "args"}}``
+  with ``finishReason: STOP`` and the usage in the last frame; ``:generateContent`` answers one
+  such JSON object; a ``status`` turn answers Google's ``{"error": {"code", "message", "status"}}``).
 
 Both shapes were checked against those CLI versions (tests/test_scripted_endpoint.py, which runs
 the real binaries).
@@ -35,12 +40,15 @@ Keys of a turn: ``tools`` (list of ``{tool, input}``) or the shorthand ``tool`` 
 ``times`` (how many requests for this turn get ``status``/``hang`` before it answers normally;
 default: every request). Usage keys for claude are the Anthropic names above; for codex
 ``input_tokens``, ``cached_input_tokens``, ``output_tokens``, ``reasoning_output_tokens`` (the
-names of codex's ``turn.completed`` usage). Missing usage numbers default to
+names of codex's ``turn.completed`` usage); for gemini the Gemini API's ``usageMetadata`` names
+``promptTokenCount`` (cached included), ``candidatesTokenCount``, ``cachedContentTokenCount``,
+``thoughtsTokenCount`` (``totalTokenCount`` = prompt + candidates + thoughts). Missing usage numbers default to
 ``DEFAULT_USAGE``. Every string inside ``input`` and ``text`` has ``{cwd}`` replaced by the
 working directory the endpoint was given (claude's Write takes absolute paths).
 
 Which turn answers a request: the number of assistant turns already in the request's history
-(``messages`` for Anthropic, model output items in ``input`` for Responses), skipping
+(``messages`` for Anthropic, model output items in ``input`` for Responses, ``role: "model"``
+contents for Gemini), skipping
 ``role: system``/``developer`` items. A stateless count, so retries and claude's non-streaming
 fallback get the same turn, and ``--resume`` continues the scenario. When the scenario has no
 turn left, the answer is a final text saying so (which ends the CLI's loop). Tool ids are fresh
@@ -56,6 +64,7 @@ import argparse
 import copy
 import gzip
 import json
+import re
 import signal
 import sys
 import threading
@@ -67,7 +76,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 DEFAULT_USAGE = {"input_tokens": 100, "output_tokens": 20, "cache_read_input_tokens": 0,
-                 "cache_creation_input_tokens": 0, "cached_input_tokens": 0, "reasoning_output_tokens": 0}
+                 "cache_creation_input_tokens": 0, "cached_input_tokens": 0, "reasoning_output_tokens": 0,
+                 # Gemini API usageMetadata names (gemini-cli 0.61.0)
+                 "promptTokenCount": 100, "candidatesTokenCount": 20, "cachedContentTokenCount": 0,
+                 "thoughtsTokenCount": 0}
 DEFAULT_SIDE_TEXT = "Scripted session"
 TURN_KEYS = {"tools", "tool", "input", "text", "usage", "status", "message", "delay", "hang", "times"}
 USAGE_KEYS = set(DEFAULT_USAGE)
@@ -76,10 +88,18 @@ SCENARIO_KEYS = {"turns", "model", "side_text", "side_usage"}
 ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                          500: "api_error", 529: "overloaded_error"}
+#: Google API error statuses (``{"error": {"code", "message", "status"}}``) by HTTP status.
+GOOGLE_ERROR_STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                         429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 OPENAI_ERROR_CODES = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
                       403: ("invalid_request_error", "unsupported_country_region_territory"),
                       404: ("invalid_request_error", "model_not_found"), 429: ("requests", "rate_limit_exceeded"),
                       500: ("server_error", None), 503: ("server_error", None)}
+
+#: The Gemini API paths gemini-cli 0.61.0 calls: ``/v1beta/models/<model>:streamGenerateContent``
+#: (``?alt=sse``) and ``:generateContent``; ``:countTokens`` is answered too.
+GEMINI_PATH = re.compile(r"/v1(?:beta|alpha)?/models/(?P<model>[^/:]+):(?P<method>streamGenerateContent|generateContent"
+                         r"|countTokens)$")
 
 # Responses API input items that the model produced (they mark an assistant turn in the history).
 MODEL_ITEM_TYPES = {"function_call", "custom_tool_call", "local_shell_call", "reasoning", "web_search_call",
@@ -226,6 +246,19 @@ def responses_turn_index(body: dict) -> int:
             turns += 1
         previous_was_model = is_model
     return turns
+
+
+def gemini_turn_index(body: dict) -> int:
+    """How many model turns the Gemini API ``body["contents"]`` already holds (gemini-cli 0.61.0).
+
+    A model turn is a content of ``role: "model"`` (the CLI sends the calls of one answer in one
+    model content and their ``functionResponse`` parts in the ``user`` content after it); the
+    ``systemInstruction`` is not in ``contents``.
+    """
+    contents = body.get("contents")
+    if not isinstance(contents, list):
+        return 0
+    return sum(1 for c in contents if isinstance(c, dict) and c.get("role") == "model")
 
 
 class ScriptedEndpoint:
@@ -426,6 +459,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._anthropic(body if isinstance(body, dict) else {})
         elif path.endswith("/v1/responses") or path == "/responses":
             self._responses(body if isinstance(body, dict) else {})
+        elif GEMINI_PATH.search(path):
+            found = GEMINI_PATH.search(path)
+            self._gemini(body if isinstance(body, dict) else {}, found.group("model"), found.group("method"))
         else:
             self.owner._record(self._entry(body, None, None, None) | {"answer": "404"})
             self._send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": "not scripted"}})
@@ -570,6 +606,63 @@ class _Handler(BaseHTTPRequestHandler):
         self._event("response.completed", {"type": "response.completed", "sequence_number": next(seq),
                                            "response": response | {"status": "completed", "output": items,
                                                                    "usage": resp_usage}})
+        self.close_connection = True
+
+    # -------------------------------------------------------------- Google Gemini API
+
+    def _gemini(self, body: dict, model: str, method: str) -> None:
+        owner = self.owner
+        if method == "countTokens":  # not seen from gemini-cli 0.61.0; answered so that it never fails
+            entry = self._entry(body, "gemini", "side", None)
+            entry["answer"] = "countTokens"
+            owner._record(entry)
+            return self._send_json(200, {"totalTokens": DEFAULT_USAGE["promptTokenCount"]})
+        model = owner.scenario["model"] or model or "gemini-scripted"
+        index = gemini_turn_index(body)
+        turn, failure, answered = self._take_turn(body, "gemini", index)
+        if answered:
+            return
+        if failure:
+            status = turn["status"]
+            return self._send_json(status, {"error": {"code": status, "message": turn["message"],
+                                                      "status": GOOGLE_ERROR_STATUSES.get(status, "UNKNOWN")}})
+        text, calls = owner._blocks(turn, index)
+        usage = turn["usage"] if turn else DEFAULT_USAGE
+        parts = []
+        if text:
+            parts.append({"text": text})
+        for call in calls:
+            parts.append({"functionCall": {"name": call["name"], "args": call["input"]}})
+        if not parts:
+            parts.append({"text": ""})
+        metadata = {"promptTokenCount": usage["promptTokenCount"],
+                    "candidatesTokenCount": usage["candidatesTokenCount"],
+                    "totalTokenCount": usage["promptTokenCount"] + usage["candidatesTokenCount"]
+                    + usage["thoughtsTokenCount"]}
+        if usage["cachedContentTokenCount"]:
+            metadata["cachedContentTokenCount"] = usage["cachedContentTokenCount"]
+        if usage["thoughtsTokenCount"]:
+            metadata["thoughtsTokenCount"] = usage["thoughtsTokenCount"]
+        response_id = f"scripted-{uuid.uuid4().hex[:20]}"
+        answer = {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+                  "usageMetadata": metadata, "modelVersion": model, "responseId": response_id}
+        if method == "generateContent":
+            return self._send_json(200, answer)
+        self._start_sse()
+        # text first in deltas (without usage), then the calls with the finish reason and the usage
+        texts = [part for part in parts if "text" in part]
+        rest = [part for part in parts if "text" not in part]
+        chunks = [[{"text": chunk}] for part in texts for chunk in _chunks(part["text"])]
+        if rest or not chunks:
+            chunks.append(rest or [{"text": ""}])
+        for n, chunk_parts in enumerate(chunks):
+            frame = {"candidates": [{"content": {"role": "model", "parts": chunk_parts}, "index": 0}],
+                     "modelVersion": model, "responseId": response_id}
+            if n == len(chunks) - 1:
+                frame["candidates"][0]["finishReason"] = "STOP"
+                frame["usageMetadata"] = metadata
+            self.wfile.write(f"data: {json.dumps(frame)}\r\n\r\n".encode())
+            self.wfile.flush()
         self.close_connection = True
 
 

@@ -6,7 +6,9 @@ Each adapter names the format of its CLI's output (``Adapter.transcript_format``
 ``tool_result`` blocks, the final ``result``), ``codex`` (``codex exec --json``, checked on
 0.171.0: ``thread.started``, ``item.started``/``item.completed`` of ``agent_message``,
 ``reasoning``, ``command_execution``, ``file_change``, ``mcp_tool_call``, ``web_search``,
-``todo_list``; ``turn.completed`` with usage, ``turn.failed``, ``error``) or ``scripted`` (the
+``todo_list``; ``turn.completed`` with usage, ``turn.failed``, ``error``), ``gemini``
+(``gemini -o stream-json``, checked on 0.61.0: ``init``, ``message``, ``tool_use``,
+``tool_result``, ``error``, ``result`` with token stats) or ``scripted`` (the
 scripted test agent's lines, engine/agents/scripted_agent.py). Lines that are not of the format
 (stderr, the engine's ``[run-engine]`` notes) become ``output`` entries.
 
@@ -43,7 +45,7 @@ from .redaction import Redactor
 KINDS = ("start", "text", "thinking", "tool_call", "tool_result", "refusal", "usage", "error", "output",
          "result", "cut")
 #: The formats an adapter may name; anything else gives ``output`` entries only.
-FORMATS = ("claude", "codex", "scripted")
+FORMATS = ("claude", "codex", "scripted", "pi", "gemini")
 #: The file name of the transcript, beside the attempt's raw log.
 FILE_NAME = "transcript.jsonl"
 #: A raw line longer than this (bytes) is not parsed.
@@ -58,6 +60,11 @@ _REFUSAL = re.compile(r"permission|denied|not allowed|haven't granted|No such to
                       r"requires approval|declined", re.IGNORECASE)
 _EXIT = re.compile(r"Exit code:?\s*(-?\d+)")
 _TOOL_ERROR_TAG = re.compile(r"</?tool_use_error>")
+#: pi's event lines that say nothing new (``--mode json`` 0.73.1: a delta with the whole partial message).
+_PI_SKIPPED = ('{"type":"message_update"', '{"type":"tool_execution_update"')
+#: pi's tool names (0.73.1) -> the names ``tool_sentence`` words (their inputs have the same keys).
+_PI_TOOLS = {"bash": "Bash", "read": "Read", "write": "Write", "edit": "Edit", "grep": "Grep", "find": "Glob",
+             "ls": "LS"}
 
 
 def transcript_path(raw_path: str | os.PathLike[str]) -> Path:
@@ -105,6 +112,8 @@ class Normalizer:
         text = raw.decode("utf-8", errors="replace").strip()
         if not text:
             return []
+        if self.fmt == "pi" and text.startswith(_PI_SKIPPED):
+            return []  # pi's streaming deltas: each repeats the whole partial message (its message_end follows)
         if text.startswith("{") and self.fmt:
             try:
                 event = json.loads(text)
@@ -348,6 +357,158 @@ class Normalizer:
                      "text": f"Updates its to-do list ({len(items)} item{'s' if len(items) != 1 else ''})"}]
         if what == "error" and done:
             return [{"kind": "error", "ok": False, "text": _cut(str(item.get("message") or ""), 400)}]
+        return []
+
+    # ------------------------------------------------------------------ pi (--mode json)
+
+    def _pi(self, event: dict) -> list[dict]:
+        """pi 0.73.1 ``--mode json`` (engine/agents/pi.py): the session header, each complete
+        message (``message_end``: the assistant's text, thinking and tool calls with its usage),
+        each tool result (``tool_execution_end``), retries, and the end (``agent_end``)."""
+        kind = str(event.get("type") or "")
+        if kind == "session":
+            return [{"kind": "start", "text": f"Pi started (session {event.get('id') or '?'})"}]
+        if kind == "message_end":
+            message = event.get("message") if isinstance(event.get("message"), dict) else {}
+            if message.get("role") != "assistant":
+                return []
+            out = []
+            for block in message.get("content") or []:
+                if not isinstance(block, dict):
+                    continue
+                if block.get("type") == "text" and str(block.get("text") or "").strip():
+                    out.append({"kind": "text", "text": _cut(str(block["text"]))})
+                elif block.get("type") == "thinking" and str(block.get("thinking") or "").strip():
+                    out.append({"kind": "thinking", "text": _cut(str(block["thinking"]), 600)})
+                elif block.get("type") == "toolCall":
+                    name, call = str(block.get("name") or ""), str(block.get("id") or "")
+                    self.tools[call] = name
+                    args = block.get("arguments") if isinstance(block.get("arguments"), dict) else {}
+                    text = self.tool_sentence(_PI_TOOLS.get(name, name), args)
+                    if name == "edit" and isinstance(args.get("edits"), list):
+                        text += f" ({len(args['edits'])} replacement{'s' if len(args['edits']) != 1 else ''})"
+                    out.append({"kind": "tool_call", "tool": name, "call": call, "text": text})
+            usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
+            if any(isinstance(usage.get(key), int) and usage[key] for key in ("input", "output", "cacheRead")):
+                self._add_usage({"input_tokens": usage.get("input"), "output_tokens": usage.get("output"),
+                                 "cache_read_input_tokens": usage.get("cacheRead")})
+                out.append(self._usage_entry())
+            self._pi_failed = message.get("stopReason") in ("error", "aborted")
+            if self._pi_failed:
+                out.append({"kind": "error", "ok": False, "text": "The model request failed: "
+                            + _cut(str(message.get("errorMessage") or message.get("stopReason")), 400)})
+            return out
+        if kind == "tool_execution_end":
+            call, name = str(event.get("toolCallId") or ""), str(event.get("toolName") or "")
+            result = event.get("result") if isinstance(event.get("result"), dict) else {}
+            content = result.get("content")
+            if isinstance(content, list):
+                content = "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+            content = str(content or "")
+            error = bool(event.get("isError"))
+            entry = {"kind": "tool_result", "tool": name, "call": call, "ok": not error, "detail": first_lines(content)}
+            found = re.search(r"Command exited with code (-?\d+)\s*$", content) if name == "bash" else None
+            if name == "bash":
+                entry["exit"] = int(found.group(1)) if found else (None if error else 0)
+            if error and content.strip() == f"Tool {name} not found":
+                entry.update(kind="refusal", text=f"{name or 'The tool call'} was refused: the tool is not available "
+                                                  f"to this role")
+            elif error and (_REFUSAL.search(content[:500]) or re.search(r"read-only file system|EROFS|EACCES",
+                                                                         content[:500], re.IGNORECASE)):
+                entry.update(kind="refusal", text=f"{name or 'The tool call'} was refused: "
+                                                  f"{_cut(first_lines(content, 1), 240)}")
+            elif error:
+                entry["text"] = (f"failed with exit status {entry['exit']}" if entry.get("exit") is not None
+                                 else f"failed: {_cut(first_lines(content, 1), 240)}")
+            else:
+                rows = [row for row in content.splitlines() if row.strip()]
+                many = f"{len(rows)} line{'s' if len(rows) != 1 else ''}"
+                if name == "bash":
+                    entry["text"] = f"exit status 0 · {many} of output" if rows else "exit status 0"
+                elif name in ("write", "edit") or not rows:
+                    entry["text"] = "done"
+                elif name == "read":
+                    entry["text"] = f"{many} read"
+                else:
+                    entry["text"] = f"{many} of output"
+            if entry.get("exit") is None:
+                entry.pop("exit", None)
+            return [entry]
+        if kind == "auto_retry_start":
+            return [{"kind": "error", "ok": False, "text": f"Retrying the model request ({event.get('attempt')} of "
+                                                           f"{event.get('maxAttempts')}): "
+                                                           f"{_cut(str(event.get('errorMessage') or ''), 300)}"}]
+        if kind == "agent_end":
+            u = self.usage
+            if getattr(self, "_pi_failed", False):
+                return [{"kind": "error", "ok": False, "text": "The agent ended with an error (its last model request "
+                                                               "failed)"}]
+            return [{"kind": "result", "ok": True, "text": f"Finished: {u['input_tokens']:,} tokens in, "
+                                                           f"{u['output_tokens']:,} out"}]
+        return []
+
+    # ------------------------------------------------------------------ gemini (-o stream-json)
+
+    #: gemini 0.61.0's tool names -> the names ``tool_sentence`` words (engine/agents/gemini.py).
+    _GEMINI_TOOLS = {"run_shell_command": "Bash", "read_file": "Read", "write_file": "Write", "replace": "Edit",
+                     "grep_search": "Grep", "glob": "Glob", "list_directory": "LS", "google_web_search": "WebSearch",
+                     "web_fetch": "WebFetch", "write_todos": "TodoWrite"}
+
+    def _gemini(self, event: dict) -> list[dict]:
+        """gemini 0.61.0 ``-o stream-json`` (engine/agents/gemini.py): ``init``, assistant ``message``
+        deltas (each shown as it comes), ``tool_use``, ``tool_result`` (status ``success``/``error``;
+        a tool the role does not have is ``tool_not_registered``), ``error`` and the final ``result``
+        with its token ``stats``."""
+        kind = str(event.get("type") or "")
+        if kind == "init":
+            return [{"kind": "start", "text": f"Gemini CLI started (model {event.get('model') or '?'}, session "
+                                              f"{event.get('session_id') or '?'})"}]
+        if kind == "message" and event.get("role") == "assistant" and str(event.get("content") or "").strip():
+            return [{"kind": "text", "text": _cut(str(event["content"]))}]
+        if kind == "tool_use":
+            name, call = str(event.get("tool_name") or ""), str(event.get("tool_id") or "")
+            self.tools[call] = name
+            args = dict(event.get("parameters")) if isinstance(event.get("parameters"), dict) else {}
+            if "dir_path" in args and "path" not in args:
+                args["path"] = args["dir_path"]
+            entry = {"kind": "tool_call", "tool": name, "call": call,
+                     "text": self.tool_sentence(self._GEMINI_TOOLS.get(name, name), args)}
+            if name == "run_shell_command" and args.get("description"):
+                entry["detail"] = _cut(str(args["description"]), 200)
+            return [entry]
+        if kind == "tool_result":
+            call = str(event.get("tool_id") or "")
+            tool = self.tools.get(call, "")
+            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            output = str(event.get("output") or error.get("message") or "")
+            entry = {"kind": "tool_result", "tool": tool, "call": call, "ok": event.get("status") == "success",
+                     "detail": first_lines(output)}
+            if entry["ok"]:
+                rows = [row for row in output.splitlines() if row.strip()]
+                entry["text"] = "done" if not rows else f"{len(rows)} line{'s' if len(rows) != 1 else ''} of output"
+            elif error.get("type") == "tool_not_registered" or _REFUSAL.search(output[:500]):
+                entry["kind"] = "refusal"
+                entry["text"] = f"{tool or 'The tool call'} was refused: {_cut(first_lines(output, 1), 240)}"
+            else:
+                entry["text"] = f"failed: {_cut(first_lines(output, 1), 240)}"
+            return [entry]
+        if kind == "error":
+            return [{"kind": "error", "ok": False, "text": _cut(str(event.get("message") or ""), 400)}]
+        if kind == "result":
+            stats = event.get("stats") if isinstance(event.get("stats"), dict) else {}
+            out = []
+            if self._add_usage({"input_tokens": stats.get("input_tokens"), "output_tokens": stats.get("output_tokens"),
+                                "cached_input_tokens": stats.get("cached")}) is not None and stats:
+                out.append(self._usage_entry())
+            if event.get("status") != "success":
+                error = event.get("error") if isinstance(event.get("error"), dict) else {}
+                out.append({"kind": "error", "ok": False, "text": "The agent ended with an error",
+                            "detail": first_lines(str(error.get("message") or ""))})
+            else:
+                calls = stats.get("tool_calls")
+                said = f"{calls} tool call{'s' if calls != 1 else ''}" if isinstance(calls, int) else ""
+                out.append({"kind": "result", "ok": True, "text": "Finished" + (f": {said}" if said else "")})
+            return out
         return []
 
     # ------------------------------------------------------------------ the scripted test agent

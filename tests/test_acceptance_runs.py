@@ -50,6 +50,8 @@ ANSWER_MESSAGE = "Done: app.core.answer() returns 42 (stage one, real claude CLI
 #: A sentence only stage one's documenter writes: stage two must receive it.
 NOTES_MARK = "answer() returns 42; written by the claude documenter of stage one (mark 7f3a)."
 NOTES_TEXT = f"# Notes\n\n{NOTES_MARK}\nVerified by the gate `unit`.\n"
+#: The index the documenter writes: it must name every note it changed (engine/context.py unindexed_notes).
+INDEX_TEXT = "# Index\n- docs/PLAN.md\n- docs/NOTES.md: what answer() returns\n"
 ANSWER_CODE = ANSWER_STEP["write"]["app/core.py"]
 EXTRA_CODE = "from app import core\n\n\ndef double():\n    return 2 * core.answer()\n"
 
@@ -65,8 +67,10 @@ TWO_STAGE_ENDPOINT = {"stages": {
             {"text": ANSWER_MESSAGE}]},
         "review": PASS_TURNS,
         "document": {"turns": [
-            {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/NOTES.md", "content": NOTES_TEXT}}]},
-            {"text": "Documented answer() in docs/NOTES.md."}]},
+            {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/docs/INDEX.md"}}]},
+            {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/docs/NOTES.md", "content": NOTES_TEXT}},
+                       {"tool": "Write", "input": {"file_path": "{cwd}/docs/INDEX.md", "content": INDEX_TEXT}}]},
+            {"text": "Documented answer() in docs/NOTES.md and listed it in docs/INDEX.md."}]},
     },
     "double": {
         "implement": {"turns": [

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 NOTE = "Please give answer() a docstring that says where 42 comes from."
 REWORKED = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    """The answer (Douglas Adams)."""\n'
                                      '    return 42\n'}}
-DOC = {"write": {"docs/answer.md": "# answer\n\n`answer()` returns 42.\n"}}
+DOC = {"write": {"docs/answer.md": "# answer\n\n`answer()` returns 42.\n",
+                 "docs/INDEX.md": "# Specification index\n\n- [answer.md](answer.md): what answer() returns\n"}}
 
 
 def gated(make_pipeline, repo, sent, allowance=2, ops=None):

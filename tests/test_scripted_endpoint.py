@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.scripted_endpoint import (ScenarioError, ScriptedEndpoint, anthropic_turn_index, normalize_scenario,
-                                      responses_turn_index)
+from engine.scripted_endpoint import (ScenarioError, ScriptedEndpoint, anthropic_turn_index, gemini_turn_index,
+                                      normalize_scenario, responses_turn_index)
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = ROOT / "scripts" / "install-agent-clis.sh"
@@ -248,6 +248,58 @@ def test_it_answers_a_responses_failure_with_the_openai_error_json(endpoint):
     ep = endpoint([{"status": 401, "message": "fake 401"}])
     status, _, raw = post(ep.url + "/v1/responses", {"stream": True, "input": []})
     assert status == 401 and json.loads(raw)["error"]["code"] == "invalid_api_key"
+
+
+# ----------------------------------------------------------------------------- fast: Gemini API
+
+
+def gemini_frames(raw: bytes) -> list[dict]:
+    """Parse Google's SSE (``data: JSON`` frames separated by a blank line) into the JSON objects."""
+    frames = [frame for frame in raw.decode().replace("\r\n", "\n").split("\n\n") if frame.strip()]
+    assert all(frame.startswith("data: ") for frame in frames), frames
+    return [json.loads(frame[len("data: "):]) for frame in frames]
+
+
+def test_it_answers_the_gemini_api_as_sse_with_function_calls_and_usage(endpoint, tmp_path):
+    ep = endpoint([{"tools": [{"tool": "write_file", "input": {"file_path": "{cwd}/x", "content": "x"}}],
+                    "text": "Writing.",
+                    "usage": {"promptTokenCount": 50, "candidatesTokenCount": 5, "cachedContentTokenCount": 20,
+                              "thoughtsTokenCount": 2}},
+                   {"text": "done"}])
+    url = ep.url + "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    status, headers, raw = post(url, {"contents": [{"role": "user", "parts": [{"text": "go"}]}]})
+    assert status == 200 and headers["Content-Type"] == "text/event-stream"
+    frames = gemini_frames(raw)
+    parts = [part for frame in frames for part in frame["candidates"][0]["content"]["parts"]]
+    assert parts == [{"text": "Writing."}, {"functionCall": {"name": "write_file",
+                                                             "args": {"file_path": f"{tmp_path}/x", "content": "x"}}}]
+    last = frames[-1]
+    assert last["candidates"][0]["finishReason"] == "STOP" and all("usageMetadata" not in f for f in frames[:-1])
+    assert last["usageMetadata"] == {"promptTokenCount": 50, "candidatesTokenCount": 5, "totalTokenCount": 57,
+                                     "cachedContentTokenCount": 20, "thoughtsTokenCount": 2}
+    model_turn = {"role": "model", "parts": parts}
+    answer = {"role": "user", "parts": [{"functionResponse": {"name": "write_file", "response": {"output": "ok"}}}]}
+    status, _, raw = post(ep.url + "/v1beta/models/gemini-2.5-pro:generateContent",
+                          {"contents": [{"role": "user", "parts": [{"text": "go"}]}, model_turn, answer]})
+    reply = json.loads(raw)
+    assert status == 200 and reply["candidates"][0]["content"] == {"role": "model", "parts": [{"text": "done"}]}
+    assert reply["usageMetadata"] == {"promptTokenCount": 100, "candidatesTokenCount": 20, "totalTokenCount": 120}
+    assert [(r["api"], r["turn"]) for r in ep.model_requests()] == [("gemini", 0), ("gemini", 1)]
+
+
+def test_it_answers_a_gemini_failure_with_the_google_error_json(endpoint):
+    ep = endpoint([{"status": 401, "message": "API key not valid."}])
+    status, _, raw = post(ep.url + "/v1beta/models/m:streamGenerateContent?alt=sse", {"contents": []})
+    assert status == 401 and json.loads(raw) == {"error": {"code": 401, "message": "API key not valid.",
+                                                           "status": "UNAUTHENTICATED"}}
+
+
+def test_gemini_turns_are_the_model_contents():
+    user_turn = {"role": "user", "parts": [{"text": "go"}]}
+    assert gemini_turn_index({"contents": [user_turn]}) == 0
+    assert gemini_turn_index({"contents": [user_turn, {"role": "model", "parts": []}, user_turn,
+                                           {"role": "model", "parts": []}, user_turn]}) == 2
+    assert gemini_turn_index({"contents": "not a list"}) == 0
 
 
 def test_the_command_line_prints_its_url_and_serves(tmp_path):

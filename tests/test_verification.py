@@ -552,7 +552,8 @@ def test_the_next_stage_receives_the_accepted_output_and_the_documentation(make_
         {"key": "double", "requirement": "Add double().", "scope": ["app/**"], "depends_on": ["answer"],
          "gates": [{"name": "unit", "command": QUICK_GATE}]},
     ]
-    doc = {"write": {"docs/answer.md": "# answer\n\nanswer() returns 42 (documented by the scripted documenter).\n"}}
+    doc = {"write": {"docs/answer.md": "# answer\n\nanswer() returns 42 (documented by the scripted documenter).\n",
+                     "docs/INDEX.md": "# Index\n- docs/PLAN.md\n- docs/answer.md\n"}}
     double = {"write": {"app/extra.py": "def double():\n    return 84\n"}}
     pipeline = make_pipeline(stages=stages, scenario={"stages": {
         "answer": {"implement": [{**ANSWER_STEP, "final_message": "answer() now returns 42"}], "document": [doc]},

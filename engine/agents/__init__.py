@@ -2,12 +2,15 @@
 from .base import Adapter, AgentRequest, AgentResult
 from .claude import ClaudeCodeAdapter
 from .codex import CodexAdapter
+from .gemini import GeminiCliAdapter
+from .pi import PiAdapter
 from .scripted import ScriptedAdapter
 
 
 def adapters() -> dict[str, type[Adapter]]:
     """The adapters this Run Engine can run, by name."""
-    return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter, CodexAdapter.name: CodexAdapter}
+    return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter, CodexAdapter.name: CodexAdapter,
+            PiAdapter.name: PiAdapter, GeminiCliAdapter.name: GeminiCliAdapter}
 
 
 def get_adapter(name: str) -> Adapter:

@@ -149,7 +149,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
                 except ValueError:
                     event = None
             if not isinstance(event, dict):
-                if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (C11)
+                if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (docs/field-cases.md C11)
                     plain.add(line)
                 continue
             found["structured"] = True

@@ -155,7 +155,7 @@ class CliAdapter(Adapter):
         engine/pipeline_format.py keeps free of credentials: in practice, the environment's)."""
         from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
 
-        found = boundary.credential_env(self.name, environ)
+        found = boundary.credential_env(self.name, environ, profile)
         found.update({k: str(v) for k, v in (profile.get("env") or {}).items() if k in self.credential_names()})
         return found
 
@@ -167,7 +167,8 @@ class CliAdapter(Adapter):
     def preflight(self, profile: dict, environ: dict | None = None, deny=None) -> list[PreflightProblem]:
         """What ``profile`` lacks to run unattended: its CLI's credential (``credential_problem``)
         and its gateway (``gateway_problems``). A profile with ``scripted_endpoint`` needs neither
-        (the adapter starts the endpoint and gives the CLI its key).
+        (the adapter starts the endpoint and gives the CLI its key); one with ``api_key_env`` needs
+        that variable set (engine/boundary.py ``credential_env``) instead of the CLI's own.
 
         It runs in the process that creates the run (the Control Panel, the API or a command),
         with that process's environment and HOME (``environ``, default ``os.environ``): a
@@ -179,7 +180,13 @@ class CliAdapter(Adapter):
             return []
         environ = os.environ if environ is None else environ
         problems = []
-        missing = self.credential_problem(profile, environ)
+        key_env = profile.get("api_key_env")
+        if key_env:  # a gateway's key: the named variable is the only credential the attempt gets
+            missing = None if (environ.get(key_env) or "").strip() else PreflightProblem(
+                "credentials_missing", f"the profile's api_key_env names {key_env}, which is not set in the workers' "
+                f"environment: set {key_env} to the gateway's key there (and here, where the run is created)", key_env)
+        else:
+            missing = self.credential_problem(profile, environ)
         if missing is not None:
             problems.append(missing)
         if deny is None:
@@ -205,7 +212,7 @@ GATEWAY_CONNECT_SECONDS = 3.0
 
 def gateway_urls(profile: dict) -> list[str]:
     """The gateway URLs of a profile: its ``base_url``, then the GATEWAY_ENV variables of its
-    ``env`` (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``: engine/agents/network.py), without duplicates."""
+    ``env`` (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``: engine/agents/network.py), without duplicates."""
     urls = [profile.get("base_url")] + [(profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
     return list(dict.fromkeys(str(url) for url in urls if url))
 
@@ -227,7 +234,7 @@ def gateway_problems(profile: dict, deny=(), timeout: float = GATEWAY_CONNECT_SE
         entry = url_entry(url)
         if entry is None:
             problems.append(PreflightProblem("gateway_unreachable", "a gateway URL of the profile (base_url, "
-                                             "ANTHROPIC_BASE_URL or OPENAI_BASE_URL) names no host", "base_url"))
+                                             "ANTHROPIC_BASE_URL, OPENAI_BASE_URL or GOOGLE_GEMINI_BASE_URL) names no host", "base_url"))
             continue
         host, port = split_host_port(entry)
         ok, why, address = proxy.check(host, port)

@@ -288,7 +288,7 @@ def parse_events(raw_path: str, stderr_path: str | None = None) -> dict:
                 text = line.decode("utf-8", errors="replace")
                 if "could not create PATH aliases" not in text:
                     stderr_tail.append(text[:OUTPUT_CHARS])
-                    if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (C11)
+                    if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (docs/field-cases.md C11)
                         plain.add(line)
                     if AUTH_PATTERNS.search(text):
                         found["auth_error"] = True

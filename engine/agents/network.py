@@ -6,7 +6,7 @@ endpoint_url)`` is what that proxy lets through:
 
 * the provider hosts of the profile's adapter (PROVIDER_HOSTS), unless the attempt talks to the
   scripted model endpoint (a simulated run reaches that endpoint only);
-* the profile's gateway: ``base_url``, or ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` in its
+* the profile's gateway: ``base_url``, or ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` / ``GOOGLE_GEMINI_BASE_URL`` in its
   ``env`` (GATEWAY_ENV), as ``host:port``;
 * the scripted endpoint (``http://127.0.0.1:PORT``) of a simulated attempt;
 * the profile's ``network_allow`` entries (``host``, ``*.suffix``, ``host:port``).
@@ -24,14 +24,17 @@ from .sandbox import NetworkPolicy
 
 #: The provider hosts each adapter may reach by default (any port of the name). claude: the
 #: Messages API; codex: the Responses API, and ChatGPT's backend and login host for a ChatGPT
-#: sign-in. The scripted test adapter talks to no model.
+#: sign-in; gemini-cli: the Gemini API. The scripted test adapter talks to no model.
 PROVIDER_HOSTS = {
     "claude-code": ("api.anthropic.com",),
     "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
+    "gemini-cli": ("generativelanguage.googleapis.com",),
+    # pi: the built-in hosts of the providers engine/agents/pi.py runs (pi-ai 0.73.1 models.generated.js)
+    "pi": ("api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"),
     "scripted": (),
 }
 #: Gateway variables a profile's ``env`` may set; their host joins the allow-list.
-GATEWAY_ENV = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL")
+GATEWAY_ENV = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "GOOGLE_GEMINI_BASE_URL")
 
 
 def url_entry(url: str) -> str | None:

@@ -3,16 +3,18 @@ prompt: the verified diff and the knowledge base, engine/steps/prompts.py). A fa
 run; changed documentation is verified and reviewed again before the checkpoint."""
 from __future__ import annotations
 
-from .. import machine
-from ..agents import claude
+from .. import context, machine
+from ..agents import claude, pi
 from ..models import AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
 from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
 #: The file-writing tools of the agent CLIs, by the names their adapters record refusals under:
-#: Claude Code's (engine/agents/claude.py WRITE_TOOLS) and codex's apply_patch (0.171.0).
-WRITE_TOOLS = claude.WRITE_TOOLS | {"apply_patch"}
+#: Claude Code's (engine/agents/claude.py WRITE_TOOLS), codex's apply_patch (0.171.0), Gemini CLI's
+#: write_file and replace (0.61.0, engine/agents/gemini.py) and Pi's write and edit (0.73.1,
+#: engine/agents/pi.py WRITE_TOOLS).
+WRITE_TOOLS = claude.WRITE_TOOLS | {"apply_patch", "write_file", "replace"} | pi.WRITE_TOOLS
 
 
 def refused_writes(refusals: list[dict] | None) -> list[dict]:
@@ -37,8 +39,9 @@ def execute(plan: AgentPlan, should_stop) -> AgentOutcome:
 def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) -> None:
     """The documentation agent's attempt: a failure stops the run (docs_failed), and so does an
     attempt that exited 0 after its CLI refused one of its writes (``refused_writes``: the attempt's
-    failure kind becomes ``writes_refused``); changed docs are verified and reviewed again before the
-    checkpoint."""
+    failure kind becomes ``writes_refused``) or that changed a note the specification index does not
+    name (engine/context.py ``unindexed_notes``: ``index_incomplete``); changed docs are verified and
+    reviewed again before the checkpoint."""
     attempt = finish_attempt(run, stage, plan, outcome)
     if attempt is None:
         return
@@ -66,6 +69,20 @@ def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) ->
                                             "refused": refused[:10]})
         return
     changed = outcome.get("changed") or []
+    index = run.definition["pipeline"].get("spec_index")
+    missing = context.unindexed_notes(run.worktree, index, changed) if index and changed else []
+    if missing:
+        named = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10 else "")
+        machine.refuse_attempt(attempt.pk, "index_incomplete",
+                               f"the specification index {index} does not name {len(missing)} of the notes it changed: "
+                               f"{named}")
+        machine.stop(run, "docs_failed",
+                     f"The documentation agent (attempt {attempt.number}) changed {len(missing)} note(s) that the "
+                     f"specification index {index} does not name: {named}. Every changed note must be listed in the "
+                     f"index; the verified files are kept and the stage is not checkpointed.",
+                     stage=stage, evidence={"attempt": attempt.pk, "failure_kind": "index_incomplete",
+                                            "unindexed": missing[:50], "spec_index": index})
+        return
     machine.event(run, "documented",
                   f"The documentation agent (attempt {attempt.number}) updated {', '.join(changed[:10])}; the checks "
                   f"and reviews run again on the updated files." if changed else

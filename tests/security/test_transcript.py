@@ -48,7 +48,8 @@ def test_a_hostile_agent_s_output_is_shown_as_text_and_cannot_reach_its_transcri
     # nothing was added by the agent: every line is the follower's, numbered in order, and the write failed
     assert [e["n"] for e in entries] == list(range(1, len(entries) + 1))
     assert not any(e.get("text") == "FORGED" for e in entries)
-    assert any("cannot create" in e["text"] for e in entries if e["kind"] == "output"), entries
+    # the shell's error went to stderr, kept apart from the stdout the transcript is built from
+    assert "cannot create" in (Path(settings.VAR_DIR) / attempt.stderr_path).read_text()
     assert not any(line.startswith("wrote /") for line in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
                    .splitlines()), "the agent wrote into the control records"
     # the forged result line is the agent's output, not a second "finished" of the attempt's own

@@ -1,0 +1,661 @@
+"""The Pi adapter: runs the real ``pi`` CLI (``@mariozechner/pi-coding-agent``) headless for one attempt.
+
+Every fact below was checked on ``pi`` 0.73.1 (``pi --version`` prints ``0.73.1``), installed in
+tools/agents, by reading its ``--help``, its docs (``docs/json.md``, ``models.md``, ``settings.md``,
+``extensions.md`` in the package) and its ``dist/`` sources, and by running the binary against
+engine/scripted_endpoint.py (tests/test_pi_adapter.py, tests/security/test_pi_project_files.py):
+
+* argument array (the prompt is not in it: in print mode pi reads piped stdin, here the saved
+  prompt file, as the first user message; ``dist/main.js`` ``readPipedStdin``)::
+
+      pi --print --mode json --no-session --offline --no-extensions --no-skills
+         --no-prompt-templates --no-themes --provider P --model M --tools LIST [profile extra_args]
+
+* ``--mode json`` prints one JSON object a line on stdout (``docs/json.md``): first the session
+  header ``{"type": "session", "version": 3, "id", "timestamp", "cwd"}``, then the agent's events:
+  ``agent_start``; ``turn_start``; ``message_start`` / ``message_update`` (a streaming delta, with
+  the whole partial message again: never parsed here) / ``message_end`` with ``message`` =
+  ``{"role": "user"|"assistant"|"toolResult", "content": [...], ...}``; ``tool_execution_start
+  {toolCallId, toolName, args}``, ``tool_execution_update`` (partial output, skipped),
+  ``tool_execution_end {toolCallId, toolName, result: {content: [{type: text, text}]}, isError}``;
+  ``turn_end {message, toolResults}``; ``agent_end {messages}`` (the last line of a finished run);
+  and ``auto_retry_start {attempt, maxAttempts, delayMs, errorMessage}`` / ``auto_retry_end``,
+  ``compaction_start`` / ``compaction_end``. An assistant message has ``content`` blocks
+  ``{"type": "text", "text"}``, ``{"type": "thinking", "thinking"}`` and ``{"type": "toolCall", "id",
+  "name", "arguments"}``, ``usage = {"input", "output", "cacheRead", "cacheWrite", "totalTokens",
+  "cost": {"input", "output", "cacheRead", "cacheWrite", "total"}}`` (tokens; cost in USD from the
+  model's price table, all 0 for a model without prices), ``stopReason`` (``stop``, ``toolUse``,
+  ``length``, ``error``, ``aborted``) and, on an error, ``errorMessage`` (e.g. ``401 {"type":
+  "error", "error": {"type": "authentication_error", ...}}``). pi-ai normalizes ``input`` to
+  *exclude* the cached tokens for every provider (``openai-responses-shared.js``: ``input_tokens -
+  cached_tokens``; Anthropic's ``input_tokens`` already does);
+* exit status: 0 whenever the prompt was processed, **also when the model request failed** (json
+  mode prints the error in the last assistant message and exits 0; ``dist/modes/print-mode.js``),
+  so the adapter classifies from the last assistant message; 1 with ``No API key found for
+  <provider>.`` on stderr when the provider has no key (nothing on stdout but the header); 143 on
+  SIGTERM;
+* tools (``pi --help``, "Built-in Tool Names"; input shapes from ``dist/core/tools/*.js``):
+  ``read {path, offset?, limit?}``, ``bash {command, timeout?}``, ``edit {path, edits: [{oldText,
+  newText}]}``, ``write {path, content}``, ``grep {pattern, path?, glob?, ignoreCase?, literal?,
+  context?, limit?}``, ``find {pattern, path?, limit?}``, ``ls {path?, limit?}``. ``--tools`` is an
+  allowlist that "applies to built-in, extension, and custom tools". grep and find need ``rg`` and
+  ``fd``, which pi downloads when missing; offline they answer an error instead. A call of a tool
+  not in the allowlist is answered ``Tool write not found`` with ``isError: true`` and the run goes
+  on; a failed command is ``isError: true`` with ``Command exited with code N`` at the end. The
+  tool calls of one assistant message run concurrently (every ``tool_execution_start`` before the
+  first ``tool_execution_end``), so a scenario must not make one call of a turn depend on another;
+* role boundary: reviewer ``--tools read,grep,find,ls`` (pi's own documented read-only mode: no
+  bash, edit or write) plus its worktree mounted read-only by the engine's sandbox;
+  implementer and documenter ``--tools read,bash,edit,write`` with the worktree writable, nothing
+  else of the host. What an attempt changed is checked by manifest afterwards (documenter: only
+  its documentation paths): the tool list is not trusted alone;
+* configuration: ``PI_CODING_AGENT_DIR`` (default ``~/.pi/agent``) holds ``settings.json``,
+  ``models.json``, ``auth.json`` (``/login`` credentials and API keys), ``extensions/``, ``skills/``,
+  ``prompts/``, ``themes/``, ``AGENTS.md``, ``SYSTEM.md``, ``sessions/``. Each attempt gets a fresh
+  HOME with ``HOME/.pi/agent`` written by the engine (``prepare_home``): our ``settings.json`` (no
+  packages or resources, bounded retries) and ``models.json`` (the scripted provider, or the
+  profile's ``base_url`` as the built-in provider's ``baseUrl``), and only the worker's
+  ``auth.json`` when it holds a login for the profile's provider (removed when the attempt ends).
+  Nothing else of the worker's ``~/.pi`` (its extensions, packages, models, settings) is read;
+* the project folder: pi loads ``<cwd>/.pi/settings.json`` (deep-merged over the global one,
+  unconditionally: ``dist/core/settings-manager.js``), ``.pi/extensions``, ``.pi/skills``,
+  ``.pi/prompts``, ``.pi/themes``, ``.pi/SYSTEM.md`` (replaces the system prompt),
+  ``.pi/APPEND_SYSTEM.md``, packages named in project settings (installed with ``npm`` or ``git``,
+  or the settings' ``npmCommand``, unless offline), ``.agents/skills`` of the cwd and its parents,
+  and ``AGENTS.md``/``CLAUDE.md`` of the cwd and its parents (context, like codex's AGENTS.md:
+  kept). ``--no-extensions`` leaves only ``-e`` paths (none), ``--no-skills``,
+  ``--no-prompt-templates`` and ``--no-themes`` the same for theirs, ``--offline`` (=
+  ``PI_OFFLINE=1``) keeps pi from installing packages and from any startup network call (update
+  check, telemetry, tool downloads); and the worktree's ``.pi`` folder is covered by an empty
+  read-only folder in the sandbox (``sandboxed``), so no project setting (``shellPath``,
+  ``shellCommandPrefix``, ``npmCommand``, ``packages``, ``extensions``, ``retry``...) nor system
+  prompt of the repository reaches pi at all;
+* API keys (``dist/env-api-keys.js`` of pi-ai): anthropic reads ``ANTHROPIC_OAUTH_TOKEN`` (first)
+  or ``ANTHROPIC_API_KEY``, openai ``OPENAI_API_KEY``, google ``GEMINI_API_KEY``; a models.json
+  provider's ``apiKey`` names an environment variable (or is a literal, or ``!command``);
+* network: pi sets undici's ``EnvHttpProxyAgent`` as the global dispatcher (``dist/cli.js``), so
+  ``HTTPS_PROXY``/``NO_PROXY`` (the attempt's egress proxy) apply to every model request; it sets
+  no body or header timeout, so a model that never answers is ended by the engine's deadline only;
+* ``--help`` (but not ``--version``) creates ``auth.json`` ({}) and ``sessions/`` in the agent dir:
+  ``check`` runs it with a throwaway ``PI_CODING_AGENT_DIR``;
+* pi has no turn limit option: the profile's ``max_turns`` is not applied, the deadline bounds
+  the attempt. Retries: ``retry.maxRetries`` (agent level, on 429/5xx/network texts, 2 s, 4 s...
+  backoff) from the profile's ``max_retries`` (default 2), provider SDK retries 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from . import sandbox
+from ..redaction import redact_text
+from ..scripted_endpoint import ScriptedEndpoint
+from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
+from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
+from .lines import BoundedLines, PlainText, stderr_lines
+
+#: Roles whose attempts may write in the workspace; every other role runs read-only.
+WRITE_ROLES = ("implementer", "documenter")
+#: pi's file-writing tools (0.73.1), the names refusals are recorded under.
+WRITE_TOOLS = frozenset({"write", "edit"})
+#: The tool allowlists (``--tools``): a reviewer's has no bash, edit or write (pi's documented
+#: read-only mode); the writers get pi's default set, named, so that no extension tool joins it.
+READ_ONLY_TOOLS = "read,grep,find,ls"
+WRITER_TOOLS = "read,bash,edit,write"
+#: The providers this adapter runs (the ``provider/`` prefix of the profile's model, default
+#: DEFAULT_PROVIDER): the variables pi reads for each (pi-ai 0.73.1 ``env-api-keys.js``, most usual
+#: first) and the hosts its built-in models use (``models.generated.js``). engine/boundary.py
+#: CREDENTIALS["pi"] and engine/agents/network.py PROVIDER_HOSTS["pi"] list them all.
+PROVIDERS = {
+    "anthropic": {"keys": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN"), "hosts": ("api.anthropic.com",)},
+    "openai": {"keys": ("OPENAI_API_KEY",), "hosts": ("api.openai.com",)},
+    "google": {"keys": ("GEMINI_API_KEY",), "hosts": ("generativelanguage.googleapis.com",)},
+}
+DEFAULT_PROVIDER = "anthropic"
+#: The provider the adapter defines for the scripted endpoint (Anthropic Messages API, which
+#: engine/scripted_endpoint.py speaks), its model and the variable holding its key.
+SCRIPTED_PROVIDER = "cp-scripted"
+SCRIPTED_MODEL = "pi-scripted"
+SCRIPTED_KEY_ENV = "CP_SCRIPTED_KEY"
+#: Texts of an error message (the last assistant message's ``errorMessage``, or stderr) that mean
+#: "no usable credentials" (0.73.1: "401 {...authentication_error...}", "No API key found for anthropic.").
+AUTH_TEXTS = ("No API key found", "authentication_error", "permission_error", "invalid x-api-key",
+              "Invalid API key", "Incorrect API key", "invalid_api_key", "Unauthorized", "OAuth token")
+#: What each role's boundary needs from ``pi --help`` (0.73.1 lists them all).
+REQUIRED_HELP = {
+    "reviewer": {"--tools": "read-only (an allowlist of read, grep, find and ls: no bash, edit or write)",
+                 "--no-extensions": "no extension of the repository or the worker adds a tool or runs code"},
+    "implementer": {"--tools": "only pi's built-in tools (no extension or custom tool)",
+                    "--no-extensions": "no extension of the repository or the worker adds a tool or runs code"},
+    "documenter": {"--tools": "only pi's built-in tools (no extension or custom tool)",
+                   "--no-extensions": "no extension of the repository or the worker adds a tool or runs code"},
+}
+#: Options every attempt passes (``pi --help`` of 0.73.1).
+COMMON_HELP = ("--print", "--mode", "--no-session", "--offline", "--no-skills", "--no-prompt-templates",
+               "--no-themes", "--provider", "--model")
+#: At most this many refused or failed tool calls are recorded per attempt; each message cut to OUTPUT_CHARS.
+MAX_REFUSALS = 200
+OUTPUT_CHARS = 500
+#: Texts of a tool error that say the sandbox refused it.
+DENIAL_TEXTS = ("Read-only file system", "read-only file system", "EROFS", "Permission denied", "EACCES",
+                "Operation not permitted", "EPERM")
+#: Event lines skipped before JSON parsing: each repeats the whole partial message (or output).
+_SKIPPED = (b'{"type":"message_update"', b'{"type":"tool_execution_update"')
+
+
+def split_model(profile: dict, scripted: bool = False) -> tuple[str, str | None]:
+    """``(provider, model id)`` of a profile: ``model: anthropic/claude-sonnet-4-5`` ->
+    ``("anthropic", "claude-sonnet-4-5")``; no ``provider/`` prefix: DEFAULT_PROVIDER; no model:
+    ``(provider, None)`` (pi's default model of the provider). A scripted attempt's provider is
+    SCRIPTED_PROVIDER and its model the id part, or SCRIPTED_MODEL."""
+    model = str(profile.get("model") or "").strip()
+    provider, _, model_id = model.partition("/") if "/" in model else ("", "", model)
+    if scripted:
+        return SCRIPTED_PROVIDER, model_id or SCRIPTED_MODEL
+    return provider or DEFAULT_PROVIDER, model_id or None
+
+
+def tool_list(role: str) -> str:
+    """The ``--tools`` allowlist of a role."""
+    return WRITER_TOOLS if role in WRITE_ROLES else READ_ONLY_TOOLS
+
+
+def build_argv(executable: str, request: AgentRequest, scripted: bool = False) -> list[str]:
+    """The argument array of one attempt (the prompt comes on stdin; module docstring)."""
+    provider, model = split_model(request.profile, scripted)
+    argv = [executable, "--print", "--mode", "json", "--no-session", "--offline", "--no-extensions", "--no-skills",
+            "--no-prompt-templates", "--no-themes", "--provider", provider]
+    if model:
+        argv += ["--model", model]
+    argv += ["--tools", tool_list(request.role)]
+    argv += list(request.profile.get("extra_args") or [])
+    return argv
+
+
+def agent_dir(home: str) -> Path:
+    """The attempt's pi configuration folder (``PI_CODING_AGENT_DIR``): ``HOME/.pi/agent``."""
+    return Path(home) / ".pi" / "agent"
+
+
+def worker_agent_dir(environ) -> Path:
+    """The worker's own pi folder: ``$PI_CODING_AGENT_DIR`` of ``environ``, else ``~/.pi/agent``."""
+    return Path(environ.get("PI_CODING_AGENT_DIR") or os.path.join(os.path.expanduser("~"), ".pi", "agent"))
+
+
+def login_for(path: Path, provider: str) -> bool:
+    """Whether the pi ``auth.json`` at ``path`` holds a credential for ``provider`` (``{"anthropic":
+    {"type": "oauth" | "api_key", ...}}``, written by ``/login``; pi writes ``{}`` on first start)."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and isinstance(found.get(provider), dict) and bool(found[provider])
+
+
+def settings_for(profile: dict) -> dict:
+    """The attempt's ``settings.json``: no packages or resources, no telemetry, bounded retries."""
+    return {"packages": [], "extensions": [], "skills": [], "prompts": [], "themes": [],
+            "enableInstallTelemetry": False, "quietStartup": True, "enableSkillCommands": False,
+            "retry": {"enabled": True, "maxRetries": int(profile.get("max_retries", 2)), "provider": {"maxRetries": 0}}}
+
+
+def models_for(profile: dict, endpoint_url: str | None = None) -> dict:
+    """The attempt's ``models.json``: the scripted provider at ``endpoint_url`` (Anthropic Messages
+    API, key from SCRIPTED_KEY_ENV), else the profile's ``base_url`` as its provider's ``baseUrl``
+    (pi's override of a built-in provider: its models and keys stay), else no provider."""
+    if endpoint_url:
+        _, model = split_model(profile, scripted=True)
+        return {"providers": {SCRIPTED_PROVIDER: {
+            "baseUrl": endpoint_url, "api": "anthropic-messages", "apiKey": SCRIPTED_KEY_ENV,
+            "models": [{"id": model, "contextWindow": 200000, "maxTokens": 16384,
+                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}}
+    if profile.get("base_url"):
+        provider, _ = split_model(profile)
+        return {"providers": {provider: {"baseUrl": str(profile["base_url"])}}}
+    return {"providers": {}}
+
+
+def prepare_home(home: str, profile: dict, endpoint_url: str | None = None, environ=None,
+                 with_login: bool = True) -> Path:
+    """A fresh HOME for the attempt with ``HOME/.pi/agent`` holding our settings.json and
+    models.json and, for a real model and ``with_login``, the worker's ``auth.json`` (of
+    ``worker_agent_dir(environ)``, default this process's environment) when it has a login for the
+    profile's provider; and ``HOME/tmp`` (the attempt's TMPDIR). Returns the agent folder."""
+    home_path = Path(home)
+    if home_path.exists():
+        shutil.rmtree(home_path)
+    folder = agent_dir(home)
+    folder.mkdir(parents=True)
+    (home_path / "tmp").mkdir()
+    (folder / "settings.json").write_text(json.dumps(settings_for(profile), indent=2), encoding="utf-8")
+    (folder / "models.json").write_text(json.dumps(models_for(profile, endpoint_url), indent=2), encoding="utf-8")
+    if endpoint_url is None and with_login:
+        login = worker_agent_dir(os.environ if environ is None else environ) / "auth.json"
+        if login_for(login, split_model(profile)[0]):
+            shutil.copy2(login, folder / "auth.json")
+            os.chmod(folder / "auth.json", 0o600)
+    return folder
+
+
+def project_config_mask(workspace: str) -> list[str]:
+    """bubblewrap arguments covering the worktree's ``.pi`` folder with an empty read-only tmpfs,
+    so no project setting, extension or system prompt of the repository reaches pi. A ``.pi`` that
+    is a symbolic link is covered where it leads when that is inside the worktree (elsewhere the
+    repository controls nothing); nothing when there is no ``.pi`` folder (a mount point cannot be
+    made in a read-only worktree, and pi then has nothing to read)."""
+    top = os.path.realpath(workspace)
+    target = os.path.realpath(os.path.join(workspace, ".pi"))
+    if not os.path.isdir(target) or not (target == top or target.startswith(top + os.sep)) or target == top:
+        return []
+    return ["--tmpfs", target, "--remount-ro", target]
+
+
+def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
+    """``argv`` inside the engine's bubblewrap sandbox (engine/agents/sandbox.py), as
+    claude.sandboxed: bound are the attempt's HOME (holding the pi folder), TMPDIR and data folder
+    (read-write), its worktree (read-write for implementer and documenter, read-only for every
+    other role; its ``.git`` file read-only), and read-only the original repository's git metadata,
+    the CLI (``argv[0]``), tools/agents, the Python install and the PATH folders of ``env`` (node);
+    nothing else of the host. The worktree's ``.pi`` folder is covered (``project_config_mask``).
+    ``network``: the attempt's ``sandbox.NetworkPolicy`` (None: no network)."""
+    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+    visible = sandbox.git_dirs(request.workspace)
+    if request.role in WRITE_ROLES:
+        writable.append(request.workspace)
+    else:
+        visible.append(request.workspace)
+    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
+    wrapped = sandbox.wrap(argv, writable=[folder for folder in writable if folder],
+                           read_only=[os.path.join(request.workspace, ".git")],
+                           hide=sandbox.private_paths(var_dir()), visible=visible, network=network)
+    mask = project_config_mask(request.workspace)
+    if mask:  # after every bind of wrap(), before the root is made read-only and the command starts
+        end = wrapped.index("--")
+        at = end - 2 if wrapped[end - 2:end] == ["--remount-ro", "/"] else end
+        wrapped[at:at] = mask
+    return wrapped
+
+
+def _text_of(content) -> str:
+    """The text blocks of a message's or tool result's ``content``, joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(str(block.get("text") or "") for block in content
+                     if isinstance(block, dict) and block.get("type") == "text")
+
+
+def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
+    """Read a ``pi --mode json`` capture line by line (bounded memory, engine/agents/lines.py);
+    ``stderr_path``: the attempt's stderr capture when it is kept apart (its lines join ``stderr_tail``).
+
+    Returns ``{"session_id": str, "ended": bool, "turns": int, "assistant_messages": int,
+    "usage": dict | None, "last_text": str, "stop_reason": str, "error": str, "auth_error": bool,
+    "retries": int, "tool_calls": int, "refusals": list, "stderr_tail": list[str],
+    "truncated_lines": int, "structured": bool, "plain_text": str}``:
+
+    * ``session_id``: the header's ``id``; ``ended``: an ``agent_end`` event was read; ``turns``:
+      ``turn_end`` events;
+    * ``usage``: the ``usage`` of every assistant ``message_end`` summed in pi's names (``input``,
+      ``output``, ``cacheRead``, ``cacheWrite``, ``cost`` = ``cost.total`` in USD); a failed
+      request's all-zero placeholder is not counted; None when no message reported tokens;
+    * ``stop_reason``/``error``: of the last assistant message (``error`` its ``errorMessage`` when
+      the stop reason is ``error`` or ``aborted``, else ''); an error an automatic retry recovered
+      from is not kept;
+    * ``auth_error``: the last error or a stderr line names AUTH_TEXTS, or the error is a 401/403;
+    * ``refusals``: the tool calls pi refused or that failed (``tool_execution_end`` with
+      ``isError``), at most MAX_REFUSALS, in order: ``{"tool": name, "message": the result text
+      (OUTPUT_CHARS), "path"?: the file named, "command"?: a bash command, "unavailable": the
+      tool is not in the allowlist ("Tool X not found"), "sandbox_denied": DENIAL_TEXTS in it,
+      "recovered"?: True when a later write or edit of that file succeeded}``;
+    * ``stderr_tail``: the last five lines of ``stderr_path`` and of the raw log that are not JSON
+      (pi's stderr);
+    * ``structured``: whether any line was a JSON event; ``plain_text``: the raw log's lines that
+      were not (engine/agents/lines.py ``PlainText``, bounded), the final message when pi printed
+      text instead of its events;
+    * ``truncated_lines``: lines longer than engine/agents/lines.py MAX_LINE_BYTES, not parsed (an
+      assistant message longer than that has its usage left out of the sum).
+    """
+    found = {"session_id": "", "ended": False, "turns": 0, "assistant_messages": 0, "usage": None, "last_text": "",
+             "stop_reason": "", "error": "", "auth_error": False, "retries": 0, "tool_calls": 0, "refusals": [],
+             "stderr_tail": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
+    calls: dict[str, dict] = {}
+    stderr_tail: deque[str] = deque(maxlen=5)
+    plain = PlainText()
+    for text in stderr_lines(stderr_path):
+        stderr_tail.append(text[:OUTPUT_CHARS])
+    try:
+        fh = open(raw_path, "rb")
+    except FileNotFoundError:
+        return found
+    lines = BoundedLines(fh)
+    with fh:
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith(_SKIPPED):
+                found["structured"] = True
+                continue
+            event = None
+            if line.startswith(b"{"):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    event = None
+            if not isinstance(event, dict):
+                stderr_tail.append(line.decode("utf-8", errors="replace")[:OUTPUT_CHARS])
+                if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (docs/field-cases.md C11)
+                    plain.add(line)
+                continue
+            found["structured"] = True
+            kind = event.get("type")
+            if kind == "session":
+                found["session_id"] = str(event.get("id") or found["session_id"])
+            elif kind == "agent_end":
+                found["ended"] = True
+            elif kind == "turn_end":
+                found["turns"] += 1
+            elif kind == "auto_retry_start":
+                found["retries"] += 1
+            elif kind == "message_end":
+                message = event.get("message")
+                if isinstance(message, dict) and message.get("role") == "assistant":
+                    _assistant(found, message)
+            elif kind == "tool_execution_start":
+                found["tool_calls"] += 1
+                args = event.get("args") if isinstance(event.get("args"), dict) else {}
+                if len(calls) < 10_000:
+                    calls[str(event.get("toolCallId"))] = args
+            elif kind == "tool_execution_end":
+                _tool_end(found, event, calls)
+    found["stderr_tail"] = list(stderr_tail)
+    found["truncated_lines"] = lines.truncated
+    found["plain_text"] = plain.text
+    texts = [found["error"], *found["stderr_tail"]]
+    if any(text in said for said in texts for text in AUTH_TEXTS) or found["error"].startswith(("401", "403")):
+        found["auth_error"] = True
+    return found
+
+
+def _assistant(found: dict, message: dict) -> None:
+    """Fold one assistant ``message_end`` into ``found`` (usage, last text, stop reason, error)."""
+    found["assistant_messages"] += 1
+    usage = message.get("usage")
+    keys = ("input", "output", "cacheRead", "cacheWrite")
+    counts = [usage.get(key) for key in keys] if isinstance(usage, dict) else []
+    if isinstance(usage, dict) and any(counts):  # all 0: pi's placeholder of a failed request, nothing reported
+        total = found["usage"] if found["usage"] is not None else {}
+        for key in ("input", "output", "cacheRead", "cacheWrite"):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                total[key] = total.get(key, 0) + value
+        cost = (usage.get("cost") or {}).get("total") if isinstance(usage.get("cost"), dict) else None
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+            total["cost"] = total.get("cost", 0.0) + float(cost)
+        found["usage"] = total
+    text = _text_of(message.get("content")).strip()
+    if text:
+        found["last_text"] = text
+    found["stop_reason"] = str(message.get("stopReason") or "")
+    if found["stop_reason"] in ("error", "aborted"):
+        found["error"] = str(message.get("errorMessage") or f"request {found['stop_reason']}")[:2000]
+    else:
+        found["error"] = ""
+
+
+def _tool_end(found: dict, event: dict, calls: dict) -> None:
+    """Fold one ``tool_execution_end`` into ``found["refusals"]``."""
+    name = str(event.get("toolName") or "?")
+    args = calls.get(str(event.get("toolCallId")), {})
+    path = args.get("path") if isinstance(args.get("path"), str) else None
+    if not event.get("isError"):
+        if name in WRITE_TOOLS and path:  # a later success on the same file: recovered from
+            for refusal in found["refusals"]:
+                if refusal.get("path") == path[:1000]:
+                    refusal["recovered"] = True
+        return
+    if len(found["refusals"]) >= MAX_REFUSALS:
+        return
+    result = event.get("result")
+    text = _text_of(result.get("content")) if isinstance(result, dict) else str(result or "")
+    refusal = {"tool": name, "message": text.strip()[-OUTPUT_CHARS:],
+               "unavailable": text.strip() == f"Tool {name} not found",
+               "sandbox_denied": any(denial in text for denial in DENIAL_TEXTS)}
+    if path:
+        refusal["path"] = path[:1000]
+    if isinstance(args.get("command"), str):
+        refusal["command"] = args["command"][:OUTPUT_CHARS]
+    found["refusals"].append(refusal)
+
+
+def usage_of(reported: dict | None) -> dict:
+    """Usage in our keys from pi's summed assistant usage; every field None when not reported.
+
+    input_tokens <- input (pi: without the cached tokens), output_tokens <- output, cached_tokens
+    <- cacheRead, cache_creation_tokens <- cacheWrite, cost_usd <- cost (pi's price table; 0.0 for
+    a model without prices, such as the scripted one), reasoning_tokens stays None (pi counts
+    reasoning in ``output``)."""
+    usage = empty_usage()
+    if not reported:
+        return usage
+    usage["input_tokens"] = reported.get("input")
+    usage["output_tokens"] = reported.get("output")
+    usage["cached_tokens"] = reported.get("cacheRead")
+    usage["cache_creation_tokens"] = reported.get("cacheWrite")
+    cost = reported.get("cost")
+    usage["cost_usd"] = round(cost, 8) if isinstance(cost, float) else cost  # a sum of floats: no 0.015000000000000001
+    return usage
+
+
+_probed: dict[tuple, tuple[str, str]] = {}
+
+
+def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
+    """``(version, help text)`` of a pi executable, as cli_adapter.probe, but with a throwaway
+    HOME and ``PI_CODING_AGENT_DIR`` (``pi --help`` 0.73.1 writes auth.json and sessions/ there)."""
+    try:
+        key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns)
+    except OSError:
+        return "", ""
+    if key not in _probed:
+        helptext = ""
+        with tempfile.TemporaryDirectory(prefix="cp-pi-probe-") as scratch:
+            env = {**os.environ, "HOME": scratch, "PI_CODING_AGENT_DIR": os.path.join(scratch, "agent"),
+                   "PI_OFFLINE": "1"}
+            try:
+                out = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=timeout,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=scratch)
+                helptext = out.stdout + out.stderr
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        _probed[key] = (cli_version(executable, timeout), helptext)
+    return _probed[key]
+
+
+class PiAdapter(CliAdapter):
+    """The real ``pi`` CLI (Pi coding agent), headless, ``--mode json`` output."""
+
+    name = "pi"
+    simulated = False
+    executable_name = "pi"
+    transcript_format = "pi"
+
+    help_command = "pi --help"
+    common_help = COMMON_HELP
+    sandbox_boundary = "stops its bash tool from writing outside the worktree"
+
+    def required_help(self, role: str) -> dict[str, str]:
+        return REQUIRED_HELP.get(role, REQUIRED_HELP["reviewer"])
+
+    wrapper = staticmethod(sandboxed)
+
+    def check(self, profile: dict, role: str) -> list[str]:
+        """As ``CliAdapter.check`` (binary, ``--version``, the help words of the role's boundary, the
+        sandbox), with pi's help read in a throwaway folder (``probe``), and the profile's provider
+        one this adapter runs (PROVIDERS; its key would not reach the attempt otherwise)."""
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        if exe is None:
+            return [f"the {self.executable_name} executable was not found (profile executable: "
+                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
+        version, helptext = probe(exe)
+        if not version:
+            return [f"{exe} --version does not answer"]
+        problems = [f"{word} is not in `{self.help_command}`, so it cannot enforce: {boundary}"
+                    for word, boundary in self.required_help(role).items() if word not in helptext]
+        problems += [f"{word} is not in `{self.help_command}`" for word in self.common_help if word not in helptext]
+        provider, _ = split_model(profile)
+        if not profile.get("scripted_endpoint") and provider not in PROVIDERS:
+            problems.append(f"the pi provider '{provider}' (the prefix of the profile's model) is not one this adapter "
+                            f"runs: {', '.join(sorted(PROVIDERS))} (write the model as provider/model-id)")
+        ok, why = self.sandbox_available()
+        if not ok:
+            problems.append(f"no operating-system sandbox, so nothing {self.sandbox_boundary}: {why}")
+        return problems
+
+    def environment(self, request: AgentRequest, home: str) -> dict:
+        """The attempt's environment: the run's, then the profile's ``env``, then what the engine
+        owns: HOME and PI_CODING_AGENT_DIR (the attempt's), PI_OFFLINE=1, PI_SKIP_VERSION_CHECK=1,
+        PI_TELEMETRY=0 and TMPDIR in the attempt's HOME (pi's bash keeps long outputs there
+        unredacted; removed with the HOME); no PI_PACKAGE_DIR or PI_CODING_AGENT_SESSION_DIR.
+
+        Credentials: only the variables of the profile's provider (PROVIDERS) stay; a gateway's key
+        (``api_key_env``, which engine/boundary.py puts under ``KEY_TARGETS["pi"]``,
+        ANTHROPIC_API_KEY) is moved to the variable the provider reads (OPENAI_API_KEY for openai...)."""
+        from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
+
+        env = dict(request.env)
+        provider, _ = split_model(request.profile)
+        wanted = PROVIDERS.get(provider, {}).get("keys", ())
+        target = boundary.KEY_TARGETS.get(self.name)
+        if request.profile.get("api_key_env") and target and wanted and target not in wanted and env.get(target):
+            env[wanted[0]] = env.pop(target)
+        for name in credential_env_names():
+            if name not in wanted:
+                env.pop(name, None)
+        env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
+        for name in ("PI_PACKAGE_DIR", "PI_CODING_AGENT_SESSION_DIR"):
+            env.pop(name, None)
+        env.update({"HOME": home, "PI_CODING_AGENT_DIR": str(agent_dir(home)), "PI_OFFLINE": "1",
+                    "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0", "TMPDIR": os.path.join(home, "tmp")})
+        return env
+
+    def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
+        """``credentials_missing`` unless the attempt would get a key of the profile's provider (its
+        PROVIDERS variables in ``environ`` or the profile's ``env``) or the worker's pi ``auth.json``
+        (``worker_agent_dir`` of ``environ``) holds a login for it. None when there is one."""
+        provider, _ = split_model(profile)
+        names = PROVIDERS.get(provider, {}).get("keys", ())
+        found = self.worker_credentials(profile, environ)
+        if any((found.get(name) or "").strip() for name in names):
+            return None
+        login = worker_agent_dir(environ) / "auth.json"
+        if login_for(login, provider):
+            return None
+        wanted = " or ".join(names) if names else f"a key for the pi provider '{provider}'"
+        return PreflightProblem(
+            "credentials_missing", f"no credentials for the pi CLI's provider '{provider}' on the workers: set "
+            f"{wanted} in the workers' environment, or log in once as the workers' user (run `pi`, then /login) so "
+            f"that its auth.json holds a '{provider}' entry (looked for {login})", names[0] if names else provider)
+
+    def auth_hint(self, profile: dict) -> str:
+        """What to set after an ``auth_failed`` attempt of a real model; '' for a scripted endpoint."""
+        if profile.get("scripted_endpoint"):
+            return ""
+        provider, _ = split_model(profile)
+        names = PROVIDERS.get(provider, {}).get("keys", ())
+        wanted = " or ".join(names) if names else f"the key of the pi provider '{provider}'"
+        return (f"Set {wanted} in the workers' environment, or log in as the workers' user (`pi`, then /login: "
+                f"~/.pi/agent/auth.json); a headless worker cannot log in by itself.")
+
+    def run(self, request: AgentRequest) -> AgentResult:
+        exe = find_executable(self.executable_name, request.profile.get("executable"))
+        if exe is None:
+            message = (f"The {self.executable_name} executable was not found (profile executable: "
+                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
+            with open(request.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] {message}\n")
+            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
+                               failure_message=message, usage=empty_usage())
+        version = cli_version(exe)
+        home = request.home_dir
+        endpoint = None
+        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
+        if scenario is not None:
+            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+        try:
+            # a scripted endpoint or a gateway's key (api_key_env) is the attempt's only credential: no login copy
+            prepare_home(home, request.profile, endpoint.url if endpoint else None,
+                         with_login=not request.profile.get("api_key_env"))
+            env = self.environment(request, home)
+            if endpoint is not None:
+                env[SCRIPTED_KEY_ENV] = "scripted-endpoint-key"
+                for info in PROVIDERS.values():
+                    for key in info["keys"]:
+                        env.pop(key, None)
+                with open(request.log_path, "a", encoding="utf-8") as log:
+                    log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model "
+                              f"endpoint at {endpoint.url}\n")
+            argv = build_argv(exe, request, scripted=endpoint is not None)
+            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
+        finally:
+            if endpoint is not None:
+                endpoint.stop()
+            (agent_dir(home) / "auth.json").unlink(missing_ok=True)  # the login copy leaves with the attempt
+        return self._result(result, request, version)
+
+    def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
+        parsed = parse_stream(request.raw_path, request.stderr_path)
+        failure_kind, failure_message = classify_process(result)
+        if failure_kind in (None, "crashed"):
+            reported = parsed["error"] or " | ".join(parsed["stderr_tail"])
+            if parsed["auth_error"]:
+                failure_kind, failure_message = "auth_failed", f"The agent could not authenticate: {reported}"
+            elif parsed["error"]:
+                failure_kind, failure_message = "crashed", f"The agent reported an error: {parsed['error']}"
+            elif failure_kind is None and not parsed["structured"] and parsed["plain_text"]:
+                failure_kind = "malformed_result"
+                failure_message = ("The agent exited 0 but printed text where its JSON events were expected "
+                                   "(structured: false); its text is kept as the final message.")
+            elif failure_kind is None and not parsed["ended"]:
+                failure_kind = "malformed_result"
+                failure_message = "The agent exited 0 but its output has no agent_end event."
+            elif failure_kind == "crashed":
+                if parsed["stderr_tail"]:
+                    failure_message += f" Last output: {' | '.join(parsed['stderr_tail'])}"
+                elif not parsed["ended"]:
+                    failure_kind, failure_message = interactive_prompt(request.log_path, failure_kind,
+                                                                       failure_message)
+        if failure_kind == "auth_failed" and self.auth_hint(request.profile):
+            failure_message = f"{failure_message.rstrip().rstrip('.')}. {self.auth_hint(request.profile)}"
+        refusals = parsed["refusals"]
+        for refusal in refusals:  # the messages are of the redacted raw log; redacted again whole
+            for key in ("message", "command", "path"):
+                if key in refusal:
+                    refusal[key], _ = redact_text(refusal[key], request.secrets)
+        final, _ = redact_text(parsed["last_text"] or ("" if parsed["structured"] else parsed["plain_text"]),
+                               request.secrets)
+        return AgentResult(
+            exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,
+            failure_kind=failure_kind, failure_message=failure_message, usage=usage_of(parsed["usage"]),
+            session_id=parsed["session_id"], final_message=final, cli_version=version,
+            simulated=bool(request.profile.get("scripted_endpoint")), output_bytes=result.output_bytes,
+            redactions=result.redactions, pid=result.pid, structured=parsed["structured"],
+            extra={"turns": parsed["turns"], "tool_calls": parsed["tool_calls"], "refusals": refusals,
+                   "retries": parsed["retries"], "network": self.network,
+                   "truncated_lines": parsed["truncated_lines"]},
+        )
+
+
+def credential_env_names() -> tuple[str, ...]:
+    """Every credential variable of PROVIDERS, most usual first (engine/boundary.py CREDENTIALS["pi"])."""
+    return tuple(dict.fromkeys(key for info in PROVIDERS.values() for key in info["keys"]))
+
+
+__all__ = ["PiAdapter", "build_argv", "parse_stream", "usage_of", "split_model"]
