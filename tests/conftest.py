@@ -384,3 +384,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _drives(item):
             item.add_marker(pytest.mark.pipeline)
+    wanted = os.environ.get("CP_TEST_SET", "")
+    if wanted in ("database", "no-database"):
+        # .ci/run splits the suite in three side by side: the tests that touch the database or the
+        # broker, once on the embedded defaults and once on PostgreSQL and Redis, and the tests
+        # that reach neither (pytest-django refuses a database access a test did not ask for),
+        # which run the same whatever DATABASE_URL says, once. Unset: every test.
+        kept = [item for item in items if _uses_database(item) == (wanted == "database")]
+        if len(kept) < len(items):
+            chosen = {id(item) for item in kept}
+            config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
+            items[:] = kept
+    elif wanted:
+        raise pytest.UsageError(f"CP_TEST_SET={wanted!r}: use 'database', 'no-database' or leave it unset")
+
+
+#: pytest-django's fixtures that give a test the database (a test without one of them, or the
+#: django_db mark, cannot reach it: pytest-django raises "Database access not allowed").
+DATABASE_FIXTURES = ("db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+                     "live_server", "admin_client", "admin_user", "django_user_model")
+
+
+def _uses_database(item) -> bool:
+    """Whether a collected test asks for the database (the django_db mark or a DATABASE_FIXTURES one)."""
+    return item.get_closest_marker("django_db") is not None or any(
+        name in getattr(item, "fixturenames", ()) for name in DATABASE_FIXTURES)

@@ -175,6 +175,18 @@ def test_a_401_from_the_endpoint_is_auth_failed_within_seconds(tmp_path):
 
 @needs_gemini
 @pytest.mark.slow
+def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(tmp_path):
+    request = make_request(tmp_path, "implementer", {"turns": [{"hang": True}]}, deadline=6)
+    started = time.monotonic()
+    result = GeminiCliAdapter().run(request)
+    assert time.monotonic() - started < 6 + 5 + 10
+    assert result.failure_kind == "timeout", (result.failure_message, log_of(request)[-2000:])
+    assert all(value is None for value in result.usage.values())
+    assert marked(request.marker) == []
+
+
+@needs_gemini
+@pytest.mark.slow
 def test_no_key_is_auth_failed_with_the_hint(tmp_path, monkeypatch):
     """A real (not scripted) attempt with no GEMINI_API_KEY: gemini exits 41 before any request."""
     with socket.socket() as probe:  # a loopback port nothing listens on: no request may be needed at all
