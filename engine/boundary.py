@@ -54,6 +54,16 @@ CREDENTIALS = {
 #: The variable each CLI reads its API key from, which a profile's ``api_key_env`` fills with the
 #: worker variable it names (a gateway's key): the first name of CREDENTIALS for each.
 KEY_TARGETS = {adapter: names[0] for adapter, names in CREDENTIALS.items() if names}
+#: The worker variable that lists, comma-separated, the variables a profile's ``api_key_env`` may
+#: name: the operator says which of the workers' variables are gateway keys, so that a pipeline
+#: cannot have any other secret of the workers' (a cloud key, a token) handed to an agent.
+GATEWAY_KEYS_ENV = "CP_GATEWAY_KEYS"
+
+
+def gateway_keys(source: dict | None = None) -> set[str]:
+    """The variable names ``CP_GATEWAY_KEYS`` of ``source`` (default: this process's environment) lists."""
+    source = os.environ if source is None else source
+    return {name.strip() for name in (source.get(GATEWAY_KEYS_ENV) or "").split(",") if name.strip()}
 
 
 class BoundaryNotEnforced(Exception):
@@ -84,12 +94,13 @@ def credential_env(adapter: str, source: dict | None = None, profile: dict | Non
     of the CLI's usual variables: the gateway's key is the only credential its agents see. The
     value is read here, at launch, from ``source`` (the worker's environment); it is never stored
     in a definition, a record or a log (the attempt's redactor gets it as a secret).
-    Returns ``{variable: value}``; empty when the named variable is not set."""
+    The named variable must be listed in the worker's ``CP_GATEWAY_KEYS`` (``gateway_keys``).
+    Returns ``{variable: value}``; empty when the named variable is not set or not listed."""
     source = os.environ if source is None else source
     name = (profile or {}).get("api_key_env")
     if name:
         target, value = KEY_TARGETS.get(adapter), source.get(name)
-        return {target: value} if target and value else {}
+        return {target: value} if target and value and name in gateway_keys(source) else {}
     return {k: source[k] for k in CREDENTIALS.get(adapter, ()) if source.get(k)}
 
 

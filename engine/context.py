@@ -94,16 +94,18 @@ def _is_documentation(rel: str) -> bool:
 
 def is_note(rel: str) -> bool:
     """Whether a repository-relative path is a note of the knowledge base: a documentation file by
-    ``_is_documentation``, or any ``.md``, ``.rst``, ``.txt`` or ``.adoc`` file (DOC_EXTENSIONS) in a
-    folder a pipeline's ``documentation_paths`` name (the documenter writes nothing else)."""
+    ``_is_documentation``, or any ``.md``, ``.rst``, ``.txt`` or ``.adoc`` file (DOC_EXTENSIONS): the
+    documenter writes only inside the pipeline's ``documentation_paths``, so what it changed with
+    such an extension is a note there."""
     return _is_documentation(rel) or rel.lower().endswith(DOC_EXTENSIONS)
 
 
 def unindexed_notes(worktree: str, index_rel: str, changed: list[str]) -> list[str]:
     """The notes of ``changed`` (repository-relative paths a documentation attempt added or
     modified; ``is_note``) that still exist and that the specification index ``index_rel`` does not
-    name, in the order given. An index names a note by its repository path (``docs/auth.md``) or by
-    its path from the index's folder (``auth.md``, ``./auth.md`` beside ``docs/INDEX.md``), anywhere
+    name, in the order given. An index names a note by its repository path (``docs/auth.md``, or
+    ``/docs/auth.md``) or by its path from the index's folder (``auth.md``, ``./auth.md`` beside
+    ``docs/INDEX.md``; ``../auth.md`` is another folder's), anywhere
     in its text (a link target or plain text). The index itself is never missing from itself;
     a missing or unreadable index names nothing (ContextError when it leads out of the worktree)."""
     text = read_inside(worktree, index_rel, required=False) or ""
@@ -112,7 +114,7 @@ def unindexed_notes(worktree: str, index_rel: str, changed: list[str]) -> list[s
     for rel in changed:
         if rel == index_rel or not is_note(rel) or not os.path.isfile(resolve_inside(worktree, rel)):
             continue
-        names = {rel, posixpath.relpath(rel, base) if base else rel}
+        names = {rel, "/" + rel, posixpath.relpath(rel, base) if base else rel}
         if not any(_names_path(text, name) for name in names):
             missing.append(rel)
     return missing
@@ -125,7 +127,8 @@ def _names_path(text: str, path: str) -> bool:
         start, end = found.start(), found.end()
         before = text[start - 1] if start else " "
         after = text[end:end + 2]
-        head_ok = not (before.isalnum() or before in "_-.") and (before != "/" or text[max(0, start - 2):start] == "./")
+        head_ok = not (before.isalnum() or before in "_-.") and (
+            before != "/" or (text[max(0, start - 2):start] == "./" and text[max(0, start - 3):start] != "../"))
         tail_ok = not after[:1] or not (after[0].isalnum() or after[0] in "/_-"
                                         or (after[0] == "." and after[1:2].isalnum()))
         if head_ok and tail_ok:

@@ -540,12 +540,38 @@ def _env_name(value: str) -> str:
     return value
 
 
+#: Variables a profile's ``env`` may not set: the engine sets them for each attempt (its HOME and
+#: temporary folder, the CLIs' configuration folders and trust, the egress proxy, git's and the
+#: loader's paths, the engine's own CP_*), and one of them set by a profile would point the CLI at
+#: the worker's own login and settings, past the attempt's proxy, or at code of the profile's choice
+#: (engine/agents/claude.py, codex.py, gemini.py, pi.py ``environment``).
+ENGINE_ENV = ("HOME", "TMPDIR", "TMP", "TEMP", "PATH", "SHELL", "USER", "LOGNAME", "PWD",
+              "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NODE_OPTIONS",
+              "NODE_PATH", "BASH_ENV", "ENV", "CODEX_HOME", "CLAUDE_CONFIG_DIR", "GEMINI_SANDBOX",
+              "PI_CODING_AGENT_DIR", "PI_OFFLINE", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA",
+              "GOOGLE_APPLICATION_CREDENTIALS", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+ENGINE_ENV_PREFIXES = ("CP_", "GEMINI_CLI_", "XDG_", "GIT_", "SSL_CERT", "REQUESTS_CA", "NODE_EXTRA_CA")
+
+
+def _profile_env_name(value: str) -> str:
+    """A name in a profile's ``env``: a variable name the engine does not set itself (ENGINE_ENV)."""
+    _env_name(value)
+    upper = value.upper()
+    if upper in ENGINE_ENV or upper.startswith(ENGINE_ENV_PREFIXES):
+        _fail(f"{value!r} is set by the engine for each attempt (its HOME, temporary and configuration folders, "
+              "the egress proxy, git and the loader): a profile cannot set it")
+    return value
+
+
 #: Worker variables a profile's ``api_key_env`` may not name: the Control Panel's own settings and
-#: secrets (controlpanel/settings.py reads them) and the process basics. An agent's key is sent to
-#: its model endpoint, so naming one of these would hand it to the gateway and to the agent.
+#: secrets (controlpanel/settings.py reads them), the process basics and the usual cloud, git and
+#: package-registry secrets. An agent's key is sent to its model endpoint, so naming one of these
+#: would hand it to the gateway and to the agent. At launch the name must also be one the workers'
+#: CP_GATEWAY_KEYS lists (engine/boundary.py ``credential_env``): the operator's allow-list.
 RESERVED_KEY_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REDIS_URL", "SECRET_KEY",
                     "PATH", "HOME", "USER", "SHELL", "PWD", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
-RESERVED_KEY_ENV_PREFIXES = ("CP_", "DJANGO_", "CELERY_", "EMAIL_", "PG", "MYSQL", "REDIS")
+RESERVED_KEY_ENV_PREFIXES = ("CP_", "DJANGO_", "CELERY_", "EMAIL_", "PG", "MYSQL", "REDIS", "AWS_", "GITHUB_", "GH_",
+                             "GIT_", "SSH_", "NPM_", "GOOGLE_APPLICATION")
 
 
 def _key_env_name(value: Optional[str]) -> Optional[str]:
@@ -554,8 +580,9 @@ def _key_env_name(value: Optional[str]) -> Optional[str]:
         return None
     _env_name(value)
     if value.upper() in RESERVED_KEY_ENV or value.upper().startswith(RESERVED_KEY_ENV_PREFIXES):
-        _fail(f"{value!r} is one of the Control Panel's own variables (its database, broker or settings), never "
-              "an agent's key: name the worker variable that holds the gateway's key, e.g. GATEWAY_API_KEY")
+        _fail(f"{value!r} is one of the Control Panel's own variables (its database, broker or settings) or a usual "
+              "secret of the workers (a cloud, git or registry credential), never an agent's key: name the worker "
+              "variable that holds the gateway's key, e.g. GATEWAY_API_KEY")
     return value
 
 
@@ -1027,16 +1054,43 @@ class Stage(_Level):
 # Profiles and roles
 
 
+#: Gemini CLI options that would let something other than the model answer (0.61.0's hidden
+#: test options): a file in the worktree could play the model in a run not labelled simulated.
+_GEMINI_FAKE_MODEL = ("--fake-responses", "--fake-responses-non-strict", "--record-responses")
+
+
+def _spellings(adapter: str, option: str) -> list[str]:
+    """The option names ``option`` stands for on ``adapter``'s command line. Gemini CLI 0.61.0
+    parses with yargs, which also takes an option in camelCase (``--skipTrust``), negated
+    (``--no-sandbox``), with underscores, and short flags grouped (``-sy``): each is turned back into the names
+    the lists above hold. The other CLIs match names exactly (clap, commander, pi's own parser)."""
+    if adapter != "gemini-cli" or not option.startswith("-"):
+        return [option]
+    if not option.startswith("--"):
+        return [f"-{letter}" for letter in option[1:]] if len(option) > 2 else [option]
+    name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", option[2:]).lower().replace("_", "-")
+    names = [f"--{name}"]
+    if name.startswith("no-"):
+        names.append(f"--{name[3:]}")
+    return names
+
+
 def _refused_args(adapter: str, args: list) -> list:
     """Problems with extra_args that would weaken role boundaries or clash with the adapter."""
     problems = []
     for index, arg in enumerate(args):
-        option = arg.split("=", 1)[0]
-        if option in _PERMISSION_ARGS[adapter]:
-            problems.append((index, f"'{option}' is refused: the engine chooses permission and sandbox options "
+        given = arg.split("=", 1)[0]
+        spelled = _spellings(adapter, given)
+        option = next((name for name in spelled if name in _PERMISSION_ARGS[adapter] or name in
+                       _ENGINE_ARGS[adapter] or name in _GEMINI_FAKE_MODEL), given)
+        if adapter == "gemini-cli" and option in _GEMINI_FAKE_MODEL:
+            problems.append((index, f"'{given}' is refused: the model's answers come from its provider or the "
+                             "profile's scripted_endpoint, never from a file"))
+        elif option in _PERMISSION_ARGS[adapter]:
+            problems.append((index, f"'{given}' is refused: the engine chooses permission and sandbox options "
                              "for each role (reviewers read-only, writers inside their scope)"))
         elif option in _ENGINE_ARGS[adapter]:
-            problems.append((index, f"'{option}' is set by the adapter: {_ENGINE_ARGS[adapter][option]}"))
+            problems.append((index, f"'{given}' is set by the adapter: {_ENGINE_ARGS[adapter][option]}"))
         elif adapter == "codex" and option in ("-c", "--config"):
             value = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
             if value.strip().lower().startswith(_CODEX_PERMISSION_CONFIG):
@@ -1064,7 +1118,7 @@ class Profile(_Level):
     max_turns: Annotated[StrictInt, Field(ge=1, le=1000), NoneIsDefault] = DEFAULT_MAX_TURNS
     executable: NullableText = None
     extra_args: Annotated[list[Argument], NoneIsDefault, _ARGUMENTS] = []
-    env: Annotated[dict[Annotated[StrictStr, AfterValidator(_env_name)], StrictStr], NoneIsDefault,
+    env: Annotated[dict[Annotated[StrictStr, AfterValidator(_profile_env_name)], StrictStr], NoneIsDefault,
                    Say(type="must be a mapping of environment variables to strings, got {kind}", per_entry=True)] = {}
     base_url: Annotated[NullableText, AfterValidator(_url)] = None
     api_key_env: Annotated[NullableText, AfterValidator(_key_env_name)] = None

@@ -929,15 +929,25 @@ def run_supervised(
     plan = _plan(argv, cwd, env, marker, redactor)
     result = ProcessResult(argv=plan.argv, cwd=plan.cwd, marker=plan.marker)
     log_fd, raw_fd, err_fd = _open_outputs(log_path, raw_path, stderr_path)
+    err_log_fd = None
+    try:  # stderr's reader writes the same display log through its own descriptor
+        err_log_fd = os.dup(log_fd) if err_fd is not None else None
+    except OSError:
+        for fd in (log_fd, raw_fd, err_fd):
+            if fd is not None:
+                os.close(fd)
+        raise
 
     result.started_at = time.time()
     t0 = time.monotonic()
     try:
         proc, read_fd, err_read_fd = _launch(plan, stdin_path, separate_stderr=err_fd is not None)
     except _StartFailed as failed:
+        if err_log_fd is not None:
+            os.close(err_log_fd)
         return _start_failed(result, failed.error, t0, log_fd, raw_fd, err_fd)
-    except OSError:  # stdin_path could not be opened: the caller's error, no file of ours left open
-        for fd in (log_fd, raw_fd, err_fd):
+    except OSError:  # stdin_path or a pipe could not be opened: the caller's error, no file of ours left open
+        for fd in (log_fd, raw_fd, err_fd, err_log_fd):
             if fd is not None:
                 os.close(fd)
         raise
@@ -945,7 +955,7 @@ def run_supervised(
     captures = [_Capture(read_fd, log_fd, raw_fd, plan.redactor, max_output_bytes)]
     raws = [raw_path]
     if err_read_fd is not None:  # stderr apart: its own reader, redactor and file; the same display log
-        captures.append(_Capture(err_read_fd, os.dup(log_fd), err_fd, plan.redactor.fresh(), max_output_bytes))
+        captures.append(_Capture(err_read_fd, err_log_fd, err_fd, plan.redactor.fresh(), max_output_bytes))
         raws.append(stderr_path)
     supervision = _Supervision.started(proc, result, plan.marker, grace_seconds, t0, deadline_seconds)
     try:
@@ -959,9 +969,11 @@ def run_supervised(
         # on_start / should_stop raised, or we are being interrupted: never leave the
         # tree running or the pipe open behind us.
         supervision.abort()
-        _discard_capture(captures[0], read_fd)
-        if err_read_fd is not None:
-            _discard_capture(captures[1], err_read_fd)
+        try:
+            _discard_capture(captures[0], read_fd)
+        finally:
+            if err_read_fd is not None:
+                _discard_capture(captures[1], err_read_fd)
         raise
     supervision.record_exit()
     _finish_capture(result, captures, supervision.stop_note, plan, raws)
@@ -1059,8 +1071,20 @@ def _launch(
     :raises OSError: if ``stdin_path`` cannot be opened.
     """
     stdin_file = open(stdin_path, "rb") if stdin_path is not None else None  # before the pipe: nothing to leak
-    read_fd, write_fd = os.pipe()
-    err_read_fd, err_write_fd = os.pipe() if separate_stderr else (None, write_fd)
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        if stdin_file is not None:
+            stdin_file.close()
+        raise
+    try:
+        err_read_fd, err_write_fd = os.pipe() if separate_stderr else (None, write_fd)
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        if stdin_file is not None:
+            stdin_file.close()
+        raise
     try:
         proc = subprocess.Popen(
             plan.argv,

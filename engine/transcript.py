@@ -10,7 +10,8 @@ Each adapter names the format of its CLI's output (``Adapter.transcript_format``
 (``gemini -o stream-json``, checked on 0.61.0: ``init``, ``message``, ``tool_use``,
 ``tool_result``, ``error``, ``result`` with token stats) or ``scripted`` (the
 scripted test agent's lines, engine/agents/scripted_agent.py). Lines that are not of the format
-(stderr, the engine's ``[run-engine]`` notes) become ``output`` entries.
+(the engine's ``[run-engine]`` notes, text a CLI printed on stdout; stderr is kept apart in
+``output.stderr``, engine/process.py ``stderr_path``, and is not in the raw log) become ``output`` entries.
 
 A ``Follower`` thread reads the attempt's raw log (``output.raw``) while the process writes it and
 appends one JSON object a line to ``transcript.jsonl`` beside it. An entry::

@@ -6,9 +6,9 @@
 #   scripts/fetch-sample-repos.sh                 # fetch what is missing, check every sha256
 #   SAMPLE_REPOS_DIR=/some/dir scripts/...        # somewhere else (default: <repo>/tools/repos)
 #
-# Idempotent and offline when everything is there. A download is checked against its pinned
-# sha256 before it is unpacked; a mismatch is refused. Needs python3 with pip (the project's .venv
-# when present): `pip download --no-deps --no-binary :all:` takes the sdist from the package index.
+# Idempotent and offline when everything is there. The sdist's address comes from PyPI's simple
+# index (https://pypi.org/simple/<name>/, its JSON form, PEP 691); the file is checked against its pinned sha256
+# before it is unpacked (a mismatch is refused), and nothing of it is run. Needs python3.
 set -euo pipefail
 
 SELF="${BASH_SOURCE[0]}"
@@ -37,10 +37,22 @@ while read -r name version sha; do
     fi
     work="$(mktemp -d)"
     trap 'rm -rf "$work"' EXIT
-    "$PY" -m pip download -q --no-deps --no-binary :all: --dest "$work" "$name==$version" 2>&1 \
-        | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-    archive="$(ls "$work"/*.tar.gz 2>/dev/null | head -1)"
-    [ -n "$archive" ] || die "pip download of $name==$version gave no sdist (the package index must be reachable)."
+    # the sdist's address from PyPI's simple index, then the file itself; nothing of it runs, and it is
+    # unpacked only once its sha256 matches the pin
+    "$PY" - "$name" "$version" "$work/sdist.tar.gz" <<'PYEOF' || die "could not fetch the sdist of $name $version from PyPI (the package index must be reachable)."
+import json, sys, urllib.request
+name, version, dest = sys.argv[1:]
+wanted = f"{name}-{version}.tar.gz"
+ask = urllib.request.Request(f"https://pypi.org/simple/{name}/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})  # PEP 691
+with urllib.request.urlopen(ask, timeout=60) as answer:
+    files = [f for f in json.load(answer)["files"] if f["filename"].lower() == wanted.lower()]
+if not files:
+    sys.exit(f"PyPI lists no {wanted}")
+with urllib.request.urlopen(files[0]["url"], timeout=120) as answer, open(dest, "wb") as out:
+    out.write(answer.read())
+PYEOF
+    archive="$work/sdist.tar.gz"
     got="$(sha256sum "$archive" | cut -d' ' -f1)"
     [ "$got" = "$sha" ] || die "$name $version: sha256 $got differs from the pin $sha; refused."
     rm -rf "$folder"

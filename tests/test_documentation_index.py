@@ -25,6 +25,13 @@ def test_an_index_names_a_note_by_its_repository_path_or_its_path_from_the_index
 def test_a_longer_name_is_not_the_note():
     assert not context._names_path("see auth.md.bak and xauth.md and auth.mdx", "auth.md")
     assert context._names_path("see (auth.md).", "auth.md") and context._names_path("auth.md", "auth.md")
+    assert not context._names_path("see [it](../auth.md)", "auth.md")  # another folder's auth.md
+    assert context._names_path("see [it](./auth.md)", "auth.md")
+
+
+def test_a_root_relative_link_names_the_note(tmp_path):
+    root = make_repo(tmp_path / "r", {"docs/INDEX.md": "- [auth](/docs/auth.md)\n", "docs/auth.md": "a\n"})
+    assert context.unindexed_notes(str(root), "docs/INDEX.md", ["docs/auth.md"]) == []
 
 
 @pytest.mark.django_db(transaction=True)

@@ -24,13 +24,13 @@ WORKER_OWN_KEY = "sk-ant-api03-worker-own-" + "k" * 30
 
 
 @pytest.mark.parametrize("name", ["DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY", "CP_VAR_DIR",
-                                  "PGPASSWORD", "EMAIL_HOST_PASSWORD", "PATH"])
+                                  "PGPASSWORD", "EMAIL_HOST_PASSWORD", "PATH", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN"])
 def test_api_key_env_never_names_a_control_panel_variable(name):
     data = full()
     data["profiles"]["claude"]["api_key_env"] = name
     with pytest.raises(PipelineFormatError) as info:
         validate(data)
-    assert "profiles.claude.api_key_env" in str(info.value) and "Control Panel's own variables" in str(info.value)
+    assert "profiles.claude.api_key_env" in str(info.value) and "never an agent's key" in str(info.value)
 
 
 def test_api_key_env_is_a_variable_name_of_a_real_cli_profile():
@@ -49,20 +49,30 @@ def test_api_key_env_is_a_variable_name_of_a_real_cli_profile():
 
 
 def test_the_attempt_gets_the_named_key_under_the_clis_name_and_no_other_credential():
-    worker = {"GATEWAY_TEST_KEY": KEY, "ANTHROPIC_API_KEY": WORKER_OWN_KEY, "OPENAI_API_KEY": WORKER_OWN_KEY}
+    worker = {"GATEWAY_TEST_KEY": KEY, "ANTHROPIC_API_KEY": WORKER_OWN_KEY, "OPENAI_API_KEY": WORKER_OWN_KEY,
+              "CP_GATEWAY_KEYS": "OTHER_KEY, GATEWAY_TEST_KEY"}
     profile = {"api_key_env": "GATEWAY_TEST_KEY"}
     assert boundary.credential_env("claude-code", worker, profile) == {"ANTHROPIC_API_KEY": KEY}
     assert boundary.credential_env("codex", worker, profile) == {"CODEX_API_KEY": KEY}
     assert boundary.credential_env("claude-code", {"ANTHROPIC_API_KEY": WORKER_OWN_KEY}, profile) == {}
     assert boundary.credential_env("claude-code", worker) == {"ANTHROPIC_API_KEY": WORKER_OWN_KEY}
+    # a variable the operator did not list in CP_GATEWAY_KEYS is never handed over
+    unlisted = {**worker, "CP_GATEWAY_KEYS": "OTHER_KEY"}
+    assert boundary.credential_env("claude-code", unlisted, profile) == {}
 
 
 @pytest.mark.django_db
 def test_a_missing_api_key_env_is_refused_at_creation_naming_it(make_pipeline, repo, tmp_path, bare, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", WORKER_OWN_KEY)  # the CLI's usual key is no substitute
+    monkeypatch.setenv("GATEWAY_TEST_KEY", KEY)
+    error = refused(cli_pipeline(make_pipeline, tmp_path, "claude-code", api_key_env="GATEWAY_TEST_KEY"), repo,
+                    "credentials_missing")  # set, but not listed by the operator
+    assert "CP_GATEWAY_KEYS" in error.message and "GATEWAY_TEST_KEY" in error.message
+    monkeypatch.setenv("CP_GATEWAY_KEYS", "GATEWAY_TEST_KEY")
+    monkeypatch.delenv("GATEWAY_TEST_KEY")
     error = refused(cli_pipeline(make_pipeline, tmp_path, "claude-code", api_key_env="GATEWAY_TEST_KEY"), repo,
                     "credentials_missing")
-    assert "GATEWAY_TEST_KEY" in error.message
+    assert "GATEWAY_TEST_KEY" in error.message and "not set" in error.message
     monkeypatch.setenv("GATEWAY_TEST_KEY", KEY)
     run = operations.create_run(cli_pipeline(make_pipeline, tmp_path, "claude-code", api_key_env="GATEWAY_TEST_KEY"),
                                 str(repo), "main")
@@ -80,7 +90,8 @@ def test_a_real_claude_reaches_a_loopback_gateway_through_its_proxy_with_the_key
              {"text": f"Wrote hello.txt; the key was {KEY}."}]
     with ScriptedEndpoint({"turns": turns}, cwd=str(work)) as gateway:
         profile = {"adapter": "claude-code", "base_url": gateway.url, "api_key_env": "GATEWAY_TEST_KEY"}
-        worker = {"PATH": os.environ["PATH"], "GATEWAY_TEST_KEY": KEY, "ANTHROPIC_API_KEY": WORKER_OWN_KEY}
+        worker = {"PATH": os.environ["PATH"], "GATEWAY_TEST_KEY": KEY, "ANTHROPIC_API_KEY": WORKER_OWN_KEY,
+                  "CP_GATEWAY_KEYS": "GATEWAY_TEST_KEY"}
         env = {"PATH": os.environ["PATH"], **boundary.credential_env("claude-code", worker, profile)}
         request = AgentRequest(
             role="implementer", operation="implement", prompt="Write hello.txt.", workspace=str(work),
@@ -103,3 +114,25 @@ def test_a_real_claude_reaches_a_loopback_gateway_through_its_proxy_with_the_key
         if path.is_file():
             data = path.read_bytes()
             assert KEY.encode() not in data and WORKER_OWN_KEY.encode() not in data, path
+
+
+@pytest.mark.slow
+def test_a_key_the_gateway_refuses_is_auth_failed_naming_the_api_key_env(tmp_path):
+    work = make_repo(tmp_path / "work", {"README.md": "hello\n"})
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / "prompt.md").write_text("Say hello.\n", encoding="utf-8")
+    with ScriptedEndpoint({"turns": [{"status": 401, "message": "invalid gateway key"}]}, cwd=str(work)) as gateway:
+        profile = {"adapter": "claude-code", "base_url": gateway.url, "api_key_env": "GATEWAY_TEST_KEY"}
+        worker = {"GATEWAY_TEST_KEY": KEY, "CP_GATEWAY_KEYS": "GATEWAY_TEST_KEY"}
+        env = {"PATH": os.environ["PATH"], **boundary.credential_env("claude-code", worker, profile)}
+        request = AgentRequest(
+            role="implementer", operation="implement", prompt="Say hello.", workspace=str(work), profile=profile,
+            deadline_seconds=60, log_path=str(control / "out.log"), raw_path=str(control / "out.raw"),
+            stderr_path=str(control / "out.stderr"), env=env, stage_key="s", attempt_number=1,
+            control_dir=str(control), prompt_path=str(control / "prompt.md"), home_dir=str(tmp_path / "home"),
+            marker=f"cp-test-gateway-{uuid.uuid4().hex[:12]}", secrets=secret_env_values(env))
+        result = get_adapter("claude-code").run(request)
+    assert result.failure_kind == "auth_failed", result.failure_message
+    assert "GATEWAY_TEST_KEY" in result.failure_message and "ANTHROPIC_API_KEY" not in result.failure_message
+    assert KEY not in json.dumps(result.as_dict())

@@ -237,6 +237,10 @@ def test_the_adapter_is_registered_with_its_credentials_hosts_and_refused_option
     assert set(PROVIDER_HOSTS["pi"]) == {host for info in PROVIDERS.values() for host in info["hosts"]}
     assert network_allow({"adapter": "pi"}, "http://127.0.0.1:9") == ["127.0.0.1:9"]
     assert network_allow({"adapter": "pi", "base_url": "https://gw.example:8443"})[-1] == "gw.example:8443"
+    # an attempt reaches its own model's provider, not the others' APIs
+    assert network_allow({"adapter": "pi"}) == ["api.anthropic.com"]
+    assert network_allow({"adapter": "pi", "model": "openai/gpt-5"}) == ["api.openai.com"]
+    assert network_allow({"adapter": "pi", "model": "google/gemini-2.5-pro"}) == ["generativelanguage.googleapis.com"]
     refused = _refused_args("pi", ["--tools", "read,write", "-e", "x.ts", "--no-builtin-tools", "--extension=y.ts",
                                    "--api-key", "k", "--mode", "text", "--provider", "openai", "--continue",
                                    "--thinking", "high"])
@@ -275,7 +279,8 @@ def test_the_environment_is_the_attempts_own(tmp_path):
     assert env["OPENAI_API_KEY"] == "sk-oai" and "ANTHROPIC_API_KEY" not in env and "GEMINI_API_KEY" not in env
     # a gateway's key (api_key_env: engine/boundary.py puts it under KEY_TARGETS["pi"]) goes where openai reads it
     request.profile.update(api_key_env="GATEWAY_KEY", env={})
-    request.env = {"PATH": "/usr/bin", **boundary.credential_env("pi", {"GATEWAY_KEY": "gw-key"}, request.profile)}
+    request.env = {"PATH": "/usr/bin", **boundary.credential_env("pi", {"GATEWAY_KEY": "gw-key", "CP_GATEWAY_KEYS": "GATEWAY_KEY"},
+                                                                    request.profile)}
     env = PiAdapter().environment(request, home)
     assert env["OPENAI_API_KEY"] == "gw-key" and "ANTHROPIC_API_KEY" not in env
 
@@ -323,9 +328,14 @@ def test_the_worktrees_pi_folder_is_covered_in_the_sandbox(tmp_path):
     (work / ".pi").mkdir()
     argv = sandboxed(["pi", "--print"], {"PATH": os.environ["PATH"]}, request)
     end = argv.index("--")
-    at = argv.index("--tmpfs", argv.index(str(os.path.realpath(work))))
     covered = os.path.realpath(work / ".pi")
-    assert argv[at:at + 4] == ["--tmpfs", covered, "--remount-ro", covered]
+    mask = ["--tmpfs", covered, "--remount-ro", covered]
+    spots = [i for i in range(end) if argv[i:i + 4] == mask]
+    # the cover comes after the worktree's bind (a later bind of it would uncover .pi again)
+    assert spots and str(os.path.realpath(work)) in argv[:spots[0]], argv
+    later = argv[spots[0] + 4:end]
+    assert not [i for i in range(len(later) - 2) if later[i] in ("--bind", "--ro-bind") and
+                later[i + 2] == str(os.path.realpath(work))], argv
     assert argv[end - 2:end] == ["--remount-ro", "/"] and argv[end + 1:] == ["pi", "--print"]
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from . import sandbox
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
-                          var_dir)
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, gateway_key_hint,
+                          login_present, var_dir)
 from .lines import BoundedLines, PlainText, stderr_lines
 
 #: Claude Code's file-writing tools (2.1.197).
@@ -271,6 +271,8 @@ class ClaudeCodeAdapter(CliAdapter):
         person to "run /login", which a headless worker cannot do); '' for a scripted endpoint."""
         if profile.get("scripted_endpoint"):
             return ""
+        if profile.get("api_key_env"):
+            return gateway_key_hint(profile)
         names = self.credential_names()
         return (f"Set {names[0]} (or {' or '.join(names[1:])}) in the workers' environment, or log in as the "
                 f"workers' user (`claude`, then /login: ~/.claude/.credentials.json); a "

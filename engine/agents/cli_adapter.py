@@ -182,9 +182,18 @@ class CliAdapter(Adapter):
         problems = []
         key_env = profile.get("api_key_env")
         if key_env:  # a gateway's key: the named variable is the only credential the attempt gets
-            missing = None if (environ.get(key_env) or "").strip() else PreflightProblem(
-                "credentials_missing", f"the profile's api_key_env names {key_env}, which is not set in the workers' "
-                f"environment: set {key_env} to the gateway's key there (and here, where the run is created)", key_env)
+            from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
+
+            if key_env not in boundary.gateway_keys(environ):
+                missing = PreflightProblem(
+                    "credentials_missing", f"the profile's api_key_env names {key_env}, which the workers' "
+                    f"{boundary.GATEWAY_KEYS_ENV} does not list: the operator lists there (comma-separated) the "
+                    f"variables that hold gateway keys, e.g. {boundary.GATEWAY_KEYS_ENV}={key_env}", key_env)
+            else:
+                missing = None if (environ.get(key_env) or "").strip() else PreflightProblem(
+                    "credentials_missing", f"the profile's api_key_env names {key_env}, which is not set in the "
+                    f"workers' environment: set {key_env} to the gateway's key there (and here, where the run is "
+                    "created)", key_env)
         else:
             missing = self.credential_problem(profile, environ)
         if missing is not None:
@@ -194,6 +203,14 @@ class CliAdapter(Adapter):
 
             deny = boundary.service_addresses()
         return problems + gateway_problems(profile, deny)
+
+
+def gateway_key_hint(profile: dict) -> str:
+    """The sentence an ``auth_failed`` message of a gateway profile ends with (``api_key_env``):
+    the gateway refused the key of the variable it names, not the CLI's usual credential."""
+    return (f"The gateway ({profile.get('base_url') or 'the profile base_url'}) refused the key of "
+            f"{profile['api_key_env']} (the profile's api_key_env): set {profile['api_key_env']} to a key the gateway "
+            f"accepts in the workers' environment (listed in CP_GATEWAY_KEYS).")
 
 
 def login_present(path: Path) -> bool:

@@ -85,8 +85,8 @@ from .. import transcript
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, login_present,
-                          var_dir)
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, gateway_key_hint,
+                          login_present, var_dir)
 from .lines import BoundedLines, PlainText, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -503,6 +503,8 @@ class CodexAdapter(CliAdapter):
         (its failure message already names the scripted key variable)."""
         if profile.get("scripted_endpoint"):
             return ""
+        if profile.get("api_key_env"):
+            return gateway_key_hint(profile)
         return ("Set CODEX_API_KEY (or OPENAI_API_KEY, which the adapter copies into CODEX_API_KEY) in the "
                 "workers' environment, or run `codex login` as the "
                 "workers' user (auth.json in its CODEX_HOME); a headless worker cannot log in by itself.")
@@ -551,7 +553,8 @@ class CodexAdapter(CliAdapter):
                                 f"\"{parsed['last_reconnect']}\".")
         elif failure_kind in (None, "crashed"):
             reported = parsed["failure"] or (parsed["errors"][-1] if parsed["errors"] and failure_kind else "")
-            if parsed["auth_error"]:
+            completed = failure_kind is None and parsed["turns_completed"] and not parsed["failure"]
+            if parsed["auth_error"] and not completed:  # a stray auth text of a finished turn is no failure
                 failure_kind = "auth_failed"
                 failure_message = f"The agent could not authenticate: {reported or '; '.join(parsed['stderr_tail'])}"
             elif parsed["failure"]:

@@ -81,7 +81,7 @@ from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
+from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, find_executable, var_dir
 from .lines import BoundedLines, PlainText, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -402,10 +402,12 @@ class GeminiCliAdapter(CliAdapter):
     wrapper = staticmethod(sandboxed)
 
     def environment(self, request: AgentRequest, home: str) -> dict:
-        """The attempt's environment (module docstring): the run's, HOME = GEMINI_CLI_HOME = ``home``,
-        TMPDIR in it, the key as GEMINI_API_KEY, the base URL and the role's trust, then the
-        profile's ``env``; the CLI's own path variables that could point elsewhere are removed."""
-        env = dict(request.env)
+        """The attempt's environment (module docstring): the run's and the profile's ``env``, then
+        HOME = GEMINI_CLI_HOME = ``home``, TMPDIR in it, the key as GEMINI_API_KEY, the base URL and
+        the role's trust; the CLI's own path variables that could point elsewhere are removed."""
+        # the profile's env first, so that nothing the engine sets below can be set back by it
+        # (engine/pipeline_schema.py ENGINE_ENV refuses those names in a profile as well)
+        env = {**request.env, **{k: str(v) for k, v in (request.profile.get("env") or {}).items()}}
         for name in ("GEMINI_CLI_SYSTEM_SETTINGS_PATH", "GEMINI_CLI_SYSTEM_DEFAULTS_PATH",
                      "GEMINI_CLI_TRUSTED_FOLDERS_PATH", "GEMINI_CLI_IDE_WORKSPACE_PATH", "GEMINI_SANDBOX",
                      "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_MODEL", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA"):
@@ -414,10 +416,11 @@ class GeminiCliAdapter(CliAdapter):
                     "GEMINI_CLI_NO_RELAUNCH": "true"})
         if not env.get("GEMINI_API_KEY") and env.get("GOOGLE_API_KEY"):
             env["GEMINI_API_KEY"] = env["GOOGLE_API_KEY"]
-        env["GOOGLE_GEMINI_BASE_URL"] = str(request.profile.get("base_url") or DEFAULT_BASE_URL)
+        env["GOOGLE_GEMINI_BASE_URL"] = str(request.profile.get("base_url")
+                                            or (request.profile.get("env") or {}).get("GOOGLE_GEMINI_BASE_URL")
+                                            or DEFAULT_BASE_URL)
         if request.role not in WRITE_ROLES:
             env["GEMINI_CLI_TRUST_WORKSPACE"] = "false"  # the repository's .gemini and GEMINI.md unread
-        env.update({k: str(v) for k, v in (request.profile.get("env") or {}).items()})
         return env
 
     def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
@@ -437,6 +440,8 @@ class GeminiCliAdapter(CliAdapter):
         """What to set after an ``auth_failed`` attempt of a real model; '' for a scripted endpoint."""
         if profile.get("scripted_endpoint"):
             return ""
+        if profile.get("api_key_env"):
+            return gateway_key_hint(profile)
         return ("Set GEMINI_API_KEY (or GOOGLE_API_KEY, which the adapter copies into GEMINI_API_KEY) in the "
                 "workers' environment; a headless worker cannot log in to Google by itself.")
 
@@ -479,7 +484,8 @@ class GeminiCliAdapter(CliAdapter):
         error = (outcome or {}).get("error") if isinstance((outcome or {}).get("error"), dict) else {}
         reported = str(error.get("message") or "") or (parsed["errors"][-1] if parsed["errors"] else "")
         if failure_kind in (None, "crashed"):
-            if parsed["auth_error"] or result.exit_code == AUTH_EXIT:
+            completed = failure_kind is None and outcome is not None and outcome.get("status") == "success"
+            if (parsed["auth_error"] and not completed) or result.exit_code == AUTH_EXIT:
                 failure_kind = "auth_failed"
                 failure_message = ("The agent could not authenticate: "
                                    f"{reported or ' | '.join(parsed['stderr_tail']) or f'exit status {AUTH_EXIT}'}")

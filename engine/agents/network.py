@@ -51,10 +51,26 @@ def url_entry(url: str) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+#: pi's hosts by the provider its profile's model names (``model: openai/gpt-5``; no prefix:
+#: anthropic, engine/agents/pi.py ``split_model``): an attempt reaches its own provider only, not
+#: the other providers' APIs (a channel out for what the agent read).
+PI_PROVIDER_HOSTS = {"anthropic": ("api.anthropic.com",), "openai": ("api.openai.com",),
+                     "google": ("generativelanguage.googleapis.com",)}
+
+
+def provider_hosts(profile: dict) -> tuple[str, ...]:
+    """The provider hosts one attempt of ``profile`` may reach (PROVIDER_HOSTS; for pi, PI_PROVIDER_HOSTS
+    of its model's provider, none for a provider pi's adapter does not run)."""
+    adapter = profile.get("adapter") or ""
+    if adapter == "pi":
+        model = str(profile.get("model") or "")
+        return PI_PROVIDER_HOSTS.get(model.partition("/")[0] if "/" in model else "anthropic", ())
+    return PROVIDER_HOSTS.get(adapter, ())
+
+
 def network_allow(profile: dict, endpoint_url: str | None = None) -> list[str]:
     """The attempt's allow-list (entries as ``EgressProxy`` takes them), without duplicates."""
-    adapter = profile.get("adapter") or ""
-    entries = [] if endpoint_url else list(PROVIDER_HOSTS.get(adapter, ()))
+    entries = [] if endpoint_url else list(provider_hosts(profile))
     urls = [profile.get("base_url")] + [(profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
     urls.append(endpoint_url)
     for url in urls:

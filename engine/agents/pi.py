@@ -96,7 +96,7 @@ from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, var_dir
+from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, find_executable, var_dir
 from .lines import BoundedLines, PlainText, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -245,8 +245,8 @@ def prepare_home(home: str, profile: dict, endpoint_url: str | None = None, envi
 def project_config_mask(workspace: str) -> list[str]:
     """bubblewrap arguments covering the worktree's ``.pi`` folder with an empty read-only tmpfs,
     so no project setting, extension or system prompt of the repository reaches pi. A ``.pi`` that
-    is a symbolic link is covered where it leads when that is inside the worktree (elsewhere the
-    repository controls nothing); nothing when there is no ``.pi`` folder (a mount point cannot be
+    is a symbolic link is covered where it leads when that is inside the worktree (``PiAdapter.run``
+    launches no attempt beside such a link); nothing when there is no ``.pi`` folder (a mount point cannot be
     made in a read-only worktree, and pi then has nothing to read)."""
     top = os.path.realpath(workspace)
     target = os.path.realpath(os.path.join(workspace, ".pi"))
@@ -568,6 +568,8 @@ class PiAdapter(CliAdapter):
         """What to set after an ``auth_failed`` attempt of a real model; '' for a scripted endpoint."""
         if profile.get("scripted_endpoint"):
             return ""
+        if profile.get("api_key_env"):
+            return gateway_key_hint(profile)
         provider, _ = split_model(profile)
         names = PROVIDERS.get(provider, {}).get("keys", ())
         wanted = " or ".join(names) if names else f"the key of the pi provider '{provider}'"
@@ -582,6 +584,17 @@ class PiAdapter(CliAdapter):
             with open(request.log_path, "a", encoding="utf-8") as log:
                 log.write(f"[run-engine] {message}\n")
             return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
+                               failure_message=message, usage=empty_usage())
+        linked = os.path.join(request.workspace, ".pi")
+        if os.path.islink(linked):
+            # pi would read the repository's project settings through it, and covering where it leads
+            # would hide that folder (docs/, say) from the attempt: it is not launched at all
+            message = (f"The agent was not launched: the worktree's .pi is a symbolic link (to "
+                       f"{os.readlink(linked)!r}), through which pi 0.73.1 would read project settings, "
+                       "extensions and a system prompt of the repository's. Remove the link from the branch.")
+            with open(request.log_path, "a", encoding="utf-8") as log:
+                log.write(f"[run-engine] {message}\n")
+            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="boundary_not_enforced",
                                failure_message=message, usage=empty_usage())
         version = cli_version(exe)
         home = request.home_dir
@@ -615,7 +628,8 @@ class PiAdapter(CliAdapter):
         failure_kind, failure_message = classify_process(result)
         if failure_kind in (None, "crashed"):
             reported = parsed["error"] or " | ".join(parsed["stderr_tail"])
-            if parsed["auth_error"]:
+            completed = failure_kind is None and parsed["ended"] and not parsed["error"]
+            if parsed["auth_error"] and not completed:  # a stray "Unauthorized" of a finished run is no failure
                 failure_kind, failure_message = "auth_failed", f"The agent could not authenticate: {reported}"
             elif parsed["error"]:
                 failure_kind, failure_message = "crashed", f"The agent reported an error: {parsed['error']}"
