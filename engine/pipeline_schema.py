@@ -1054,6 +1054,9 @@ class Stage(_Level):
 # Profiles and roles
 
 
+#: Gemini CLI 0.61.0's subcommands (`gemini --help`, "Commands"): a bare word in extra_args that
+#: names one would run it (`gemini mcp list`) instead of the agent.
+_GEMINI_COMMANDS = ("mcp", "extensions", "extension", "skills", "skill", "hooks", "hook", "gemma")
 #: Gemini CLI options that would let something other than the model answer (0.61.0's hidden
 #: test options): a file in the worktree could play the model in a run not labelled simulated.
 _GEMINI_FAKE_MODEL = ("--fake-responses", "--fake-responses-non-strict", "--record-responses")
@@ -1062,12 +1065,17 @@ _GEMINI_FAKE_MODEL = ("--fake-responses", "--fake-responses-non-strict", "--reco
 def _spellings(adapter: str, option: str) -> list[str]:
     """The option names ``option`` stands for on ``adapter``'s command line. Gemini CLI 0.61.0
     parses with yargs, which also takes an option in camelCase (``--skipTrust``), negated
-    (``--no-sandbox``), with underscores, and short flags grouped (``-sy``): each is turned back into the names
+    (``--no-sandbox``), with underscores, with three dashes (``---yolo``), a short alias after two
+    (``--y``) and short flags grouped (``-sy``): each is turned back into the names
     the lists above hold. The other CLIs match names exactly (clap, commander, pi's own parser)."""
     if adapter != "gemini-cli" or not option.startswith("-"):
         return [option]
+    if option.startswith("---"):  # yargs reads ---yolo as --yolo
+        option = "--" + option.lstrip("-")
     if not option.startswith("--"):
         return [f"-{letter}" for letter in option[1:]] if len(option) > 2 else [option]
+    if len(option) == 3:  # yargs reads --y as the short alias -y
+        return [option[1:]]
     name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", option[2:]).lower().replace("_", "-")
     names = [f"--{name}"]
     if name.startswith("no-"):
@@ -1083,7 +1091,9 @@ def _refused_args(adapter: str, args: list) -> list:
         spelled = _spellings(adapter, given)
         option = next((name for name in spelled if name in _PERMISSION_ARGS[adapter] or name in
                        _ENGINE_ARGS[adapter] or name in _GEMINI_FAKE_MODEL), given)
-        if adapter == "gemini-cli" and option in _GEMINI_FAKE_MODEL:
+        if adapter == "gemini-cli" and given in _GEMINI_COMMANDS:
+            problems.append((index, f"'{given}' is refused: it is a gemini subcommand, which would run instead of the agent"))
+        elif adapter == "gemini-cli" and option in _GEMINI_FAKE_MODEL:
             problems.append((index, f"'{given}' is refused: the model's answers come from its provider or the "
                              "profile's scripted_endpoint, never from a file"))
         elif option in _PERMISSION_ARGS[adapter]:
@@ -1147,6 +1157,8 @@ class Profile(_Level):
                              "scenarios/example.yaml, or an inline mapping)", True))
         if adapter in CLI_ADAPTERS and scenario:
             problems.append((("scenario",), f"only scripted profiles take a scenario; this profile's adapter is '{adapter}'", True))
+        if values.get("base_url") and adapter not in CLI_ADAPTERS:
+            problems.append((("base_url",), f"only {', '.join(CLI_ADAPTERS)} profiles talk to a model endpoint", True))
         if values.get("api_key_env") and adapter not in CLI_ADAPTERS:
             problems.append((("api_key_env",), f"only {', '.join(CLI_ADAPTERS)} profiles send an API key", True))
         if values.get("scripted_endpoint") and adapter not in CLI_ADAPTERS:

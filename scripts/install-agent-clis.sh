@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the pinned coding-agent CLIs (Claude Code, Codex, Gemini CLI, Pi) project-locally into tools/agents.
 #
-#   scripts/install-agent-clis.sh            # install if needed, then print both versions
+#   scripts/install-agent-clis.sh            # install if needed, then print the four versions
 #   AGENT_CLIS_PREFIX=/some/dir scripts/...  # install somewhere else (default: <repo>/tools/agents)
 #
 # The pins live in one committed place: scripts/agents/package.json (exact versions). The script

@@ -46,6 +46,11 @@ def test_api_key_env_is_a_variable_name_of_a_real_cli_profile():
     with pytest.raises(PipelineFormatError) as info:
         validate(data)
     assert "profiles.sim.api_key_env" in str(info.value) and "send an API key" in str(info.value)
+    data = full()
+    data["profiles"]["sim"]["base_url"] = "https://gw.example"
+    with pytest.raises(PipelineFormatError) as info:
+        validate(data)
+    assert "profiles.sim.base_url" in str(info.value)
 
 
 def test_the_attempt_gets_the_named_key_under_the_clis_name_and_no_other_credential():

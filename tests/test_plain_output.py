@@ -107,3 +107,6 @@ def test_a_claude_that_prints_text_is_recorded_structured_false_with_stderr_apar
     assert (var / attempt.raw_path).read_text() == "I changed app/core.py.\nDone.\n"
     assert (var / attempt.stderr_path).read_text() == "deprecation: --verbose\n"
     assert "deprecation: --verbose" in (var / attempt.log_path).read_text()
+    record = operations.run_status(run)["stages"][0]["attempts"][0]  # run_status --json, GET /api/runs/ID/
+    assert record["structured"] is False and record["final_message"] == "I changed app/core.py.\nDone."
+    assert record["stderr"].endswith("output.stderr") and record["raw"].endswith("output.raw")

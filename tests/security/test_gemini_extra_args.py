@@ -12,13 +12,16 @@ from ..test_pipeline_schema import full
 @pytest.mark.parametrize("args", [["--skipTrust"], ["--skip_trust"], ["--adminPolicy", "allow.toml"],
                                   ["--allowedMcpServerNames", "evil"], ["-sy"], ["-ys"], ["--approvalMode=yolo"],
                                   ["--no-yolo"], ["--includeDirectories", "/"], ["--fake-responses", "f.json"],
-                                  ["--fakeResponses=f.json"], ["--record-responses", "r.json"]])
+                                  ["--fakeResponses=f.json"], ["--record-responses", "r.json"], ["--y"], ["---yolo"],
+                                  ["---approval-mode=yolo"], ["--s"], ["--e", "x"], ["--m", "x"], ["mcp", "list"],
+                                  ["extensions", "install", "x"]])
 def test_a_gemini_option_that_loosens_a_role_is_refused_however_it_is_spelled(args):
     data = full()
     data["profiles"]["claude"].update({"adapter": "gemini-cli", "base_url": None, "extra_args": args})
     with pytest.raises(PipelineFormatError) as info:
         validate(data)
-    assert "profiles.claude.extra_args[0]" in str(info.value) and "refused" in str(info.value)
+    said = str(info.value)
+    assert "profiles.claude.extra_args[0]" in said and ("refused" in said or "set by the adapter" in said), said
 
 
 def test_a_harmless_gemini_option_is_kept():
