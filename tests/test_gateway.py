@@ -5,7 +5,6 @@ and no other credential, and the key is in no stored record (docs/pipeline-forma
 import json
 import os
 import uuid
-from pathlib import Path
 
 import pytest
 from engine import boundary, operations

@@ -32,9 +32,10 @@ from pathlib import Path
 from . import sandbox
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, gateway_key_hint,
-                          login_present, var_dir)
-from .lines import BoundedLines, PlainText, stderr_lines
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, gateway_key_hint, login_present,
+                          var_dir)
+from .cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
+from .lines import JsonEvents, stderr_lines
 
 #: Claude Code's file-writing tools (2.1.197).
 WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
@@ -124,72 +125,55 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     """
     found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
              "refusals": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
-    plain = PlainText()
     for text in stderr_lines(stderr_path):
         if any(auth in text for auth in AUTH_TEXTS):
             found["auth_error"] = True
     tools: dict[str, str] = {}
     paths: dict[str, str] = {}  # tool_use id -> the file it writes or reads
-    try:
-        fh = open(raw_path, "rb")
-    except FileNotFoundError:
-        return found
-    lines = BoundedLines(fh)
-    with fh:
-        for line in lines:
-            line = line.strip()
-            if not line:
-                continue
-            if any(text.encode() in line for text in AUTH_TEXTS):
-                found["auth_error"] = True
-            event = None
-            if line.startswith(b"{"):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = None
-            if not isinstance(event, dict):
-                if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (docs/field-cases.md C11)
-                    plain.add(line)
-                continue
-            found["structured"] = True
-            kind = event.get("type")
-            if kind == "result":
-                found["result"] = event
-            elif kind == "system" and event.get("subtype") == "init":
-                found["session_id"] = event.get("session_id") or found["session_id"]
-                found["version"] = event.get("claude_code_version") or found["version"]
-            elif kind == "assistant":
-                for block in (event.get("message") or {}).get("content") or []:
-                    if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
-                        found["last_text"] = block["text"]
-                    elif isinstance(block, dict) and block.get("type") == "tool_use":
-                        tools[str(block.get("id"))] = str(block.get("name"))
-                        given = block.get("input") if isinstance(block.get("input"), dict) else {}
-                        target = given.get("file_path") or given.get("notebook_path")
-                        if isinstance(target, str):
-                            paths[str(block.get("id"))] = target[:1000]
-            elif kind == "user":
-                for block in (event.get("message") or {}).get("content") or []:
-                    if not (isinstance(block, dict) and block.get("type") == "tool_result"):
-                        continue
-                    call = str(block.get("tool_use_id"))
-                    if not block.get("is_error"):
-                        # a later success on the same file: the refusals of it before were recovered from
-                        if call in paths and tools.get(call) in WRITE_TOOLS:
-                            for refusal in found["refusals"]:
-                                if refusal.get("path") == paths[call]:
-                                    refusal["recovered"] = True
-                        continue
-                    text = block.get("content")
-                    text = text if isinstance(text, str) else json.dumps(text)
-                    if len(found["refusals"]) < 200:
-                        refusal = {"tool": tools.get(call, "?"), "message": text[:500]}
-                        if call in paths:
-                            refusal["path"] = paths[call]
-                        found["refusals"].append(refusal)
-    found["truncated_lines"] = lines.truncated
-    found["plain_text"] = plain.text
+
+    def auth_text(line: bytes) -> None:
+        if any(text.encode() in line for text in AUTH_TEXTS):
+            found["auth_error"] = True
+
+    stream = JsonEvents(raw_path, on_line=auth_text)
+    for event in stream:
+        kind = event.get("type")
+        if kind == "result":
+            found["result"] = event
+        elif kind == "system" and event.get("subtype") == "init":
+            found["session_id"] = event.get("session_id") or found["session_id"]
+            found["version"] = event.get("claude_code_version") or found["version"]
+        elif kind == "assistant":
+            for block in (event.get("message") or {}).get("content") or []:
+                if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
+                    found["last_text"] = block["text"]
+                elif isinstance(block, dict) and block.get("type") == "tool_use":
+                    tools[str(block.get("id"))] = str(block.get("name"))
+                    given = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    target = given.get("file_path") or given.get("notebook_path")
+                    if isinstance(target, str):
+                        paths[str(block.get("id"))] = target[:1000]
+        elif kind == "user":
+            for block in (event.get("message") or {}).get("content") or []:
+                if not (isinstance(block, dict) and block.get("type") == "tool_result"):
+                    continue
+                call = str(block.get("tool_use_id"))
+                if not block.get("is_error"):
+                    # a later success on the same file: the refusals of it before were recovered from
+                    if call in paths and tools.get(call) in WRITE_TOOLS:
+                        for refusal in found["refusals"]:
+                            if refusal.get("path") == paths[call]:
+                                refusal["recovered"] = True
+                    continue
+                text = block.get("content")
+                text = text if isinstance(text, str) else json.dumps(text)
+                if len(found["refusals"]) < 200:
+                    refusal = {"tool": tools.get(call, "?"), "message": text[:500]}
+                    if call in paths:
+                        refusal["path"] = paths[call]
+                    found["refusals"].append(refusal)
+    found["truncated_lines"], found["structured"] = stream.truncated, stream.structured
+    found["plain_text"] = stream.plain.text
     return found
 
 
@@ -302,13 +286,9 @@ class ClaudeCodeAdapter(CliAdapter):
         return env
 
     def run(self, request: AgentRequest) -> AgentResult:
-        exe = find_executable(self.executable_name, request.profile.get("executable"))
-        if exe is None:
-            message = (f"The {self.executable_name} executable was not found (profile executable: "
-                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
-            Path(request.log_path).open("a", encoding="utf-8").write(f"[run-engine] {message}\n")
-            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
-                               failure_message=message, usage=empty_usage())
+        exe, missing = self.executable_or_result(request)
+        if missing is not None:
+            return missing
         version = cli_version(exe)
         home = request.home_dir
         # a scripted endpoint or a gateway's key (api_key_env) is the attempt's only credential: no login copy

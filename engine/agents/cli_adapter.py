@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import sandbox
-from .base import Adapter, AgentRequest, PreflightProblem
+from .base import Adapter, AgentRequest, AgentResult, PreflightProblem, empty_usage
 from .netproxy import EgressProxy, split_host_port
 from .network import GATEWAY_ENV, network_allow, url_entry
 
@@ -130,6 +130,24 @@ class CliAdapter(Adapter):
     def version(self, profile: dict) -> str:
         exe = find_executable(self.executable_name, profile.get("executable"))
         return cli_version(exe) if exe else ""
+
+    def not_launched(self, request: AgentRequest, kind: str, message: str) -> AgentResult:
+        """The result of an attempt that was not launched (``kind``: ``missing_executable``,
+        ``boundary_not_enforced``), ``message`` noted on its own line of the attempt's log; usage unknown."""
+        with open(request.log_path, "a", encoding="utf-8") as log:
+            log.write(f"[run-engine] {message}\n")
+        return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind=kind,
+                           failure_message=message, usage=empty_usage())
+
+    def executable_or_result(self, request: AgentRequest) -> tuple[str | None, AgentResult | None]:
+        """``(path of the CLI, None)``, or ``(None, a missing_executable result)`` when the profile's
+        ``executable``, the pinned install and PATH have none (``find_executable``)."""
+        exe = find_executable(self.executable_name, request.profile.get("executable"))
+        if exe is not None:
+            return exe, None
+        return None, self.not_launched(request, "missing_executable", (
+            f"The {self.executable_name} executable was not found (profile executable: "
+            f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH)."))
 
     #: The adapter's sandbox builder, ``(argv, env, request, network) -> argv``: each subclass sets
     #: its own (engine/agents/claude.py and engine/agents/codex.py ``sandboxed``).

@@ -85,9 +85,9 @@ from .. import transcript
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, find_executable, gateway_key_hint,
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, gateway_key_hint,
                           login_present, var_dir)
-from .lines import BoundedLines, PlainText, stderr_lines
+from .lines import BoundedLines, JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -262,80 +262,59 @@ def parse_events(raw_path: str, stderr_path: str | None = None) -> dict:
              "rejected": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
     errors: deque[str] = deque(maxlen=5)
     stderr_tail: deque[str] = deque(maxlen=5)
-    plain = PlainText()
-    for text in stderr_lines(stderr_path):
-        if "could not create PATH aliases" not in text:
-            stderr_tail.append(text[:OUTPUT_CHARS])
-            if AUTH_PATTERNS.search(text):
+
+    def other_line(said: str) -> None:
+        if "could not create PATH aliases" not in said:
+            stderr_tail.append(said[:OUTPUT_CHARS])
+            if AUTH_PATTERNS.search(said):
                 found["auth_error"] = True
-    try:
-        fh = open(raw_path, "rb")
-    except FileNotFoundError:
-        return found
-    lines = BoundedLines(fh)
-    with fh:
-        for line in lines:
-            line = line.strip()
-            if not line:
-                continue
-            event = None
-            if line.startswith(b"{"):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = None
-            if not isinstance(event, dict):
-                text = line.decode("utf-8", errors="replace")
-                if "could not create PATH aliases" not in text:
-                    stderr_tail.append(text[:OUTPUT_CHARS])
-                    if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (docs/field-cases.md C11)
-                        plain.add(line)
-                    if AUTH_PATTERNS.search(text):
-                        found["auth_error"] = True
-                continue
-            found["structured"] = True
-            kind = event.get("type")
-            if kind == "thread.started":
-                found["session_id"] = str(event.get("thread_id") or found["session_id"])
-            elif kind == "turn.completed":
-                found["turns_completed"] += 1
-                usage = event.get("usage")
-                if isinstance(usage, dict):
-                    total = found["usage"] if found["usage"] is not None else {}
-                    for key, value in usage.items():
-                        if isinstance(value, int) and not isinstance(value, bool):
-                            total[key] = total.get(key, 0) + value
-                    found["usage"] = total
-            elif kind == "turn.failed":
-                error = event.get("error")
-                message = str((error or {}).get("message") if isinstance(error, dict) else error or "")
-                found["failure"] = message or "turn failed (no message)"
+
+    for text in stderr_lines(stderr_path):
+        other_line(text)
+    stream = JsonEvents(raw_path, on_text=lambda line: other_line(line.decode("utf-8", errors="replace")))
+    for event in stream:
+        kind = event.get("type")
+        if kind == "thread.started":
+            found["session_id"] = str(event.get("thread_id") or found["session_id"])
+        elif kind == "turn.completed":
+            found["turns_completed"] += 1
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                total = found["usage"] if found["usage"] is not None else {}
+                for key, value in usage.items():
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        total[key] = total.get(key, 0) + value
+                found["usage"] = total
+        elif kind == "turn.failed":
+            error = event.get("error")
+            message = str((error or {}).get("message") if isinstance(error, dict) else error or "")
+            found["failure"] = message or "turn failed (no message)"
+            if AUTH_PATTERNS.search(message):
+                found["auth_error"] = True
+        elif kind == "error":
+            message = str(event.get("message") or "")
+            if message.startswith("Reconnecting"):
+                found["reconnects"] += 1
+                found["last_reconnect"] = message
+            else:
+                errors.append(message)
                 if AUTH_PATTERNS.search(message):
                     found["auth_error"] = True
-            elif kind == "error":
-                message = str(event.get("message") or "")
-                if message.startswith("Reconnecting"):
-                    found["reconnects"] += 1
-                    found["last_reconnect"] = message
-                else:
-                    errors.append(message)
-                    if AUTH_PATTERNS.search(message):
-                        found["auth_error"] = True
-            elif kind == "item.completed":
-                item = event.get("item")
-                if not isinstance(item, dict):
-                    continue
-                if item.get("type") == "agent_message" and item.get("text"):
-                    found["last_text"] = str(item["text"])
-                elif item.get("type") == "command_execution":
-                    found["commands"] += 1
-                rejected = rejected_item(item)
-                if rejected and len(found["rejected"]) < MAX_REFUSALS:
-                    found["rejected"].append(rejected)
+        elif kind == "item.completed":
+            item = event.get("item")
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "agent_message" and item.get("text"):
+                found["last_text"] = str(item["text"])
+            elif item.get("type") == "command_execution":
+                found["commands"] += 1
+            rejected = rejected_item(item)
+            if rejected and len(found["rejected"]) < MAX_REFUSALS:
+                found["rejected"].append(rejected)
     found["errors"] = list(errors)
     found["stderr_tail"] = list(stderr_tail)
-    found["truncated_lines"] = lines.truncated
-    found["plain_text"] = plain.text
+    found["truncated_lines"], found["structured"] = stream.truncated, stream.structured
+    found["plain_text"] = stream.plain.text
     return found
 
 
@@ -510,14 +489,9 @@ class CodexAdapter(CliAdapter):
                 "workers' user (auth.json in its CODEX_HOME); a headless worker cannot log in by itself.")
 
     def run(self, request: AgentRequest) -> AgentResult:
-        exe = find_executable(self.executable_name, request.profile.get("executable"))
-        if exe is None:
-            message = (f"The {self.executable_name} executable was not found (profile executable: "
-                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] {message}\n")
-            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
-                               failure_message=message, usage=empty_usage())
+        exe, missing = self.executable_or_result(request)
+        if missing is not None:
+            return missing
         version = cli_version(exe)
         home = request.home_dir
         # the worker's login (its CODEX_HOME), never the run's environment; none beside a gateway's key (api_key_env)

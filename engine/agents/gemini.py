@@ -81,8 +81,8 @@ from . import sandbox
 from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, find_executable, var_dir
-from .lines import BoundedLines, PlainText, stderr_lines
+from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, var_dir
+from .lines import BoundedLines, JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -231,7 +231,6 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
              "structured": False, "plain_text": ""}
     errors: deque[str] = deque(maxlen=5)
     stderr_tail: deque[str] = deque(maxlen=5)
-    plain = PlainText()
 
     def other_line(said: str) -> None:
         if AUTH_PATTERNS.search(said):
@@ -245,78 +244,58 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
         other_line(said)
     calls: dict[str, tuple[str, str]] = {}  # tool_id -> (tool name, file path)
     text: list[str] = []
-    try:
-        fh = open(raw_path, "rb")
-    except FileNotFoundError:
-        return found
-    lines = BoundedLines(fh)
-    with fh:
-        for line in lines:
-            line = line.strip()
-            if not line:
+    stream = JsonEvents(raw_path, on_text=lambda line: other_line(line.decode("utf-8", errors="replace")))
+    for event in stream:
+        kind = event.get("type")
+        if kind == "init":
+            found["session_id"] = str(event.get("session_id") or found["session_id"])
+            found["model"] = str(event.get("model") or found["model"])
+        elif kind == "message" and event.get("role") == "assistant":
+            content = event.get("content")
+            if isinstance(content, str):
+                if not event.get("delta"):
+                    text = []
+                if sum(len(part) for part in text) < 1024 * 1024:
+                    text.append(content)
+        elif kind == "tool_use":
+            found["tool_calls"] += 1
+            text = []
+            params = event.get("parameters") if isinstance(event.get("parameters"), dict) else {}
+            target = params.get("file_path") or params.get("dir_path")
+            if len(calls) < 10_000:
+                calls[str(event.get("tool_id"))] = (str(event.get("tool_name") or "?"),
+                                                    target[:1000] if isinstance(target, str) else "")
+        elif kind == "tool_result":
+            tool, path = calls.get(str(event.get("tool_id")), ("?", ""))
+            if event.get("status") == "success":
+                if path and tool in ("write_file", "replace"):
+                    for refusal in found["refusals"]:
+                        if refusal.get("path") == path:
+                            refusal["recovered"] = True
                 continue
-            event = None
-            if line.startswith(b"{"):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = None
-            if not isinstance(event, dict):
-                other_line(line.decode("utf-8", errors="replace"))
-                if not line.startswith(b"{"):  # a cut JSON line is no answer (docs/field-cases.md C11)
-                    plain.add(line)
-                continue
-            found["structured"] = True
-            kind = event.get("type")
-            if kind == "init":
-                found["session_id"] = str(event.get("session_id") or found["session_id"])
-                found["model"] = str(event.get("model") or found["model"])
-            elif kind == "message" and event.get("role") == "assistant":
-                content = event.get("content")
-                if isinstance(content, str):
-                    if not event.get("delta"):
-                        text = []
-                    if sum(len(part) for part in text) < 1024 * 1024:
-                        text.append(content)
-            elif kind == "tool_use":
-                found["tool_calls"] += 1
-                text = []
-                params = event.get("parameters") if isinstance(event.get("parameters"), dict) else {}
-                target = params.get("file_path") or params.get("dir_path")
-                if len(calls) < 10_000:
-                    calls[str(event.get("tool_id"))] = (str(event.get("tool_name") or "?"),
-                                                        target[:1000] if isinstance(target, str) else "")
-            elif kind == "tool_result":
-                tool, path = calls.get(str(event.get("tool_id")), ("?", ""))
-                if event.get("status") == "success":
-                    if path and tool in ("write_file", "replace"):
-                        for refusal in found["refusals"]:
-                            if refusal.get("path") == path:
-                                refusal["recovered"] = True
-                    continue
-                error = event.get("error") if isinstance(event.get("error"), dict) else {}
-                message = str(error.get("message") or event.get("output") or "failed")
-                if len(found["refusals"]) < MAX_REFUSALS:
-                    refusal = {"tool": tool, "message": message[:OUTPUT_CHARS],
-                               "error_type": str(error.get("type") or "")}
-                    if path:
-                        refusal["path"] = path
-                    found["refusals"].append(refusal)
-            elif kind == "error":
-                message = str(event.get("message") or "")
-                errors.append(message[:OUTPUT_CHARS])
-                if AUTH_PATTERNS.search(message):
-                    found["auth_error"] = True
-            elif kind == "result":
-                found["result"] = event
-                error = event.get("error") if isinstance(event.get("error"), dict) else {}
-                if AUTH_PATTERNS.search(str(error.get("message") or "")):
-                    found["auth_error"] = True
+            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            message = str(error.get("message") or event.get("output") or "failed")
+            if len(found["refusals"]) < MAX_REFUSALS:
+                refusal = {"tool": tool, "message": message[:OUTPUT_CHARS],
+                           "error_type": str(error.get("type") or "")}
+                if path:
+                    refusal["path"] = path
+                found["refusals"].append(refusal)
+        elif kind == "error":
+            message = str(event.get("message") or "")
+            errors.append(message[:OUTPUT_CHARS])
+            if AUTH_PATTERNS.search(message):
+                found["auth_error"] = True
+        elif kind == "result":
+            found["result"] = event
+            error = event.get("error") if isinstance(event.get("error"), dict) else {}
+            if AUTH_PATTERNS.search(str(error.get("message") or "")):
+                found["auth_error"] = True
     found["last_text"] = "".join(text).strip()
-    found["plain_text"] = plain.text
+    found["plain_text"], found["structured"] = stream.plain.text, stream.structured
     found["errors"] = list(errors)
     found["stderr_tail"] = list(stderr_tail)
-    found["truncated_lines"] = lines.truncated
+    found["truncated_lines"] = stream.truncated
     return found
 
 
@@ -446,14 +425,9 @@ class GeminiCliAdapter(CliAdapter):
                 "workers' environment; a headless worker cannot log in to Google by itself.")
 
     def run(self, request: AgentRequest) -> AgentResult:
-        exe = find_executable(self.executable_name, request.profile.get("executable"))
-        if exe is None:
-            message = (f"The {self.executable_name} executable was not found (profile executable: "
-                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] {message}\n")
-            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
-                               failure_message=message, usage=empty_usage())
+        exe, missing = self.executable_or_result(request)
+        if missing is not None:
+            return missing
         version = cli_version(exe)
         prepare_home(request)
         env = self.environment(request, request.home_dir)

@@ -9,10 +9,11 @@ its bytes stay whole in the raw log (engine/process.py writes the output as it c
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from typing import BinaryIO, Iterator
 
-__all__ = ["MAX_LINE_BYTES", "PLAIN_TEXT_CHARS", "BoundedLines", "PlainText", "stderr_lines"]
+__all__ = ["MAX_LINE_BYTES", "PLAIN_TEXT_CHARS", "BoundedLines", "JsonEvents", "PlainText", "stderr_lines"]
 
 #: Longest line a parser holds in memory (bytes): 1 MiB, the transcript's bound too
 #: (engine/transcript.py MAX_LINE_BYTES). No stream-json or JSONL event an adapter needs
@@ -96,3 +97,55 @@ def stderr_lines(path: str | None, limit: int | None = None) -> Iterator[str]:
             text = line.decode("utf-8", errors="replace").strip()
             if text:
                 yield text
+
+
+class JsonEvents:
+    """The JSON-object lines of a CLI's stdout capture, read through :class:`BoundedLines`: what
+    every adapter's parser loops over (engine/agents/claude.py, codex.py, gemini.py, pi.py).
+
+    :param path: the capture (a missing file has no line).
+    :param on_line: called with every non-empty line (stripped bytes) before it is parsed.
+    :param on_text: called with every line that is not a JSON object (stderr when it shares the
+        capture, a CLI's plain text, a cut line).
+    :param skip: line prefixes counted as the stream's own but not parsed (pi's deltas).
+    :ivar structured: whether a JSON object (or a skipped line) was read.
+    :ivar plain: the lines that are not JSON and do not start with ``{`` (:class:`PlainText`;
+        a cut or broken JSON line is no answer, docs/field-cases.md C11).
+    :ivar truncated: lines longer than MAX_LINE_BYTES, skipped (after the iteration).
+    """
+
+    def __init__(self, path: str, on_line=None, on_text=None, skip: tuple[bytes, ...] = ()) -> None:
+        self.path, self.on_line, self.on_text, self.skip = path, on_line, on_text, skip
+        self.structured, self.plain, self.truncated = False, PlainText(), 0
+
+    def __iter__(self) -> Iterator[dict]:
+        try:
+            fh = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        lines = BoundedLines(fh)
+        with fh:
+            for line in lines:
+                line = line.strip()
+                if not line:
+                    continue
+                if self.on_line is not None:
+                    self.on_line(line)
+                if self.skip and line.startswith(self.skip):
+                    self.structured = True
+                    continue
+                event = None
+                if line.startswith(b"{"):
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        event = None
+                if not isinstance(event, dict):
+                    if self.on_text is not None:
+                        self.on_text(line)
+                    if not line.startswith(b"{"):
+                        self.plain.add(line)
+                    continue
+                self.structured = True
+                yield event
+        self.truncated = lines.truncated

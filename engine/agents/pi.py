@@ -97,7 +97,7 @@ from ..redaction import redact_text
 from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, find_executable, var_dir
-from .lines import BoundedLines, PlainText, stderr_lines
+from .lines import JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -327,57 +327,34 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
              "stderr_tail": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
     calls: dict[str, dict] = {}
     stderr_tail: deque[str] = deque(maxlen=5)
-    plain = PlainText()
     for text in stderr_lines(stderr_path):
         stderr_tail.append(text[:OUTPUT_CHARS])
-    try:
-        fh = open(raw_path, "rb")
-    except FileNotFoundError:
-        return found
-    lines = BoundedLines(fh)
-    with fh:
-        for line in lines:
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith(_SKIPPED):
-                found["structured"] = True
-                continue
-            event = None
-            if line.startswith(b"{"):
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = None
-            if not isinstance(event, dict):
-                stderr_tail.append(line.decode("utf-8", errors="replace")[:OUTPUT_CHARS])
-                if not line.startswith(b"{"):  # a cut or broken JSON line is no answer (docs/field-cases.md C11)
-                    plain.add(line)
-                continue
-            found["structured"] = True
-            kind = event.get("type")
-            if kind == "session":
-                found["session_id"] = str(event.get("id") or found["session_id"])
-            elif kind == "agent_end":
-                found["ended"] = True
-            elif kind == "turn_end":
-                found["turns"] += 1
-            elif kind == "auto_retry_start":
-                found["retries"] += 1
-            elif kind == "message_end":
-                message = event.get("message")
-                if isinstance(message, dict) and message.get("role") == "assistant":
-                    _assistant(found, message)
-            elif kind == "tool_execution_start":
-                found["tool_calls"] += 1
-                args = event.get("args") if isinstance(event.get("args"), dict) else {}
-                if len(calls) < 10_000:
-                    calls[str(event.get("toolCallId"))] = args
-            elif kind == "tool_execution_end":
-                _tool_end(found, event, calls)
+    stream = JsonEvents(raw_path, skip=_SKIPPED,
+                        on_text=lambda line: stderr_tail.append(line.decode("utf-8", errors="replace")[:OUTPUT_CHARS]))
+    for event in stream:
+        kind = event.get("type")
+        if kind == "session":
+            found["session_id"] = str(event.get("id") or found["session_id"])
+        elif kind == "agent_end":
+            found["ended"] = True
+        elif kind == "turn_end":
+            found["turns"] += 1
+        elif kind == "auto_retry_start":
+            found["retries"] += 1
+        elif kind == "message_end":
+            message = event.get("message")
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                _assistant(found, message)
+        elif kind == "tool_execution_start":
+            found["tool_calls"] += 1
+            args = event.get("args") if isinstance(event.get("args"), dict) else {}
+            if len(calls) < 10_000:
+                calls[str(event.get("toolCallId"))] = args
+        elif kind == "tool_execution_end":
+            _tool_end(found, event, calls)
     found["stderr_tail"] = list(stderr_tail)
-    found["truncated_lines"] = lines.truncated
-    found["plain_text"] = plain.text
+    found["truncated_lines"], found["structured"] = stream.truncated, stream.structured
+    found["plain_text"] = stream.plain.text
     texts = [found["error"], *found["stderr_tail"]]
     if any(text in said for said in texts for text in AUTH_TEXTS) or found["error"].startswith(("401", "403")):
         found["auth_error"] = True
@@ -577,14 +554,9 @@ class PiAdapter(CliAdapter):
                 f"~/.pi/agent/auth.json); a headless worker cannot log in by itself.")
 
     def run(self, request: AgentRequest) -> AgentResult:
-        exe = find_executable(self.executable_name, request.profile.get("executable"))
-        if exe is None:
-            message = (f"The {self.executable_name} executable was not found (profile executable: "
-                       f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH).")
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] {message}\n")
-            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="missing_executable",
-                               failure_message=message, usage=empty_usage())
+        exe, missing = self.executable_or_result(request)
+        if missing is not None:
+            return missing
         linked = os.path.join(request.workspace, ".pi")
         if os.path.islink(linked):
             # pi would read the repository's project settings through it, and covering where it leads
@@ -592,10 +564,7 @@ class PiAdapter(CliAdapter):
             message = (f"The agent was not launched: the worktree's .pi is a symbolic link (to "
                        f"{os.readlink(linked)!r}), through which pi 0.73.1 would read project settings, "
                        "extensions and a system prompt of the repository's. Remove the link from the branch.")
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] {message}\n")
-            return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind="boundary_not_enforced",
-                               failure_message=message, usage=empty_usage())
+            return self.not_launched(request, "boundary_not_enforced", message)
         version = cli_version(exe)
         home = request.home_dir
         endpoint = None
