@@ -389,9 +389,8 @@ def pytest_collection_modifyitems(config, items):
         # .ci/run splits the suite in three side by side: the tests that touch the database or the
         # broker, once on the embedded defaults and once on PostgreSQL and Redis, and the tests
         # that reach neither (pytest-django refuses a database access a test did not ask for),
-        # which run the same whatever DATABASE_URL says, or are marked ``once`` (what a CLI or a
-        # page does, the database only the engine's store), once. Unset: every test.
-        kept = [item for item in items if _on_each_backend(item) == (wanted == "database")]
+        # which run the same whatever DATABASE_URL says, once. Unset: every test.
+        kept = [item for item in items if _uses_database(item) == (wanted == "database")]
         if len(kept) < len(items):
             chosen = {id(item) for item in kept}
             config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
@@ -404,12 +403,6 @@ def pytest_collection_modifyitems(config, items):
 #: django_db mark, cannot reach it: pytest-django raises "Database access not allowed").
 DATABASE_FIXTURES = ("db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
                      "live_server", "admin_client", "admin_user", "django_user_model")
-
-
-def _on_each_backend(item) -> bool:
-    """Whether .ci/run runs a test on each backend: it asks for the database and is not marked
-    ``once`` (an agent CLI's or a page's behaviour, the database only its store)."""
-    return _uses_database(item) and item.get_closest_marker("once") is None
 
 
 def _uses_database(item) -> bool:

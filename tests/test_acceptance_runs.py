@@ -29,7 +29,7 @@ from .conftest import ANSWER_STEP, git, new_log_text, wait_for
 from .test_claude_adapter import claude_profile
 from .test_steps import drive
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.once]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 needs_claude = pytest.mark.skipif(find_executable("claude") is None,
                                   reason="run `make agents` to install the pinned claude CLI")

@@ -35,7 +35,7 @@ from .conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromiu
 from .test_run_records import route  # noqa: F401 (fixture)
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.once, pytest.mark.django_db(transaction=True),
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not has_chromium(), reason=NO_CHROMIUM)]
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -19,8 +19,6 @@ from .test_steps import drive
 
 CLAUDE = find_executable("claude")
 needs_claude = pytest.mark.skipif(CLAUDE is None, reason="run `make agents` to install the pinned claude CLI")
-#: What the real CLI does through the engine: the database is only the engine's store (tests/conftest.py).
-pytestmark = pytest.mark.once
 
 WRITE_ANSWER = {"turns": [
     {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}],

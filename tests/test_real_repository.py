@@ -51,7 +51,6 @@ def logs_of(run) -> str:
 
 @pytest.mark.slow
 @pytest.mark.pipeline
-@pytest.mark.once
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("cli", sorted(CLIS))
 def test_the_inflection_pipeline_runs_to_the_end_with_each_cli(cli, tmp_path, sent):
