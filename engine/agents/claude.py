@@ -30,9 +30,8 @@ import shutil
 from pathlib import Path
 
 from . import sandbox
-from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, gateway_key_hint, login_present,
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
                           var_dir)
 from .cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
 from .lines import JsonEvents, stderr_lines
@@ -296,16 +295,11 @@ class ClaudeCodeAdapter(CliAdapter):
                                                                          or request.profile.get("api_key_env")))
         argv = build_argv(exe, request, settings_path)
         env = self.environment(request, home)
-        endpoint = None
-        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
-        if scenario is not None:
-            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+        endpoint = self.start_endpoint(request)
+        if endpoint is not None:
             env["ANTHROPIC_BASE_URL"] = endpoint.url
             env["ANTHROPIC_API_KEY"] = "scripted-endpoint-key"
             env.pop("ANTHROPIC_AUTH_TOKEN", None)
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
-                          f"at {endpoint.url}\n")
         try:
             result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
         finally:

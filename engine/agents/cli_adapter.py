@@ -139,6 +139,21 @@ class CliAdapter(Adapter):
         return AgentResult(exit_code=None, signal=None, elapsed_seconds=0.0, failure_kind=kind,
                            failure_message=message, usage=empty_usage())
 
+    def start_endpoint(self, request: AgentRequest, path: str = ""):
+        """The scripted model endpoint of a simulated attempt, started (engine/scripted_endpoint.py),
+        with the SIMULATED line in the attempt's log (``path``: what the CLI's base URL adds to the
+        endpoint's, e.g. codex's ``/v1``); None for a real model (no ``scripted_endpoint`` here)."""
+        from ..scripted_endpoint import ScriptedEndpoint  # noqa: PLC0415 - only simulated attempts need it
+
+        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
+        if scenario is None:
+            return None
+        endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+        with open(request.log_path, "a", encoding="utf-8") as log:
+            log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
+                      f"at {endpoint.url}{path}\n")
+        return endpoint
+
     def executable_or_result(self, request: AgentRequest) -> tuple[str | None, AgentResult | None]:
         """``(path of the CLI, None)``, or ``(None, a missing_executable result)`` when the profile's
         ``executable``, the pinned install and PATH have none (``find_executable``)."""

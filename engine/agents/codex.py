@@ -83,9 +83,8 @@ from types import SimpleNamespace
 from . import sandbox
 from .. import transcript
 from ..redaction import redact_text
-from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, endpoint_turns, gateway_key_hint,
+from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint,
                           login_present, var_dir)
 from .lines import BoundedLines, JsonEvents, stderr_lines
 
@@ -499,16 +498,11 @@ class CodexAdapter(CliAdapter):
         env = self.environment(request, home)
         for stale in (last_message_path(request), kept_message_path(request)):
             Path(stale).unlink(missing_ok=True)
-        endpoint = None
-        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
-        if scenario is not None:
-            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+        endpoint = self.start_endpoint(request, "/v1")
+        if endpoint is not None:
             env[SCRIPTED_KEY_ENV] = "dummy"
             for key in ("CODEX_API_KEY", "OPENAI_API_KEY"):
                 env.pop(key, None)
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
-                          f"at {endpoint.url}/v1\n")
         argv = build_argv(exe, request, endpoint.url if endpoint else None)
         try:
             result = self.supervise(argv, env, request, endpoint.url if endpoint else None)

@@ -79,9 +79,8 @@ from types import SimpleNamespace
 
 from . import sandbox
 from ..redaction import redact_text
-from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, var_dir
+from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, var_dir
 from .lines import BoundedLines, JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -431,16 +430,11 @@ class GeminiCliAdapter(CliAdapter):
         version = cli_version(exe)
         prepare_home(request)
         env = self.environment(request, request.home_dir)
-        endpoint = None
-        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
-        if scenario is not None:
-            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+        endpoint = self.start_endpoint(request)
+        if endpoint is not None:
             env["GOOGLE_GEMINI_BASE_URL"] = endpoint.url
             env["GEMINI_API_KEY"] = "scripted-endpoint-key"
             env.pop("GOOGLE_API_KEY", None)
-            with open(request.log_path, "a", encoding="utf-8") as log:
-                log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model endpoint "
-                          f"at {endpoint.url}\n")
         argv = build_argv(exe, request, endpoint.url if endpoint else None)
         try:
             result = self.supervise(argv, env, request, endpoint.url if endpoint else None)

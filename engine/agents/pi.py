@@ -94,9 +94,8 @@ from pathlib import Path
 
 from . import sandbox
 from ..redaction import redact_text
-from ..scripted_endpoint import ScriptedEndpoint
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, endpoint_turns, find_executable, var_dir
+from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, find_executable, var_dir
 from .lines import JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -567,10 +566,7 @@ class PiAdapter(CliAdapter):
             return self.not_launched(request, "boundary_not_enforced", message)
         version = cli_version(exe)
         home = request.home_dir
-        endpoint = None
-        scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
-        if scenario is not None:
-            endpoint = ScriptedEndpoint(scenario, cwd=request.workspace).start()
+        endpoint = self.start_endpoint(request)
         try:
             # a scripted endpoint or a gateway's key (api_key_env) is the attempt's only credential: no login copy
             prepare_home(home, request.profile, endpoint.url if endpoint else None,
@@ -581,9 +577,6 @@ class PiAdapter(CliAdapter):
                 for info in PROVIDERS.values():
                     for key in info["keys"]:
                         env.pop(key, None)
-                with open(request.log_path, "a", encoding="utf-8") as log:
-                    log.write(f"[run-engine] SIMULATED: the real {self.executable_name} talks to a scripted model "
-                              f"endpoint at {endpoint.url}\n")
             argv = build_argv(exe, request, scripted=endpoint is not None)
             result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
         finally:
