@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import engine.agents.gemini as gemini_module
+import engine.scripted_endpoint as endpoint_module
 from engine.agents.gemini import GeminiCliAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
@@ -43,7 +43,7 @@ def test_a_repository_cannot_configure_the_gemini_reviewer(tmp_path, monkeypatch
         def __init__(self, scenario, cwd=None):
             super().__init__(scenario, cwd=cwd, record_path=str(record))
 
-    monkeypatch.setattr(gemini_module, "ScriptedEndpoint", RecordingEndpoint)
+    monkeypatch.setattr(endpoint_module, "ScriptedEndpoint", RecordingEndpoint)  # CliAdapter.start_endpoint imports it there
     work = tmp_path / "work"
     scenario = {"turns": [
         {"tools": [{"tool": "write_file", "input": {"file_path": "{cwd}/made-by-reviewer.txt", "content": "x\n"}},
