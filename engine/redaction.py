@@ -209,7 +209,9 @@ class Redactor:
     :param secrets: literal secret values (``str``) to redact wherever they appear,
         raw or JSON-escaped.  Values shorter than :data:`MIN_SECRET_LENGTH` (8)
         characters are ignored.
-    :ivar count: number of values redacted so far (overlapping matches count once).
+    :ivar count: number of values redacted so far (overlapping matches count once; a match that is
+        only an earlier pass's ``[REDACTED]`` marker, e.g. ``https://u:[REDACTED]@host`` redacted again,
+        is left alone and not counted).
 
     Not thread-safe: use one instance per output stream, from one thread.
     """
@@ -287,6 +289,8 @@ class Redactor:
                 rs, re_ = m.span(rule.group)
                 if rule.group == 0:
                     rs = s
+                if buf[rs:re_] == REDACTED:  # an earlier pass's marker (a URL password already gone): nothing new
+                    continue
                 spans.append((s, m.end(), rs, re_, m.end() + rule.margin))
         for lit in self._literals:
             for m in lit.finditer(buf, start):

@@ -433,3 +433,39 @@ def test_a_key_printed_with_a_colour_code_inside_it_is_redacted_in_both_logs(tmp
     assert key not in display and body not in display and "[REDACTED]" in display and "after" in display
     assert body.encode() not in raw_bytes and b"escape sequences were removed" in raw_bytes
     assert result.redactions >= 1
+
+
+def test_a_url_password_counts_once_and_leaves_the_raw_log_as_printed(tmp_path, marker):
+    """Issue 19 (capture): the display pass saw ``https://u:[REDACTED]@host`` as a URL password again,
+    counted it (the benchmark reported 27% more redactions than it made) and so rewrote the whole raw log
+    as if a credential had been split by colour codes. The marker alone is nothing new."""
+    secret = "dpl-" + rand(24)
+    printed = f"\x1b[1mdeploying\x1b[0m with https://deploy:{secret}@registry.example.com/app\n"
+    result = run_supervised(
+        ["printf", "%s", printed], cwd=str(tmp_path), env=dict(os.environ, DEPLOY_TOKEN=secret),
+        deadline_seconds=10, log_path=tmp_path / "out.log", raw_path=tmp_path / "out.raw", marker=marker)
+    assert result.exit_code == 0 and result.redactions == 1
+    # the raw log keeps its escape sequences: it was not rewritten (no scrub note)
+    assert (tmp_path / "out.raw").read_bytes() == printed.replace(secret, "[REDACTED]").encode()
+    assert (tmp_path / "out.log").read_bytes() == b"deploying with https://deploy:[REDACTED]@registry.example.com/app\n"
+    assert redact_text("https://deploy:[REDACTED]@registry.example.com/app") == (
+        "https://deploy:[REDACTED]@registry.example.com/app", 0)
+
+
+def test_a_key_split_by_a_colour_code_across_two_reads_is_redacted_in_the_display(tmp_path, marker):
+    """Issue 19 (capture): plain output is redacted once, but a long line whose escape sequence came in an
+    earlier read (the raw pass emits a line over 1 KiB in parts) still goes through the display pass when
+    it ends in a plain read."""
+    code = """
+        import os, time
+        os.write(1, b"key sk-ant-\\x1b[1m" + b"A" * 1500)
+        time.sleep(0.3)
+        os.write(1, b"B" * 10 + b" end\\n")
+    """
+    result = run_supervised(
+        _py(code), cwd=str(tmp_path), env=dict(os.environ), deadline_seconds=10,
+        log_path=tmp_path / "out.log", raw_path=tmp_path / "out.raw", redactor=Redactor(), marker=marker)
+    assert result.exit_code == 0 and result.redactions == 1
+    assert (tmp_path / "out.log").read_bytes() == b"key [REDACTED] end\n"
+    raw = (tmp_path / "out.raw").read_bytes()
+    assert b"AAAA" not in raw and raw.startswith(b"key [REDACTED] end\n")
