@@ -181,11 +181,12 @@ def _render_lines(text: str) -> str:
     return "".join(out)
 
 
+_CR_LF = re.compile(r"\r+\n")  # linear; replacing "\r\n" until none is left is quadratic in a run of \r
+
+
 def _cr_lf(text: str) -> str:
     """``text`` with each run of carriage returns before a newline dropped (``\\r\\r\\n`` is a plain line end)."""
-    while "\r\n" in text:
-        text = text.replace("\r\n", "\n")
-    return text
+    return _CR_LF.sub("\n", text)
 
 
 def _render(buf: str, col: int, text: str) -> tuple[str, int]:
@@ -388,7 +389,6 @@ class _Capture:
         # the display text is redacted again once terminal escapes are gone: a key printed with a
         # colour code inside it (`grep --color`) is only whole there
         self.display_redactor = redactor.fresh()
-        self._display_open = False  # the display text is going through display_redactor (see _emit)
         self._display = DisplayDecoder()
         self._max_bytes = max(0, max_bytes)
         self._stop_flag = threading.Event()
@@ -511,20 +511,9 @@ class _Capture:
             text += self._display.flush()
         if text:
             self._last_char = text[-1]
-        # The display text is redacted again only where rendering can join what the raw pass saw apart:
-        # output holding escape sequences, carriage returns or backspaces, until a line of plain output
-        # ends (then the display stream's redactor is flushed at a line end). Plain output decodes to the
-        # same characters the raw pass redacted (an invalid byte becomes U+FFFD, \r\n a newline), so its
-        # bytes are redacted once.
-        controlled = b"\x1b" in clean or b"\r" in clean or b"\b" in clean
-        if controlled or self._display_open:
-            shown = self.display_redactor.feed(text.encode("utf-8")) if text else b""
-            self._display_open = True
-            if final or (not controlled and b"\n" in clean):
-                shown += self.display_redactor.flush()
-                self._display_open = False
-        else:
-            shown = text.encode("utf-8")
+        shown = self.display_redactor.feed(text.encode("utf-8")) if text else b""
+        if final:
+            shown += self.display_redactor.flush()
         if clean or shown:
             self._put((clean if self._raw_fd is not None else b"", shown))
 
