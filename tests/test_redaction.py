@@ -469,3 +469,20 @@ def test_a_key_split_by_a_colour_code_across_two_reads_is_redacted_in_the_displa
     assert (tmp_path / "out.log").read_bytes() == b"key [REDACTED] end\n"
     raw = (tmp_path / "out.raw").read_bytes()
     assert b"AAAA" not in raw and raw.startswith(b"key [REDACTED] end\n")
+
+
+def test_a_key_split_by_an_osc_held_across_a_newline_is_redacted_in_the_display(tmp_path, marker):
+    """Issue 19 review: an unfinished OSC (``ESC ] 0 ;`` holds newlines until its BEL) split a key across
+    three reads; a display pass that closed at the first plain newline let the key reach the display log."""
+    code = """
+        import os, time
+        for part in (b"key sk-ant-\\x1b]0;\\n", b"\\n", b"\\x07" + b"A" * 24 + b" end\\n"):
+            os.write(1, part)
+            time.sleep(0.3)
+    """
+    result = run_supervised(
+        _py(code), cwd=str(tmp_path), env=dict(os.environ), deadline_seconds=10,
+        log_path=tmp_path / "out.log", raw_path=tmp_path / "out.raw", redactor=Redactor(), marker=marker)
+    assert result.exit_code == 0 and result.redactions == 1
+    assert b"AAAA" not in (tmp_path / "out.log").read_bytes()
+    assert b"AAAA" not in (tmp_path / "out.raw").read_bytes()
