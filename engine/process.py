@@ -181,12 +181,7 @@ def _render_lines(text: str) -> str:
     return "".join(out)
 
 
-_CR_LF = re.compile(r"\r+\n")  # linear; replacing "\r\n" until none is left is quadratic in a run of \r
-
-
-def _cr_lf(text: str) -> str:
-    """``text`` with each run of carriage returns before a newline dropped (``\\r\\r\\n`` is a plain line end)."""
-    return _CR_LF.sub("\n", text)
+_CR_LF = re.compile(r"\r+\n")
 
 
 def _render(buf: str, col: int, text: str) -> tuple[str, int]:
@@ -264,7 +259,7 @@ class DisplayDecoder:
         if not text:
             return ""
         if "\r" in text:
-            text = _cr_lf(text)
+            text = _CR_LF.sub("\n", text)
 
         nl = text.find("\n")
         if nl == -1:
