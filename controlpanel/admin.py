@@ -625,3 +625,30 @@ class WorkerAdmin(ReadOnlyAdmin):
         return format_html_join(", ", '<a href="{}">run {}</a>{}', (
             (reverse("admin:engine_run_detail", args=[run["id"]]), run["id"],
              f" ({run['stage']}, {run['phase']})" if run["stage"] else "") for run in runs))
+
+
+# ----------------------------------------------------------------------------- hosts
+from engine import hosts as host_records  # noqa: E402
+from engine.models import Host  # noqa: E402
+
+
+@admin.register(Host)
+class HostAdmin(ReadOnlyAdmin):
+    """The Run Engine's hosts (engine/hosts.py): read-only, upserted by their workers' beats. Alive: a
+    beat less than CP_HOST_STALE seconds old. A run pinned to a host has every step on its queue."""
+
+    list_display = ("name", "queue", "roots", "beat_age", "alive")
+    search_fields = ("name",)
+    readonly_fields = [f.name for f in Host._meta.fields] + ["alive"]
+
+    @admin.display(description="reaches")
+    def roots(self, obj):
+        return ", ".join(obj.repo_roots or []) or "any repository path"
+
+    @admin.display(description="last beat", ordering="-beat_at")
+    def beat_age(self, obj):
+        return f"{host_records.host_age(obj):.0f} s ago"
+
+    @admin.display(description="alive", boolean=True)
+    def alive(self, obj):
+        return host_records.is_alive(obj)

@@ -24,7 +24,7 @@ log = logging.getLogger("engine.api")
 NOT_FOUND = frozenset({"unknown_run", "unknown_pipeline"})
 #: OperationError codes that say "not in this state" (HTTP 409): asking again later may work.
 CONFLICT = frozenset({"already_started", "not_waiting_review", "not_waiting_approval", "not_waiting",
-                      "stale_decision", "already_finished", "budget_exhausted",
+                      "stale_decision", "already_finished", "budget_exhausted", "host_unconfirmed",
                       "not_ended", "already_rerun"})  # the last two: engine/operations.py ``rerun``
 
 

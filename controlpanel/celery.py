@@ -9,6 +9,7 @@ import os
 from queue import Empty
 
 from celery import Celery
+from celery.signals import celeryd_after_setup
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 
@@ -79,3 +80,13 @@ def _schedule_reconcile(sender, **kwargs):
     sender.add_periodic_task(
         settings.CP_RECONCILE_PERIOD, sender.signature("engine.reconcile"), name="reconcile"
     )
+
+
+@celeryd_after_setup.connect
+def _consume_the_host_queue(sender, instance, **kwargs):
+    """Every worker also consumes its host's own queue (engine/hosts.py ``host_queue``), where the
+    steps of the runs pinned to this host go (Celery's documented ``celeryd_after_setup`` +
+    ``app.amqp.queues.select_add``)."""
+    from engine.hosts import host_queue, this_host
+
+    instance.app.amqp.queues.select_add(host_queue(this_host()))

@@ -161,7 +161,12 @@ class CreateRunForm(forms.Form):
         lacking = preflight_labels(pipeline)
         for role in operations.ROLES:
             current = pipeline.definition.get("roles", {}).get(role, "")
-            shown = ", ".join(labelled(name, lacking) for name in ([current] if isinstance(current, str) else current))
+            if current is None:  # the pipeline leaves the role out: nothing to choose
+                self.fields[f"profile_{role}"] = forms.ChoiceField(
+                    required=False, label=f"{role} profile", choices=[("", "not configured (roles." + role + ": null)")],
+                    disabled=True)
+                continue
+            shown = ", ".join(labelled(name, lacking) for name in operations.role_profiles(current))
             self.fields[f"profile_{role}"] = forms.ChoiceField(
                 required=False, label=f"{role} profile", choices=[("", f"the pipeline's: {shown}")]
                 + [(name, labelled(name, lacking)) for name in names])

@@ -29,7 +29,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import answers, workers
+from engine import answers, hosts, workers
 from engine.workers import age_text
 from engine.models import RUN_ACTIVE, RUN_WAITING, Attempt, Run, RunStatus
 
@@ -129,7 +129,8 @@ def _stops(now: datetime) -> list[dict]:
 def dashboard(request, now: datetime | None = None) -> dict:
     """The dashboard's context: ``{"url" (the fragment route), "poll" (seconds), "updated" (now),
     "can_runs", "can_workers", "waiting", "waiting_more", "active", "active_more", "stops", "workers"
-    (``worker_rows`` with ``beat_text`` and each run's ``url`` added), "worker_stale" (seconds),
+    (``worker_rows`` with ``beat_text`` and each run's ``url`` added), "hosts" (engine/hosts.py
+    ``host_rows`` with ``beat_text``), "host_stale" (seconds), "worker_stale" (seconds),
     "worker_beat" (seconds), "links" (the run and worker lists)}``. A fixed number of queries (about
     ten) whatever the number of runs and workers."""
     now = now or timezone.now()
@@ -140,8 +141,12 @@ def dashboard(request, now: datetime | None = None) -> dict:
         row["beat_text"] = age_text(row["beat_age_seconds"])
         for run in row["runs"]:
             run["url"] = _detail(run["id"])
+    host_list = hosts.host_rows(now) if can_workers else []
+    for row in host_list:
+        row["beat_text"] = age_text(row["beat_age_seconds"])
     context = {"url": reverse("cp-home-fragment"), "poll": HOME_POLL_SECONDS, "updated": now,
                "can_runs": can_runs, "can_workers": can_workers, "workers": rows if can_workers else [],
+               "hosts": host_list, "host_stale": hosts.stale_seconds(),
                "worker_stale": workers.stale_seconds(), "worker_beat": settings.CP_WORKER_BEAT,
                "waiting": [], "waiting_more": False, "active": [], "active_more": False, "stops": [],
                "links": {"runs": reverse("admin:engine_run_changelist"),

@@ -4,6 +4,8 @@ Every setting comes from the environment through django-environ; the defaults ru
 machine on embedded services (a SQLite file and kombu's filesystem broker, both under the
 var directory). Each variable is documented in README.md with its default.
 """
+import os
+import socket
 from pathlib import Path
 
 import environ
@@ -182,6 +184,11 @@ CP_BRANCH_PREFIX = env.str("CP_BRANCH_PREFIX", default="agent")
 CP_RECONCILE_PERIOD = env.float("CP_RECONCILE_PERIOD", default=30.0)
 #: Seconds between heartbeats of a worker that holds a run's lease.
 CP_HEARTBEAT_INTERVAL = env.float("CP_HEARTBEAT_INTERVAL", default=5.0)
+#: Seconds a worker goes on taking a run's next steps itself, one after another, before it hands the
+#: next one to the queue (engine/runner.py ``advance_chain``); 0 sends every step through the queue.
+#: The default, an hour, keeps a pool process on one run to its end or its wait for a person, first
+#: come first served even when steps are real agents' attempts of minutes (docs/workers.md).
+CP_STEP_CHAIN_SECONDS = env.float("CP_STEP_CHAIN_SECONDS", default=3600.0)
 #: Seconds without a heartbeat after which a running step's lease is stale.
 CP_HEARTBEAT_STALE = env.float("CP_HEARTBEAT_STALE", default=60.0)
 #: Seconds a queued run may wait unclaimed before reconciliation enqueues it again.
@@ -192,6 +199,21 @@ CP_WORKER_BEAT = env.float("CP_WORKER_BEAT", default=5.0)
 #: Seconds after its last beat a worker no longer counts as alive (the home page, the Workers list,
 #: ``queued_without_worker``); by default three beats, and never less than 15 s.
 CP_WORKER_STALE = env.float("CP_WORKER_STALE", default=max(15.0, 3 * CP_WORKER_BEAT))
+# ---------------------------------------------------------------- hosts (README.md, "Several hosts")
+#: This machine's name as a host of the Run Engine: a run's worktree lives on the disk of the host
+#: that claimed it, and every later step of it goes to that host's queue (engine/hosts.py). Two
+#: workers with one name are one host: give each machine (each var volume) its own.
+CP_HOST_NAME = env.str("CP_HOST_NAME", default="") or socket.gethostname()
+#: The folders under which this host can reach repositories (a list separated by ":"); empty: any
+#: repository path that exists here. A run is only claimed on a host that can reach its repository.
+CP_HOST_REPOS = [p for p in env.str("CP_HOST_REPOS", default="").split(os.pathsep) if p.strip()]
+#: The var directories of other hosts, mounted here read-only (a list separated by ":"): where the
+#: Control Panel looks for a run's logs and records that its own var directory does not hold.
+CP_OTHER_VAR_DIRS = [p for p in env.str("CP_OTHER_VAR_DIRS", default="").split(os.pathsep) if p.strip()]
+#: Seconds after the last beat of its last worker that a host counts as gone: reconciliation then
+#: marks its running runs interrupted (once), never resuming them elsewhere.
+CP_HOST_STALE = env.float("CP_HOST_STALE", default=max(CP_WORKER_STALE, CP_HEARTBEAT_STALE))
+
 #: Seconds a step waits at most for a live process to release git's index.lock in the run's
 #: worktree (a stale lock, left by a killed git, is removed at once: engine/workspace.py
 #: ``clear_stale_index_lock``); then the run stops ``index_locked``.

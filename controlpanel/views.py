@@ -515,7 +515,10 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
                               f" ({check.failure_kind})" if check.failure_kind else "")
     if check.stale:
         outcome = format_html("{} · <b>stale</b>: the files changed after it ran; it no longer counts", outcome)
-    if check.cwd and check.cwd == run.worktree:
+    if check.cwd and check.cwd == run.worktree and check.kind == Check.Kind.FINAL:
+        where = format_html("<code>{}</code> (the run's worktree, reset to the final commit before this check: "
+                            "its files exactly, nothing beside them)", check.cwd)
+    elif check.cwd and check.cwd == run.worktree:
         where = format_html("<code>{}</code> (the run's worktree)", check.cwd)
     elif check.kind == Check.Kind.FINAL:
         where = format_html("<code>{}</code> (a fresh checkout of the run's final commit, not its worktree "
@@ -691,7 +694,7 @@ def build_page(run: Run) -> dict:
     header = build_header(run, pending)
     active = float(header["active_seconds"])
     return {
-        "run": run, "stages": blocks, "decisions": decisions, "manifests": entries,
+        "run": run, "roles": role_rows(run), "stages": blocks, "decisions": decisions, "manifests": entries,
         "events": event_rows(events, attempts, checks, stage_keys), "event_count": event_count,
         "events_cut": event_count > len(events), "usage": usage_text(answers.totals(run, attempts)),
         "step_time": seconds_text(step_seconds),
@@ -975,6 +978,22 @@ def build_header(run: Run, pending: list[Decision] | None = None) -> dict:
             "waiting_for": _waiting_for(run, pending), "queued_without_worker": queued,
             "follows": run.status not in RUN_TERMINAL, "header_poll": HEADER_POLL_SECONDS,
             "header_url": reverse("admin:engine_run_header", args=[run.pk])}
+
+
+def role_rows(run: Run) -> list[tuple[str, str, bool]]:
+    """``[(role, its profiles or what leaving it out means, configured)]`` of the run's frozen roles, in
+    ``operations.ROLES`` order: a role the pipeline leaves out (``null``) reads "not configured"."""
+    roles = run.definition.get("roles") or {}
+    rows = []
+    for role in operations.ROLES:
+        names = operations.role_profiles(roles.get(role))
+        if names:
+            rows.append((role, ", ".join(names), True))
+        else:
+            rows.append((role, {"reviewer": "not configured: no review step (only the gates decide)",
+                                "documenter": "not configured: no documentation step"}.get(role, "not configured"),
+                         False))
+    return rows
 
 
 # ----------------------------------------------------------------------------- the views

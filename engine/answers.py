@@ -186,6 +186,11 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
         add("approve", "", {"decision": approval.pk, "artifact": approval.artifact})
     exhausted = exhausted_budget(run) if status in RUN_WAITING else None
     spent = f"the run's budget is exhausted ({exhausted}): a new run is needed" if exhausted else ""
+    evidence = run.stop_evidence or {}
+    if status in RUN_WAITING and evidence.get("host_confirmed") is False:  # engine/reconcile.py interrupt_lost_host
+        host = evidence.get("host") or run.host
+        spent = (f"the run's host {host} stopped beating and has not yet confirmed its old processes gone: start a "
+                 f"worker on host {host} (CP_HOST_NAME={host}) first")
     if "approve" in found and not found["approve"].applies:
         add("request_changes", found["approve"].why)
     else:

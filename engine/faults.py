@@ -6,7 +6,9 @@ happens otherwise. Only tests set it, on the worker processes they start; the po
 
 * ``checkpoint.before_commit``: the journal entry is recorded, no commit exists yet;
 * ``checkpoint.after_commit``: the commit exists on the run's branch, the journal entry is
-  still ``intent``.
+  still ``intent``;
+* ``chain.after_hand_off``: a step of a chain (engine/runner.py ``advance_chain``) ended and handed
+  the run off; the next step is claimed by no one and no message carries its token.
 """
 from __future__ import annotations
 

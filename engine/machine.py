@@ -157,6 +157,7 @@ STOP_REASONS: dict[str, str] = {
     "final_verification_failed": "a check failed again on the final checkpoint",
     "interrupted": "the worker holding the run stopped beating; the step was interrupted",
     "crashed": "the engine itself failed during a step",
+    "host_mismatch": "the host that claimed the run reads other protected files at its commit",
     "boundary_not_enforced": "the sandbox cannot be enforced on this worker; no agent was launched",
     "failed_by_operator": "a person failed the run",
     # attempt failure kinds (engine/agents/base.py FAILURE_KINDS)
@@ -205,7 +206,9 @@ EVENT_KINDS: dict[str, str] = {
     "verified": "every gate of a stage passed",
     "repair_needed": "a defect sends the stage to a repair attempt",
     "review_passed": "every reviewer passed the stage's verified files",
+    "review_skipped": "no review: the pipeline has no reviewer (roles.reviewer: null)",
     "documented": "the documentation agent finished",
+    "docs_skipped": "no documentation step: the pipeline has no documenter (roles.documenter: null)",
     "artifact_changed": "the files changed after verification; they are verified again",
     "waiting_approval": "a human gate waits for a person's approval",
     "approved": "a person approved a human gate",
@@ -218,6 +221,7 @@ EVENT_KINDS: dict[str, str] = {
     "journal_unresolved": "a checkpoint journal entry cannot be settled (its repository cannot be read)",
     "index_lock_wait": "a step waited for git's index lock, held by a live process, in the worktree",
     "checkpoint_resumed": "reconciliation finished a checkpoint whose commit a dead worker had made",
+    "host_confirmed": "the run's host came back and its reconciliation confirmed the old processes gone",
     "reconcile_failed": "reconciliation could not take a run over; a later pass tries again",
     "final_verify": "the final verification of the whole result starts",
     "late_result": "a result arrived after the run moved on; stored, it changed nothing",
@@ -341,21 +345,25 @@ def queue_run(run_id: int) -> bool:
     )
 
 
-def claim(run_id: int, token: str | None, owner: str) -> str | None:
+def claim(run_id: int, token: str | None, owner: str, host: str = "") -> str | None:
     """Take the run's lease for one step; returns the new fencing token, or None when not ours.
 
     ``token`` None claims a queued run (queued -> running); a token claims the step that the
     previous step handed off (running, that token, no owner). A redelivered or duplicated
     message carries no token that still matches, so it claims nothing (docs/field-cases.md C15).
+    ``host`` (the claimer's, engine/hosts.py): a run pinned to another host is never claimed, and
+    the first claim pins an unpinned run to ``host`` (its worktree will be made there).
     """
     mine = new_token()
     now = timezone.now()
+    here = Q(host="") | Q(host=host) if host else Q()
+    pin = {"host": host} if host else {}
     with transaction.atomic():
         if token is None:
             _check(RUN_TRANSITIONS, RunStatus.QUEUED, RunStatus.RUNNING, "claim")
             _check_lease(run_id, Lease.FREE, Lease.HELD)
-            won = Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(
-                status=RunStatus.RUNNING, lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now
+            won = Run.objects.filter(here, pk=run_id, status=RunStatus.QUEUED).update(
+                status=RunStatus.RUNNING, lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now, **pin
             )
             if won:
                 Run.objects.filter(pk=run_id, started_at__isnull=True).update(started_at=now)
@@ -364,8 +372,8 @@ def claim(run_id: int, token: str | None, owner: str) -> str | None:
         else:
             _check_lease(run_id, Lease.HANDED_OFF, Lease.HELD)
             won = Run.objects.filter(
-                pk=run_id, status=RunStatus.RUNNING, lease_token=token, lease_owner=""
-            ).update(lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now)
+                here, pk=run_id, status=RunStatus.RUNNING, lease_token=token, lease_owner=""
+            ).update(lease_owner=owner, lease_token=mine, heartbeat_at=now, updated_at=now, **pin)
     return mine if won else None
 
 
@@ -447,8 +455,14 @@ def reviewed(run: Run, stage: StageRun) -> None:
     """Every reviewer passed the verified files: the documentation agent updates the docs for
     them (once per stage); documented files go to the checkpoint, or first to a person's
     approval when the stage has a human gate. After a person's request for changes the
-    documentation agent runs once more, on the reworked files (``_documented_since_request``)."""
-    if not stage.documented_manifest or not _documented_since_request(stage):
+    documentation agent runs once more, on the reworked files (``_documented_since_request``).
+    A pipeline without a documenter (``roles.documenter: null``) goes straight on."""
+    if run.definition["roles"].get("documenter") is None:
+        # documented_manifest stays empty: nothing may write documentation_paths in this stage
+        event(run, "docs_skipped", f"No documentation step for files {stage.accepted_manifest[:12]} of stage "
+              f"'{stage.key}': the pipeline has no documenter (roles.documenter: null).", stage=stage)
+        _to_checkpoint(run, stage)
+    elif not stage.documented_manifest or not _documented_since_request(stage):
         _set_stage(stage, StageStatus.RUNNING, StagePhase.DOCUMENT)
     else:
         _to_checkpoint(run, stage)
@@ -708,8 +722,10 @@ def succeed(run: Run) -> None:
     run.stop_reason = ""
     run.stop_message = ""
     run.save()
-    event(run, "succeeded", "Every stage passed its gates, its review and was checkpointed, and every check passed "
-                            "again on the final checkpoint; the run succeeded.")
+    reviewed = run.definition["roles"].get("reviewer") is not None
+    event(run, "succeeded", ("Every stage passed its gates, its review and was checkpointed" if reviewed else
+                             "Every stage passed its gates (no reviewer configured) and was checkpointed")
+          + ", and every check passed again on the final checkpoint; the run succeeded.")
     notify(run, "ended")
 
 
@@ -772,6 +788,21 @@ def take_over(run_id: int, token: str, heartbeat_at, owner: str) -> str | None:
     won = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, lease_token=token, heartbeat_at=heartbeat_at) \
         .exclude(lease_owner="").update(lease_token=mine, lease_owner=owner, heartbeat_at=timezone.now())
     return mine if won else None
+
+
+def host_confirmed(run_id: int, sentence: str, reaped: int) -> bool:
+    """Record that the host of run ``run_id``, which a reconciler elsewhere marked interrupted while
+    the host was gone (``stop_evidence.host_confirmed`` False), confirmed its old processes gone:
+    the evidence says ``host_confirmed: True`` (and ``host_reaped``), and an event says ``sentence``.
+    The run's status is not changed (a person recovers it). False when it was confirmed already."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if (run.stop_evidence or {}).get("host_confirmed") is not False:
+            return False
+        run.stop_evidence = {**run.stop_evidence, "host_confirmed": True, "host_reaped": reaped}
+        run.save(update_fields=["stop_evidence", "updated_at"])
+        event(run, "host_confirmed", sentence, data={"host": run.host, "reaped": reaped})
+    return True
 
 
 def touch_hand_off(run: Run, now) -> bool:

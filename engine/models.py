@@ -158,6 +158,8 @@ class Run(models.Model):
     branch_created = models.BooleanField(default=False)
     port_base = models.PositiveIntegerField(null=True, blank=True)
 
+    host = models.CharField(max_length=255, blank=True, help_text="the host whose disk holds the worktree: set by "
+                            "the first claim, every later step goes to its queue (engine/hosts.py)")
     lease_owner = models.CharField(max_length=200, blank=True, help_text="host:pid of the worker in a step")
     lease_token = models.CharField(max_length=64, blank=True, help_text="fencing token of the current step")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -523,7 +525,7 @@ class Worker(models.Model):
     """
 
     name = models.CharField(max_length=255, unique=True, help_text="the Celery node name (-n), e.g. celery@host")
-    host = models.CharField(max_length=255, help_text="socket.gethostname() of the worker, as in a run's lease owner")
+    host = models.CharField(max_length=255, help_text="the worker's host (CP_HOST_NAME), as in a run's lease owner")
     pid = models.IntegerField(help_text="the worker's main process")
     queues = models.JSONField(default=list, blank=True, help_text="the queues it consumes: [name]")
     concurrency = models.PositiveIntegerField(default=0, help_text="its pool's size (processes)")
@@ -539,3 +541,29 @@ class Worker(models.Model):
 
     def __str__(self):
         return f"worker {self.name} (pid {self.pid} on {self.host})"
+
+
+class Host(models.Model):
+    """A machine of the Run Engine (engine/hosts.py): its disk holds the worktrees of the runs it
+    claimed, and its workers consume its own queue, where every step of those runs goes.
+
+    Upserted by each of its workers' beats (engine/workers.py ``WorkerBeat``), so the host beats
+    while any of its workers does. A host whose last beat is older than ``CP_HOST_STALE`` seconds is
+    gone: reconciliation marks its running runs interrupted, once, and never resumes them elsewhere;
+    when it comes back, its own reconciliation confirms their old processes gone before any recovery
+    (engine/reconcile.py ``confirm_returned``).
+    """
+
+    name = models.CharField(max_length=255, unique=True, help_text="CP_HOST_NAME of its workers")
+    queue = models.CharField(max_length=255, help_text="the queue its workers consume for its runs' steps")
+    repo_roots = models.JSONField(default=list, blank=True,
+                                  help_text="folders under which it reaches repositories (CP_HOST_REPOS); [] = any")
+    var_dir = models.CharField(max_length=1000, blank=True, help_text="its var directory (worktrees, logs)")
+    started_at = models.DateTimeField(help_text="its first beat")
+    beat_at = models.DateTimeField(help_text="the last beat of any of its workers")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return f"host {self.name}"

@@ -19,6 +19,8 @@ from django.utils import timezone
 
 from . import answers, machine, protected, reconcile, runner, workspace
 from .steps import gate_results
+from .steps.common import role_profiles
+from .steps.paths import var_path
 from .agents import adapters
 from .models import (
     RUN_STOPPED,
@@ -144,6 +146,10 @@ def _effective_roles(pipeline: Pipeline, override: dict | None, definition: dict
         if role not in ROLES:
             raise OperationError("unknown_role", f"The profile override names the role {role!r}; roles are "
                                  f"{', '.join(ROLES)}.", "profile")
+        if roles.get(role, "") is None:
+            raise OperationError("role_not_configured", f"The profile override asks for profile {profile!r} for "
+                                 f"{role}, but pipeline {pipeline.name!r} has no {role} (roles.{role}: null); "
+                                 f"change the pipeline to add one.", "profile")
         if profile not in definition["profiles"]:
             raise OperationError("unknown_profile", f"The profile override asks for profile {profile!r} for "
                                  f"{role}, but pipeline {pipeline.name!r} defines only "
@@ -151,7 +157,7 @@ def _effective_roles(pipeline: Pipeline, override: dict | None, definition: dict
         roles[role] = profile
     available = adapters()
     # several reviewers: each is checked as the reviewer it will be
-    pairs = [(role, name) for role, names in roles.items() for name in ([names] if isinstance(names, str) else names)]
+    pairs = [(role, name) for role, names in roles.items() for name in role_profiles(names)]
     missing = [(role, name, definition["profiles"][name]["adapter"]) for role, name in pairs
                if definition["profiles"][name]["adapter"] not in available]
     if missing:
@@ -278,7 +284,7 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
     definition = snapshot["pipeline"]
     roles = snapshot["roles"]
     digest = canonical_sha256(snapshot)
-    used = {name for names in roles.values() for name in ([names] if isinstance(names, str) else names)}
+    used = {name for names in roles.values() for name in role_profiles(names)}
     reasons = answers.run_simulation(snapshot["profiles"], used)
     simulated = bool(reasons)
     version = snapshot.get("pipeline_version", pipeline.version)
@@ -307,11 +313,9 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
             control = Path(settings.VAR_DIR) / run.control_dir
             _set_aside_stale_records(control)
             control.mkdir(parents=True)
-            _write_snapshot(control, snapshot, digest)
-            commands = [g["command"] for g in definition.get("baseline_checks") or []]
-            commands += [g["command"] for stage in definition["stages"] for g in stage.get("gates") or []]
+            protected.write_definition(str(control), snapshot, digest)
             run.protected_files = protected.snapshot(repo, commit, list(definition.get("protected_paths") or []),
-                                                     commands, str(control / "protected"))
+                                                     protected.gate_commands(definition), str(control / "protected"))
             run.save(update_fields=["protected_files"])
             sim = f" It is simulated: it uses the {reasons}." if simulated else ""
             left = f" {len(not_included)} uncommitted change(s) in the checkout are not included." if not_included else ""
@@ -398,11 +402,6 @@ def _set_aside_stale_records(control: Path) -> None:
         control.rename(control.with_name(f"{control.name}.orphan-{timezone.now():%Y%m%d%H%M%S%f}"))
 
 
-def _write_snapshot(control: Path, snapshot: dict, digest: str) -> None:
-    (control / "definition.json").write_text(json.dumps(snapshot, indent=1, sort_keys=True), encoding="utf-8")
-    (control / "definition.sha256").write_text(digest + "\n", encoding="utf-8")
-
-
 # ----------------------------------------------------------------------------- Queue The Start Request
 
 
@@ -482,7 +481,8 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
     Raises OperationError: ``note_required`` [note], ``unknown_action`` [action],
     ``not_waiting_review`` [run], ``unknown_decision`` / ``stale_decision`` [decision],
     ``budget_exhausted`` [action] (an exhausted execution budget requires a new run),
-    ``nothing_to_verify`` [action].
+    ``nothing_to_verify`` [action], ``host_unconfirmed`` [action] (the run's host stopped beating and
+    has not yet confirmed its old processes gone).
     """
     run = get_run(run)
     note = _person_note(note)
@@ -499,6 +499,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
             raise OperationError("stale_decision", f"Decision {decision.pk} is {decision.state}, not pending (run "
                                  f"{run.pk} is {run.status}; its pending decision is the one to use).", "decision")
         stage = decision.stage
+        _refuse_unconfirmed_host(run, "action")
         _refuse_exhausted(run, "action")
         if action == "verify" and stage is not None and not answers.stage_has_result(stage):
             raise OperationError("nothing_to_verify", f"Stage '{stage.key}' has no result to verify; use retry.",
@@ -523,6 +524,25 @@ def _refuse_exhausted(run: Run, field: str) -> None:
     if problem is not None:
         raise OperationError("budget_exhausted", f"{problem} An exhausted execution budget requires a new run: "
                              f"create one (python manage.py create_run) or fail this one (fail_run).", field)
+
+
+def unconfirmed_host(run) -> str | None:
+    """A sentence when ``run`` was interrupted because its host stopped beating and that host has not
+    yet confirmed the old processes gone (engine/reconcile.py ``interrupt_lost_host``), else None. Such
+    a run cannot be recovered until then: its worktree and processes are on that host."""
+    evidence = run.stop_evidence or {}
+    if evidence.get("host_confirmed") is not False:
+        return None
+    host = evidence.get("host") or run.host
+    return (f"Run {run.pk} was interrupted when its host {host} stopped beating, and {host} has not yet confirmed "
+            f"that the run's old processes are gone. Start a worker on host {host} (CP_HOST_NAME={host}): its "
+            f"reconciliation confirms them gone, then the run can be recovered; or fail the run.")
+
+
+def _refuse_unconfirmed_host(run: Run, field: str) -> None:
+    problem = unconfirmed_host(run)
+    if problem is not None:
+        raise OperationError("host_unconfirmed", problem, field)
 
 
 def _wake_on_commit(run: Run) -> None:
@@ -706,7 +726,7 @@ def _changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
     if manifest is None:
         return set()
     try:
-        data = json.loads((Path(settings.VAR_DIR) / manifest.path).read_text(encoding="utf-8"))
+        data = json.loads(var_path(manifest.path).read_text(encoding="utf-8"))  # on its host's disk too
     except (OSError, ValueError):
         return set()
     return {change["path"] for change in data.get("changes") or []}
@@ -715,7 +735,8 @@ def _changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
 def _line_count(run: Run, tree: str, path: str) -> int | None:
     """Lines of ``path`` in the files ``tree`` (a manifest digest: a git tree id); None when the
     path is not a file there (deleted by the change: a line then names its old text)."""
-    shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.worktree, check=False)
+    # the repository's object store holds the worktree's trees: readable where the worktree is not (another host)
+    shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.repo_path, check=False)
     if shown.returncode != 0:
         return None
     return shown.stdout.count(b"\n") + (0 if shown.stdout.endswith(b"\n") or not shown.stdout else 1)
@@ -772,7 +793,7 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
     stage with a human gate asks for a new approval of the files it then has. Raises
     OperationError: ``note_required`` [note], ``not_waiting`` [run], ``budget_exhausted`` [run]
     (an exhausted execution budget requires a new run), ``nothing_to_verify`` [run] (the stage's
-    implementation never produced a result).
+    implementation never produced a result), ``host_unconfirmed`` [run] (as for ``recover``).
     """
     run = get_run(run)
     note = _person_note(note)
@@ -782,6 +803,7 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
         if run.status not in (RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL):
             raise OperationError("not_waiting", f"Run {run.pk} is {run.status}; only a run waiting for review or "
                                  f"approval can be rechecked.", "run")
+        _refuse_unconfirmed_host(run, "run")
         _refuse_exhausted(run, "run")
         stage = answers.waiting_stage(run)
         if stage is None or not answers.stage_has_result(stage):
@@ -807,10 +829,8 @@ def run_status(run) -> dict:
     """
     run = get_run(run)
     run.refresh_from_db()
-    var = Path(settings.VAR_DIR)
-
     def ref(rel):
-        return str(var / rel) if rel else None
+        return str(var_path(rel)) if rel else None  # a record on its host's disk (CP_OTHER_VAR_DIRS) too
 
     waiting = answers.waiting_for(run)
     current = answers.current_stage(run)
@@ -868,7 +888,7 @@ def run_status(run) -> dict:
         "waiting_for": waiting, "active_seconds": round(run.active_seconds, 3),
         "heartbeat_age_seconds": heartbeat_age,
         "heartbeat_stale": heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE,
-        "definition_sha256": run.definition_sha256, "control_records": str(var / run.control_dir),
+        "definition_sha256": run.definition_sha256, "control_records": str(var_path(run.control_dir)),
         "not_included": run.not_included, "roles": run.definition["roles"],
         "rerun_of": run.rerun_of_id, "reruns": list(run.reruns.order_by("id").values_list("id", flat=True)),
         "protected_files": [{"path": p["path"], "sha256": p["sha256"], "why": p["why"]} for p in run.protected_files],

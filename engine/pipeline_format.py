@@ -251,7 +251,7 @@ def validate(data: object, source: str = "<input>", *, base_dir: str | os.PathLi
                          "max_cost_usd": float | None},
              "deadlines": {"implement": float, "review": float, "repair": float,
                            "document": float, "gate": float},
-             "roles": {"implementer": str, "reviewer": str | [str], "documenter": str},
+             "roles": {"implementer": str, "reviewer": str | [str] | None, "documenter": str | None},
              "profiles": {name: {"name", "adapter", "model", "max_turns", "executable",
                                  "extra_args", "env", "base_url", "api_key_env", "network_allow", "scenario", "scenario_path",
                                  "description"}},

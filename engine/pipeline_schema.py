@@ -395,6 +395,11 @@ def _required_text(value: str) -> str:
     return value
 
 
+def _optional_required_text(value: Optional[str]) -> Optional[str]:
+    """``_required_text`` for a field that may be null (None passes as None)."""
+    return None if value is None else _required_text(value)
+
+
 def _text_or_none(value: str) -> Optional[str]:
     return _text(value) or None
 
@@ -1280,7 +1285,9 @@ def _endpoint_file(ref: str, context: dict):
 
 def _named_profile(value, info: ValidationInfo):
     """A role's profile must be defined (checked only when the pipeline defines profiles:
-    otherwise that is the problem, reported at ``profiles``)."""
+    otherwise that is the problem, reported at ``profiles``). None (a role left out) passes."""
+    if value is None:
+        return value
     profiles = (info.context or {}).get("profile_names") or []
     names = value if isinstance(value, list) else [value]
     for name in names:
@@ -1290,7 +1297,10 @@ def _named_profile(value, info: ValidationInfo):
 
 
 def _reviewers(value):
-    """One profile name, or a list of distinct names (several reviewers, all must pass)."""
+    """One profile name, or a list of distinct names (several reviewers, all must pass), or None
+    (no review: written ``reviewer: null``)."""
+    if value is None:
+        return value
     if isinstance(value, list):
         if not value:
             raise PydanticCustomError("blank", "is blank")
@@ -1311,12 +1321,18 @@ class Roles(_Level):
 
     implementer: Annotated[StrictStr, AfterValidator(_required_text), AfterValidator(_named_profile),
                            Say(required="is required (the profile that implements and repairs)")]
-    reviewer: Annotated[Lines, AfterValidator(_reviewers), AfterValidator(_named_profile),
+    # reviewer and documenter may be null (written out: an absent key is still an error, so a typo
+    # never turns a review off): the stage's review or documentation step is then not run
+    reviewer: Annotated[Optional[Lines], AfterValidator(_reviewers), AfterValidator(_named_profile),
                         Say(required="is required (the profile that reviews, read-only; or a list of profiles, "
-                                     "all of which must pass)", type="must be a string or a list of strings, got {kind}",
+                                     "all of which must pass; or null for no review)",
+                            type="must be a string, a list of strings or null (no review), got {kind}",
                             first_only=True)]
-    documenter: Annotated[StrictStr, AfterValidator(_required_text), AfterValidator(_named_profile),
-                          Say(required="is required (the profile that updates the documentation)")]
+    documenter: Annotated[Optional[StrictStr], AfterValidator(_optional_required_text),
+                          AfterValidator(_named_profile),
+                          Say(required="is required (the profile that updates the documentation; or null for no "
+                                       "documentation step)",
+                              type="must be a string (a profile name) or null (no documentation step), got {kind}")]
 
     def definition(self) -> dict:
         reviewer = self.reviewer[0] if isinstance(self.reviewer, list) and len(self.reviewer) == 1 else self.reviewer

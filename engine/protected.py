@@ -290,6 +290,21 @@ def _write_index(dest_dir: str, records: list[dict]) -> None:
     Path(dest_dir, "index.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
 
 
+def gate_commands(definition: dict) -> list[str]:
+    """The commands of a pipeline definition's baseline checks and stage gates, in order (what
+    ``snapshot`` reads for the files they run)."""
+    commands = [g["command"] for g in definition.get("baseline_checks") or []]
+    return commands + [g["command"] for stage in definition["stages"] for g in stage.get("gates") or []]
+
+
+def write_definition(control_dir: str, snapshot_: dict, digest: str) -> None:
+    """Write a run's frozen definition and its digest to its control records folder ``control_dir``:
+    ``definition.json`` and ``definition.sha256`` (engine/steps/common.py ``definition_tampered``
+    holds the row to the latter)."""
+    Path(control_dir, "definition.json").write_text(json.dumps(snapshot_, indent=1, sort_keys=True), encoding="utf-8")
+    Path(control_dir, "definition.sha256").write_text(digest + "\n", encoding="utf-8")
+
+
 def snapshot(repo: str, commit: str, globs_: list[str], gate_commands: list[str], dest_dir: str) -> list[dict]:
     """Copy the protected files of ``commit`` (``choose``) into ``dest_dir``; returns their records.
 

@@ -17,6 +17,14 @@ beat processes, a beat and a worker start) act once (docs/field-cases.md C17).
 * a checkpoint journal entry left in ``intent`` (of a run no step owns): the commit carrying its
   id in a trailer tells whether git ran; found -> done, else it stays for a person's Recover.
 
+Per host (engine/hosts.py; README.md, "Several hosts"): a pass reaps and inspects only this host's
+processes and worktrees. A stale run pinned to another host is left to that host's own pass while
+that host beats (the beat sends one to its queue each period, controlpanel/beat.py); once that host
+has had no heartbeat for CP_HOST_STALE seconds, any pass marks the run interrupted, once (the same
+compare-and-swap), saying so, and never resumes it elsewhere (``interrupt_lost_host``). When the
+host comes back, its own pass confirms the run's old processes gone before a person may recover it
+(``confirm_returned``).
+
 A pass never raises for a run whose repository or worktree is gone: the fact is recorded on that
 run (an event) and the pass goes on with the others.
 """
@@ -25,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import time
 from datetime import timedelta
 
@@ -33,8 +40,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import machine, notifications, process, runner, steps, workspace
-from .models import (ATTEMPT_OPEN, Attempt, Check, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageStatus,
+from . import hosts, machine, notifications, process, runner, steps, workspace
+from .models import (ATTEMPT_OPEN, Attempt, Check, Host, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageStatus,
                      StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
 from .steps.paths import attempt_homes
@@ -49,7 +56,9 @@ def reconcile() -> dict:
     Never raises for one run's missing repository or worktree, nor for a fault while taking one run
     over (logged, and said on the run): the other runs are reconciled all the same."""
     now = timezone.now()
-    counts = {"requeued": 0, "handoffs": 0, "interrupted": 0, "resumed": 0, "journal_done": 0}
+    me = hosts.this_host()
+    counts = {"requeued": 0, "handoffs": 0, "interrupted": 0, "resumed": 0, "journal_done": 0, "host_lost": 0,
+              "host_confirmed": 0}
     queued_cutoff = now - timedelta(seconds=settings.CP_QUEUED_STALE)
     for start in StartRequest.objects.filter(run__status=RunStatus.QUEUED, last_enqueued_at__lt=queued_cutoff):
         if StartRequest.objects.filter(pk=start.pk, last_enqueued_at=start.last_enqueued_at).update(
@@ -61,7 +70,19 @@ def reconcile() -> dict:
             _enqueue_on_commit(run.pk, run.lease_token)
             counts["handoffs"] += 1
     stale_cutoff = now - timedelta(seconds=settings.CP_HEARTBEAT_STALE)
+    known_hosts = {host.name: host for host in Host.objects.all()}
     for run in Run.objects.filter(status=RunStatus.RUNNING, heartbeat_at__lt=stale_cutoff).exclude(lease_owner=""):
+        if run.host and run.host != me:
+            host = known_hosts.get(run.host)
+            if hosts.is_alive(host, now):
+                continue  # its own host's pass takes it over: its processes and worktree are there
+            try:
+                if interrupt_lost_host(run.pk, run.lease_token, run.heartbeat_at, run.host, hosts.host_age(host, now)):
+                    counts["host_lost"] += 1
+            except Exception as exc:
+                log.exception("reconcile: marking run %s of lost host %s interrupted failed", run.pk, run.host)
+                _takeover_failed(run, exc)
+            continue
         try:
             taken = interrupt(run.pk, run.lease_token, run.heartbeat_at)
         except Exception as exc:  # this run's takeover failed: said on it, a later pass tries again
@@ -71,8 +92,8 @@ def reconcile() -> dict:
         if taken:
             counts["resumed" if taken == RESUMED else "interrupted"] += 1
     for entry in JournalEntry.objects.filter(state=JournalEntry.State.INTENT).select_related("run"):
-        if entry.run.status == RunStatus.RUNNING:
-            continue
+        if entry.run.status == RunStatus.RUNNING or entry.run.host not in ("", me):
+            continue  # another host's repository path means nothing here: its own pass settles it
         try:
             commit = workspace.find_commit_with_trailer(entry.run.repo_path, entry.run.branch, "Control-Panel-Journal",
                                                         str(entry.uid))
@@ -82,6 +103,7 @@ def reconcile() -> dict:
             continue
         if commit and machine.journal_found(entry.pk, commit):
             counts["journal_done"] += 1
+    counts["host_confirmed"] = confirm_returned()
     counts["notified"] = _deliver_notifications()
     if any(counts.values()):
         log.info("reconcile: %s", counts)
@@ -140,7 +162,7 @@ def reap_run(run: Run) -> dict:
     """
     reaped, unconfirmed = 0, []
     for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN):
-        if attempt.host and attempt.host != socket.gethostname():
+        if attempt.host and attempt.host != hosts.this_host():
             unconfirmed.append(attempt.number)
             continue
         reaped += process.kill_tree(attempt.pid, attempt.pid_create_time, attempt.marker or None, grace_seconds=3.0)
@@ -300,7 +322,7 @@ def interrupt(run_id: int, token: str, heartbeat_at):
     a compare-and-swap on the run's lease token and heartbeat (docs/field-cases.md C17). A missing
     repository or worktree does not raise: it is said in the stop's sentence.
     """
-    mine = machine.take_over(run_id, token, heartbeat_at, f"reconciler:{socket.gethostname()}")
+    mine = machine.take_over(run_id, token, heartbeat_at, f"reconciler:{hosts.this_host()}")
     if mine is None:
         return False
     run = Run.objects.get(pk=run_id)
@@ -356,3 +378,85 @@ def interrupt(run_id: int, token: str, heartbeat_at):
                      f"The worker that held this run stopped sending heartbeats; the step was interrupted and "
                      f"completed stages were kept.{note}", stage=stage, evidence=evidence)
     return True
+
+
+def interrupt_lost_host(run_id: int, token: str, heartbeat_at, host: str, silent_seconds: float | None) -> bool:
+    """Mark running run ``run_id``, pinned to ``host`` which has had no heartbeat for
+    ``silent_seconds`` (None: it never beat), interrupted: its open attempts ``interrupted``, its
+    running checks cut, the run stopped for review with "host X has had no heartbeat for N s". Nothing
+    is reaped or inspected (the processes and the worktree are on that host's disk) and the run is not
+    resumed here: its evidence says ``host_confirmed: False`` until that host's own pass confirms the
+    old processes gone (``confirm_returned``), and a recovery is refused until then
+    (engine/operations.py). Returns False when another reconciler got there first (the takeover's
+    compare-and-swap on the lease token and heartbeat, as ``interrupt``)."""
+    mine = machine.take_over(run_id, token, heartbeat_at, f"reconciler:{hosts.this_host()}")
+    if mine is None:
+        return False
+    silent = f"{silent_seconds:.0f} s" if silent_seconds is not None else "ever (it never beat)"
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.lease_token != mine:
+            return False
+        stage, numbers = None, []
+        for attempt in Attempt.objects.filter(run_id=run_id, status__in=ATTEMPT_OPEN).select_related("stage"):
+            known = max(0.0, (heartbeat_at - attempt.started_at).total_seconds()) if attempt.started_at else None
+            machine.attempt_interrupted(attempt, f"Host {host} stopped beating; the attempt was interrupted (its "
+                                        f"processes are on that host).", known)
+            stage, numbers = attempt.stage, numbers + [attempt.number]
+        Check.objects.filter(run_id=run_id, ended_at=None).update(ended_at=timezone.now(), failure_kind="interrupted")
+        if stage is None:
+            stage = run.stages.exclude(status__in=["passed", "pending"]).order_by("order").first()
+        machine.stop(run, "interrupted",
+                     f"Host {host} has had no heartbeat for {silent}: the step it was running was interrupted and "
+                     f"completed stages were kept. Its processes and its worktree are on that host, so they could not "
+                     f"be confirmed stopped or inspected from here ({hosts.this_host()}), and the run is not resumed on "
+                     f"another host. When host {host} is back, its reconciliation confirms the old processes gone; "
+                     f"then the run can be recovered (or fail it now).", stage=stage,
+                     evidence={"host": host, "host_confirmed": False, "host_silent_seconds": silent_seconds,
+                               "unconfirmed": numbers, "reaped": 0})
+    log.warning("reconcile: run %s interrupted: host %s has had no heartbeat for %s", run_id, host, silent)
+    return True
+
+
+def confirm_returned() -> int:
+    """For each run of this host that a pass elsewhere marked interrupted while the host was gone
+    (``host_confirmed: False``): reap what is left of its processes here (``reap_run``), remove the
+    attempts' HOMEs and a stale ``index.lock``, then record the confirmation (engine/machine.py
+    ``host_confirmed``), after which the run may be recovered. Returns how many runs were confirmed.
+    A run whose reaping fails is left unconfirmed (logged); a later pass tries again."""
+    confirmed = 0
+    for run in Run.objects.filter(host=hosts.this_host(), stop_evidence__host_confirmed=False):
+        try:
+            reaping = reap_run(run)
+            if reaping["unconfirmed"]:
+                continue  # an attempt of yet another host: not ours to confirm
+            shutil.rmtree(attempt_homes(run.pk), ignore_errors=True)
+            lock = _clear_index_lock(run)
+        except Exception:
+            log.exception("reconcile: confirming the processes of run %s gone failed; a later pass tries again",
+                          run.pk)
+            continue
+        sentence = (f"Host {hosts.this_host()} is back: its reconciliation confirmed the processes of this run gone "
+                    f"({reaping['reaped']} were still alive and were stopped). {lock['sentence']} The run can be "
+                    f"recovered now.").replace("  ", " ")
+        if machine.host_confirmed(run.pk, sentence, reaping["reaped"]):
+            confirmed += 1
+    return confirmed
+
+
+def hosts_to_reconcile(now=None) -> list[Host]:
+    """The live hosts other than this one that have work for their own pass: a running run pinned to
+    it whose heartbeat is stale (its pool process died while the host beats), or a run of it still
+    waiting for the confirmation of ``confirm_returned``. The beat sends each a pass on its queue
+    (controlpanel/beat.py). Two queries plus one per host."""
+    now = now or timezone.now()
+    stale_cutoff = now - timedelta(seconds=settings.CP_HEARTBEAT_STALE)
+    found = []
+    for host in hosts.live_hosts(now):
+        if host.name == hosts.this_host():
+            continue
+        if (Run.objects.filter(host=host.name, status=RunStatus.RUNNING, heartbeat_at__lt=stale_cutoff)
+                .exclude(lease_owner="").exists()
+                or Run.objects.filter(host=host.name, stop_evidence__host_confirmed=False).exists()):
+            found.append(host)
+    return found

@@ -15,9 +15,11 @@ log = logging.getLogger("engine.tasks")
 
 
 @shared_task(name=runner.ADVANCE_TASK, ignore_result=True, acks_late=True)
-def advance_run(run_id: int, token: str | None = None) -> str:
-    """Move run ``run_id`` one step (``engine.runner.advance``)."""
-    return runner.advance(run_id, token)
+def advance_run(run_id: int, token: str | None = None, tried: list[str] | None = None) -> str:
+    """Move run ``run_id`` on: its steps one after another for up to CP_STEP_CHAIN_SECONDS, then its
+    next step through the queue (``engine.runner.advance_chain``). ``tried``: the hosts that found they
+    cannot reach the run's repository (a start sent on from one host to another, engine/hosts.py)."""
+    return runner.advance_chain(run_id, token, tried=tried)
 
 
 @shared_task(name="engine.reconcile", ignore_result=True)
@@ -34,8 +36,11 @@ def notify(ids: list[int]) -> dict:
 
 
 def _reconcile_at_worker_start(sender=None, **kwargs) -> None:
-    """When a worker starts, ask for one reconciliation pass (through the queue, not in the parent)."""
-    reconcile.delay()
+    """When a worker starts, ask for one reconciliation pass (through its host's own queue, so that a
+    worker of this host takes it: it reaps and inspects this host's processes and worktrees)."""
+    from .hosts import host_queue, this_host
+
+    reconcile.apply_async(queue=host_queue(this_host()))
 
 
 def _check_boundary_at_worker_start(sender=None, **kwargs) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from datetime import datetime, timedelta
 
@@ -31,13 +30,15 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from . import hosts
 from .answers import current_stage
 from .models import Run, RunStatus, StageRun, Worker
 
 log = logging.getLogger("engine.workers")
 
 __all__ = ["WorkerBeat", "connect_signals", "stale_seconds", "is_alive", "worker_rows", "live_workers",
-           "runs_in_hand", "run_queue", "queued_without_worker", "age_text", "START_HINT"]
+           "runs_in_hand", "run_queue", "queued_without_worker", "age_text", "START_HINT", "shutting_down",
+           "stopping_flag"]
 
 #: How a person starts a worker (README.md, "Processes").
 START_HINT = "Start one with `make worker` (README.md, \"Processes\")."
@@ -51,7 +52,7 @@ class WorkerBeat(threading.Thread):
     ``interval`` seconds (the first beat at once), and on ``stop()`` marks it ``stopped_at``.
 
     ``describe()`` returns the row's changing facts at each beat: ``{"name": node name, "queues":
-    [name], "concurrency": int, "pool_pids": [pid]}``; ``host`` is ``socket.gethostname()`` and
+    [name], "concurrency": int, "pool_pids": [pid]}``; ``host`` is ``CP_HOST_NAME`` (engine/hosts.py) and
     ``pid`` this process's, the two halves of a run's lease owner (engine/runner.py
     ``worker_identity``). A failed beat (the database away, a describe that raised) is logged and
     tried again at the next interval: it never ends the thread nor the worker. The thread opens its
@@ -67,7 +68,7 @@ class WorkerBeat(threading.Thread):
     def __init__(self, describe, interval: float):
         super().__init__(name="worker-beat", daemon=True)
         self.describe, self.interval = describe, max(0.05, float(interval))
-        self.host, self.pid = socket.gethostname(), os.getpid()
+        self.host, self.pid = hosts.this_host(), os.getpid()
         self.started_at = timezone.now()
         self.name = ""
         self.beats = 0
@@ -94,6 +95,7 @@ class WorkerBeat(threading.Thread):
             "host": self.host, "pid": self.pid, "queues": list(facts.get("queues") or []),
             "concurrency": int(facts.get("concurrency") or 0), "pool_pids": list(facts.get("pool_pids") or []),
             "started_at": self.started_at, "beat_at": timezone.now(), "stopped_at": None})
+        hosts.beat()
         self.beats += 1
 
     def mark_stopped(self) -> int:
@@ -167,6 +169,40 @@ def _start_beating(sender=None, **kwargs) -> None:
     log.info("worker beat: recording this worker every %.1f s", settings.CP_WORKER_BEAT)
 
 
+def stopping_flag(pid: int) -> str:
+    """The file whose presence says that worker main process ``pid`` (of this host) began a
+    shutdown: ``VAR_DIR/workers/stopping-PID``."""
+    return os.path.join(str(settings.VAR_DIR), "workers", f"stopping-{int(pid)}")
+
+
+def shutting_down() -> bool:
+    """True in a worker's pool process (or a solo worker) once its main process began a warm
+    shutdown (``worker_shutting_down``): a chain of steps (engine/runner.py ``advance_chain``) then
+    hands the next step to the queue instead of taking it, so that the shutdown waits for one step,
+    not for a run. One ``stat`` of ``stopping_flag``; False outside a worker."""
+    return any(os.path.exists(stopping_flag(pid)) for pid in {os.getppid(), os.getpid()})
+
+
+def _mark_shutting_down(sender=None, **kwargs) -> None:
+    """``worker_shutting_down`` (main process, when the shutdown begins): write ``stopping_flag``."""
+    path = stopping_flag(os.getpid())
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(f"{kwargs.get('how') or 'shutdown'}\n")
+    except OSError:  # the chain then runs to its budget, as before: a slower shutdown, nothing lost
+        log.warning("worker: could not write the shutdown flag %s", path, exc_info=True)
+
+
+def _clear_shutting_down(sender=None, **kwargs) -> None:
+    """``worker_ready`` and ``worker_shutdown`` (main process): remove this process's ``stopping_flag``
+    (one left by a killed worker whose pid this one now has, or its own at the end)."""
+    try:
+        os.unlink(stopping_flag(os.getpid()))
+    except OSError:
+        pass
+
+
 def _stop_beating(sender=None, **kwargs) -> None:
     """``worker_shutdown`` (main process, after the pool stopped): the last beat marks the row stopped."""
     global _beat
@@ -176,12 +212,15 @@ def _stop_beating(sender=None, **kwargs) -> None:
 
 
 def connect_signals() -> None:
-    """Connect the worker's beat to Celery's ``worker_ready`` and ``worker_shutdown`` (idempotent:
-    dispatch_uid). Called by engine/tasks.py, which every worker imports."""
-    from celery.signals import worker_ready, worker_shutdown
+    """Connect the worker's beat to Celery's ``worker_ready`` and ``worker_shutdown``, and its
+    shutdown flag (``shutting_down``) to ``worker_shutting_down`` (idempotent: dispatch_uid). Called by engine/tasks.py, which every worker imports."""
+    from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
+    worker_ready.connect(_clear_shutting_down, weak=False, dispatch_uid="engine-worker-flag-clear-start")
     worker_ready.connect(_start_beating, weak=False, dispatch_uid="engine-worker-beat-start")
+    worker_shutting_down.connect(_mark_shutting_down, weak=False, dispatch_uid="engine-worker-flag-set")
     worker_shutdown.connect(_stop_beating, weak=False, dispatch_uid="engine-worker-beat-stop")
+    worker_shutdown.connect(_clear_shutting_down, weak=False, dispatch_uid="engine-worker-flag-clear-end")
 
 
 # ----------------------------------------------------------------------------- the reading side
@@ -279,10 +318,9 @@ def live_workers(now: datetime | None = None) -> list[dict]:
 
 
 def run_queue(run: Run) -> str:
-    """The queue whose workers take ``run``'s steps: every run's messages go to ``CP_QUEUE`` (Celery's
-    default queue, engine/runner.py ``enqueue``). The one place to change when runs are routed to the
-    host that holds their worktree."""
-    return settings.CELERY_TASK_DEFAULT_QUEUE
+    """The queue whose workers take ``run``'s steps (engine/hosts.py ``queue_for``, without a query):
+    its host's queue once a claim pinned it, else the shared one (``CP_QUEUE``)."""
+    return hosts.host_queue(run.host) if run.host else settings.CELERY_TASK_DEFAULT_QUEUE
 
 
 def age_text(seconds: float | None) -> str:
@@ -330,6 +368,10 @@ def queued_without_worker(run: Run, rows: list[dict] | None = None, now: datetim
         return f"No worker is alive: no worker has beaten in the last {stale:.0f} s ({seen}). {START_HINT}"
     queue = run_queue(run)
     on_queue = [row for row in live if queue in row["queues"]]
+    if not on_queue and run.host:
+        return (f"This run is pinned to host {run.host} (its worktree is on that host's disk), and no live worker "
+                f"of host {run.host} consumes its queue '{queue}'. Start a worker there (CP_HOST_NAME={run.host}; "
+                f"README.md, \"Several hosts\"); no other host takes its steps.")
     if not on_queue:
         others = ", ".join(f"{row['name']} ({', '.join(row['queues']) or 'no queue'})" for row in live)
         return (f"No live worker consumes queue '{queue}', where this run's messages go: the live ones are "

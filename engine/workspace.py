@@ -34,6 +34,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -47,6 +48,7 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "WorkspaceError",
     "add_detached_worktree",
+    "remove_tree",
     "branch_tip",
     "clear_stale_index_lock",
     "commit_checkpoint",
@@ -185,6 +187,10 @@ _HARDENED_CONFIG = [
     "-c", "core.quotepath=false",
     "-c", "core.hooksPath=/dev/null",
     "-c", "core.fsmonitor=false",
+    # stat data counts only with the change time compared too: a file rewritten with its size and
+    # modification time kept is read again, whatever the repository's configuration says
+    "-c", "core.trustctime=true",
+    "-c", "core.checkStat=default",
     "-c", "protocol.allow=never",
     "-c", "submodule.recurse=false",
     "-c", "credential.helper=",
@@ -937,6 +943,118 @@ def remove_worktree(
                 git(["branch", "-D", delete_branch], top)
 
 
+def worktree_tree(worktree: str) -> str:
+    """The tree id of every file in ``worktree`` as it is on disk, ignored ones included: ``git add
+    -A -f`` into a temporary index (a copy of the worktree's, so unchanged files keep their stat data
+    and are not hashed again, as :func:`manifest` does) and ``git write-tree``. The worktree's own
+    index is not touched. Raises WorkspaceError (``git_failed``)."""
+    top, own_index = _top_and_index(worktree)
+    with tempfile.TemporaryDirectory(prefix="cp-tree-") as tmp:
+        index = os.path.join(tmp, "index")
+        if os.path.exists(own_index):
+            shutil.copy2(own_index, index)
+        env = {"GIT_INDEX_FILE": index, "GIT_OPTIONAL_LOCKS": "0"}
+        git([*_TEMP_INDEX_CONFIG, "add", "-A", "-f"], top, env=env)
+        return _out([*_TEMP_INDEX_CONFIG, "write-tree"], top, env=env)
+
+
+def remove_tree(path: str) -> None:
+    """``shutil.rmtree(path)`` that also empties folders a command made read-only (each made
+    writable again by its owner, following no symlink) and ignores what still cannot be removed."""
+    def again(func, failed, _exc):
+        parent = os.path.dirname(failed)
+        with contextlib.suppress(OSError):
+            if not os.path.islink(parent):
+                os.chmod(parent, stat.S_IMODE(os.lstat(parent).st_mode) | stat.S_IRWXU)
+            if os.path.isdir(failed) and not os.path.islink(failed):
+                os.chmod(failed, stat.S_IMODE(os.lstat(failed).st_mode) | stat.S_IRWXU)
+                shutil.rmtree(failed, ignore_errors=True)
+            else:
+                func(failed)
+    if os.path.lexists(path):
+        if os.path.islink(path) or not os.path.isdir(path):
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            return
+        shutil.rmtree(path, onerror=again)
+
+
+def _unclutter(top: str) -> None:
+    """What ``git clean`` would leave or fail on below ``top``, handled with the os module (no
+    symlink followed, the top's ``.git`` not entered): FIFOs, sockets and device files removed
+    (git sees none of them), folders made readable, writable and searchable by their owner again."""
+    for folder, dirs, files in os.walk(top, followlinks=False):
+        if folder == top and ".git" in dirs:
+            dirs.remove(".git")
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+                        if mode & stat.S_IRWXU != stat.S_IRWXU:
+                            os.chmod(entry.path, mode | stat.S_IRWXU)
+                elif not entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.remove(entry.path)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+
+
+def reset_to_commit(worktree: str, commit: str, *, repo: str | None = None, lock_wait: float = 0.0) -> bool:
+    """Make the files of ``worktree`` exactly ``commit``'s, nothing beside them: ``git clean -ffdxq``
+    (every untracked file, ignored ones and nested repositories included; FIFOs, sockets and device
+files, which git does not see, removed and read-only folders made writable first), ``git read-tree --reset -u
+    <commit>`` (index and files; HEAD and the branch are not moved; a file whose stat data changed,
+    its change time included, is written again), ``git clean -ffdxq`` once more. Then the files
+    on disk are hashed (:func:`worktree_tree`) and compared with ``commit``'s tree.
+
+    This is how the final verification gets a clean checkout of the final checkpoint without a
+    second one (engine/steps/final.py): the run's own worktree, reset before each check.
+
+    Args:
+        worktree: the run's worktree.
+        commit: 40-hex commit whose tree the files must be.
+        repo, lock_wait: how git's ``index.lock`` is lived with, as for :func:`git_index_op`.
+
+    Returns:
+        True when the files are exactly the commit's tree; False when something could not be put
+        back (git failed to clean or write a file): the caller must not test there.
+
+    Every ``.git`` below the top that an agent or a command may have made
+    (:func:`find_nested_repositories`) is removed first with the os module, following no symlink,
+    before any git reads the files (git entering such a repository would run what its configuration
+    names); the worktree's own ``.git`` and submodules checked out from the repository stay.
+
+    Raises:
+        WorkspaceError: ``git_failed``, ``index_locked``.
+    """
+    top = os.path.realpath(worktree)
+    planted = _nested_dotgits(top, commit, keep=False)
+    for path in planted:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+    if planted and _nested_dotgits(top, commit, keep=False):
+        return False
+    _unclutter(top)
+    # untracked files first (a .gitattributes a check left must not shape the files git writes), then
+    # the commit's files, then whatever the reset left untracked
+    try:
+        git(["clean", "-ffdxq"], worktree)
+        git_index_op(["read-tree", "--reset", "-u", "--no-recurse-submodules", commit], worktree, repo=repo,
+                     wait_seconds=lock_wait)
+        git(["clean", "-ffdxq"], worktree)
+    except WorkspaceError as exc:
+        if exc.code != "git_failed":
+            raise
+        return False  # the caller says so and tests in a fresh checkout
+    want = _out(["rev-parse", "--verify", "--end-of-options", f"{commit}^{{tree}}"], worktree)
+    return worktree_tree(worktree) == want
+
+
 def add_detached_worktree(repo: str, path: str, commit: str, *, lock_dir: str) -> None:
     """``git worktree add --detach -q <path> <commit>`` in ``repo``, holding :func:`repo_lock`.
 
@@ -1299,6 +1417,18 @@ def _base_files(cwd: str, commit: str) -> _TreeFiles:
     return files
 
 
+def _files_of(cwd: str, commit: str, keep: bool) -> _TreeFiles:
+    """:func:`_base_files` when ``keep``; otherwise the kept list if there is one, else a list read
+    for this call only. A commit that is no stage's base (a run's final checkpoint, read once by the
+    final verification) must not push the bases out: each run's would stay kept in the worker,
+    about 7 MB per 20,000 files, up to ``_BASE_FILES_KEPT`` of them (bench/worker_memory.py)."""
+    if keep:
+        return _base_files(cwd, commit)
+    with _BASE_FILES_LOCK:
+        files = _BASE_FILES.get(commit)
+    return files if files is not None else _TreeFiles(cwd, commit)
+
+
 _DIFF_STATUS = {"A": "added", "D": "deleted", "T": "type_changed"}
 
 
@@ -1448,8 +1578,16 @@ def _gitdir_of(dotgit: str) -> str | None:
 
 
 def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
-    """Paths (relative to ``worktree``, as text: a byte that is not UTF-8 as ``\\xNN``) of every
-    ``.git`` below its top that an agent may have made.
+    """The ``.git`` entries of :func:`_nested_dotgits`, relative to ``worktree`` and as text (a byte
+    that is not UTF-8 as ``\\xNN``), sorted."""
+    top = os.path.realpath(worktree)
+    # shown and stored as text: bytes that are not UTF-8 as \xNN escapes
+    return sorted(os.fsencode(os.path.relpath(dotgit, top)).decode("utf-8", "backslashreplace")
+                  for dotgit in _nested_dotgits(top, base_commit))
+
+
+def _nested_dotgits(worktree: str, base_commit: str, keep: bool = True) -> list[str]:
+    """Absolute paths of every ``.git`` below the top of ``worktree`` that an agent may have made.
 
     Read with the os module only, before any git looks at the files: git entering a repository
     an agent made would read that repository's configuration (``core.fsmonitor``,
@@ -1460,13 +1598,16 @@ def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
     ``gitdir:`` lies in the repository's own git folder (which agents cannot write): how
     ``git submodule update`` leaves a populated submodule. Symlinked folders are not followed.
 
+    ``keep`` False reads a commit seen once (a run's final checkpoint) without keeping its file
+    list among the base commits' (:func:`_files_of`).
+
     Raises:
         WorkspaceError: the revision errors of :func:`resolve_commit`; ``git_failed``.
     """
     top = os.path.realpath(worktree)
     common = os.path.realpath(_common_dir(top))
     base = base_commit if _HEX40.fullmatch(base_commit) else resolve_commit(top, base_commit)
-    links = [os.path.join(top, path) for path, mode, _oid in _base_files(top, base).rows if mode == "160000"]
+    links = [os.path.join(top, path) for path, mode, _oid in _files_of(top, base, keep).rows if mode == "160000"]
     found = []
     for folder, dirs, files in os.walk(top, followlinks=False):
         if ".git" in dirs or ".git" in files:
@@ -1475,11 +1616,10 @@ def find_nested_repositories(worktree: str, base_commit: str) -> list[str]:
                 target = None if os.path.islink(dotgit) or not os.path.isfile(dotgit) else _gitdir_of(dotgit)
                 submodule = any(folder == link or folder.startswith(link + os.sep) for link in links)
                 if not (submodule and target and (target == common or target.startswith(common + os.sep))):
-                    # shown and stored as text: bytes that are not UTF-8 as \xNN escapes
-                    found.append(os.fsencode(os.path.relpath(dotgit, top)).decode("utf-8", "backslashreplace"))
+                    found.append(dotgit)
             if ".git" in dirs:
                 dirs.remove(".git")
-    return sorted(found)
+    return found
 
 
 def outward_symlinks(worktree: str, changes: list[dict]) -> list[dict]:

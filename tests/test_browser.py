@@ -120,8 +120,10 @@ def user(django_user_model, name: str, *codenames: str, superuser: bool = False)
 
 
 def submit(tab, selector: str) -> None:
-    """Press the submit button ``selector`` and wait for the page the form leads to (after its redirect)."""
-    with tab.expect_navigation():
+    """Press the submit button ``selector`` and wait for the page the form leads to (after its redirect),
+    up to its DOMContentLoaded: the callers then wait for what they look for. (Waiting for "load" once
+    timed out in CI with the page there and its "networkidle" seen, a lifecycle event the waiter missed.)"""
+    with tab.expect_navigation(wait_until="domcontentloaded"):
         tab.click(selector)
 
 

@@ -155,7 +155,7 @@ def test_a_failure_after_the_run_row_leaves_nothing(make_pipeline, repo, monkeyp
 
     runs_dir = Path(settings.VAR_DIR) / "runs"
     before = set(runs_dir.iterdir()) if runs_dir.exists() else set()
-    monkeypatch.setattr(operations, "_write_snapshot", explode)
+    monkeypatch.setattr(operations.protected, "write_definition", explode)
     with pytest.raises(RuntimeError):
         operations.create_run(pipeline, str(repo), "main")
     assert_nothing_created()

@@ -747,6 +747,14 @@ def test_it_display_is_the_same_however_the_stream_is_cut():
     assert "\x1b" not in whole
 
 
+def test_it_display_gives_no_line_control_to_what_the_program_prints_itself():
+    # the decoder turns erase-in-line into FS/GS/RS internally: the same bytes from the program erase nothing
+    assert _display(b"keep this\x1c\x1d\x1e line\n") == "keep this line\n"
+    assert _display(b"keep\x1b[K this\n") == "keep this\n"
+    assert _display(b"gone\x1b[2K\x1b[1Gnew\n") == "new\n"
+    assert _display(b"a\r\r\nb\r\n") == "a\nb\n"
+
+
 # --- tail_text ------------------------------------------------------------------------
 
 

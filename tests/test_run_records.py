@@ -40,7 +40,7 @@ from engine.models import Attempt, Check, Decision, Run, RunEvent
 from engine.process import find_marked
 from engine.worker_process import stop_worker, worker_argv
 
-from .conftest import ANSWER_STEP, Workers, git, make_repo, run_data_dir, wait_for
+from .conftest import ANSWER_STEP, Workers, git, make_repo, run_data_dir, wait_for, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -62,17 +62,18 @@ def rand(n: int, alphabet: str = ALNUM) -> str:
 
 
 class Solo:
-    """A real ``celery -A controlpanel worker`` with one pool process, listening to its own queue."""
+    """A real ``celery -A controlpanel worker`` with one pool process (or ``concurrency``), listening to
+    its own queue."""
 
-    def __init__(self, log_dir: Path, queue: str, loglevel: str = "info", **env):
-        self.queue, self.loglevel = queue, loglevel
+    def __init__(self, log_dir: Path, queue: str, loglevel: str = "info", concurrency: int = 1, **env):
+        self.queue, self.loglevel, self.concurrency = queue, loglevel, concurrency
         self.log = log_dir / f"worker-{queue}-{uuid.uuid4().hex[:6]}.log"
         self.env = {**Workers(1, log_dir).env(), "CP_QUEUE": queue, "CP_HEARTBEAT_INTERVAL": "0.5",
                     **{k: str(v) for k, v in env.items()}}
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "Solo":
-        argv = worker_argv(1, queue=self.queue, loglevel=self.loglevel)
+        argv = worker_argv(self.concurrency, queue=self.queue, loglevel=self.loglevel)
         argv[argv.index("-n") + 1] = f"solo-{uuid.uuid4().hex[:8]}@%h"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(argv, cwd=str(BASE_DIR), env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -586,6 +587,39 @@ def test_restarting_the_worker_mid_attempt_keeps_the_active_time(route, make_pip
         # plus the new work: a new 1.5 s attempt after a kill; after a warm shutdown only the short
         # verify, review and checkpoint steps remain
         assert current.active_seconds >= kept + 1.5 if how == "kill" else current.active_seconds > kept
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+
+
+def test_a_worker_in_warm_shutdown_takes_no_new_step(route, make_pipeline, repo, tmp_path):
+    """A worker told to stop (SIGTERM) while a step runs finishes that step only: a run started
+    during its shutdown is not claimed by it (the filesystem transport still hands it messages: they
+    go back to the queue), and the next worker runs both to their end, each step once."""
+    queue = f"shutdown-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    route(queue)
+    first = Solo(tmp_path, queue, concurrency=2).start()
+    second = None
+    try:
+        slow = {"stages": {"answer": {"implement": [{**ANSWER_STEP, "sleep": 4}]}}}
+        running = operations.create_run(make_pipeline(stages=QUICK, scenario=slow), str(repo), "main")
+        operations.request_start(running, requested_by="test", source="test")
+        wait_until(lambda: Attempt.objects.filter(run=running, status="running").exclude(pid=None).exists(),
+                   timeout=30, what="the first run's attempt")
+        os.kill(first.proc.pid, signal.SIGTERM)
+        wait_until(lambda: "Warm shutdown" in first.text(), timeout=10, what="the warm shutdown")
+        later = operations.create_run(make_pipeline(stages=QUICK, scenario={}), str(repo), "main")
+        operations.request_start(later, requested_by="test", source="test")
+        first.proc.wait(timeout=60)
+        later.refresh_from_db()
+        assert later.status == "queued" and not Attempt.objects.filter(run=later).exists(), later.status
+        assert Attempt.objects.filter(run=running).count() == 1  # its step in progress finished
+        second = Solo(tmp_path, queue).start()
+        for run in (running, later):
+            done = wait_for(run.pk, timeout=60)
+            assert done.status == "succeeded", done.stop_message
+            assert Attempt.objects.filter(run=run, operation="implement").count() == 1
     finally:
         first.kill()
         if second is not None:

@@ -6,6 +6,7 @@ file, broker messages, this run's scratch folders and worktree), a worker HOME w
 credentials, and runs ``sh -c`` through exactly the arguments the claude adapter uses (or the
 codex adapter's, in the user-namespace mode with a private /tmp).
 """
+import hashlib
 import os
 import subprocess
 import sys
@@ -350,3 +351,39 @@ def test_a_chain_of_symlinks_on_the_way_works_inside(tmp_path):
                         visible=[str(tmp_path / "chain" / "bin")])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.stdout == "through the chain\n", out
+
+
+@needs_user_namespace
+@pytest.mark.skipif(sandbox.bundled_bwrap() is None, reason="the pinned codex package is not installed (make agents)")
+def test_every_bwrap_codex_can_find_is_its_bundled_one(layout, role="implementer"):
+    """codex 0.171.0 takes a host's ``bwrap`` before its bundled one, and Debian's 0.8.0 (no
+    ``--argv0``) fails every command it runs with "execvp codex-linux-sandbox"; in codex's wrap each
+    ``bwrap`` on PATH and in the usual folders is the bundled file, read-only, whatever the host has."""
+    bundled = hashlib.sha256(Path(sandbox.bundled_bwrap()).read_bytes()).hexdigest()
+    host = hashlib.sha256(Path("/usr/bin/bwrap").read_bytes()).hexdigest() if os.path.exists("/usr/bin/bwrap") else None
+    out = run_codex_wrapped(layout, role, "for f in $(which -a bwrap) /usr/local/bin/bwrap /usr/bin/bwrap /bin/bwrap; "
+                                          "do [ -e \"$f\" ] && sha256sum \"$f\"; done; "
+                                          "bwrap --argv0 named --ro-bind / / -- sh -c 'echo \"$0\"'; "
+                                          "echo x >> \"$(which bwrap)\" || echo refused")
+    found = dict(reversed(line.split()) for line in out.stdout.splitlines() if line.count(" /") == 1)
+    assert found and set(found.values()) == {bundled}, (found, out.stderr)  # reachable, and only the bundled one
+    assert "named" in out.stdout.splitlines() and "refused" in out.stdout.splitlines(), out
+    if host is not None:
+        assert hashlib.sha256(Path("/usr/bin/bwrap").read_bytes()).hexdigest() == host  # the host's untouched
+
+
+def test_replace_binds_a_file_only_over_the_read_only_view(tmp_path):
+    """``wrap(replace=...)`` puts a host file read-only in the place of a file the view shows; a
+    target inside a writable folder, or outside the view, is left alone."""
+    ok, _ = sandbox.available()
+    source = tmp_path / "tool"
+    source.write_text("#!/bin/sh\necho replaced\n")
+    writable = tmp_path / "work"
+    writable.mkdir()
+    (writable / "tool").write_text("mine\n")
+    argv = sandbox.wrap(["true"], writable=[str(writable)], visible=[],
+                        replace={"/usr/bin/env": str(source), str(writable / "tool"): str(source),
+                                 str(tmp_path / "elsewhere"): str(source)})
+    pairs = [(argv[i + 1], argv[i + 2]) for i, arg in enumerate(argv) if arg == "--ro-bind"]
+    assert (str(source), "/usr/bin/env") in pairs
+    assert all(target not in (str(writable / "tool"), str(tmp_path / "elsewhere")) for _, target in pairs)

@@ -467,10 +467,26 @@ def codex(agent_bin: Path, ep: ScriptedEndpoint, repo: Path, home: Path) -> tupl
     """Run the real ``codex exec`` against ``ep`` as a custom provider; returns (rc, JSONL events, stderr, seconds).
 
     The provider settings are the ones codex 0.171.0 takes for a custom provider, plus
-    zero retries so that a failure ends at once instead of reconnecting 5 times.
+    zero retries so that a failure ends at once instead of reconnecting 5 times. Its bundled
+    bubblewrap comes first on PATH: codex takes a host's ``bwrap`` before its own, and with
+    Debian's 0.8.0 every command fails ("bwrap: execvp codex-linux-sandbox"), as
+    engine/agents/codex.py ``sandboxed`` says. Codex passes over a ``bwrap`` inside a folder its
+    commands may write (tried: one under /tmp, writable by default in workspace-write), so /tmp and
+    $TMPDIR are made read-only as the adapter makes them (``WORKSPACE_WRITE_OVERRIDES``).
     """
     env = base_env(home) | {"SCRIPTED_KEY": "dummy-key-for-tests"}
+    from engine.agents.codex import WORKSPACE_WRITE_OVERRIDES
+    from engine.agents.sandbox import bundled_bwrap
+    if bundled_bwrap():
+        first = ROOT / "test-artifacts" / "codex-bwrap"
+        first.mkdir(parents=True, exist_ok=True)
+        try:
+            (first / "bwrap").symlink_to(bundled_bwrap())
+        except FileExistsError:  # an earlier test, or one running beside this
+            pass
+        env["PATH"] = f"{first}{os.pathsep}{env.get('PATH', '')}"
     argv = [str(agent_bin / "codex"), "exec", "--json", "--sandbox", "workspace-write", "--skip-git-repo-check",
+            *(arg for override in WORKSPACE_WRITE_OVERRIDES for arg in ("-c", override)),
             "-c", "model_provider=scripted", "-c", "model_providers.scripted.name=scripted",
             "-c", f'model_providers.scripted.base_url="{ep.url}/v1"', "-c", "model_providers.scripted.wire_api=responses",
             "-c", "model_providers.scripted.env_key=SCRIPTED_KEY",
@@ -489,7 +505,8 @@ def test_codex_runs_a_command_and_reports_the_scripted_usage(agent_bin, endpoint
                    {"text": "DONE: codex scripted answer.", "usage": usage2}], cwd=str(git_repo))
     rc, events, err, _ = codex(agent_bin, ep, git_repo, tmp_path / "home")
     assert rc == 0, err
-    assert (git_repo / "made-by-codex.txt").exists()
+    assert (git_repo / "made-by-codex.txt").exists(), [i for i in ep.requests[-1]["body"]["input"]
+                                                    if i.get("type") == "function_call_output"]
     [completed] = [e for e in events if e["type"] == "turn.completed"]
     assert {key: completed["usage"][key] for key in usage1} == {key: usage1[key] + usage2[key] for key in usage1}
     commands = [e["item"] for e in events if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]

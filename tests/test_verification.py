@@ -615,7 +615,7 @@ def test_configuring_the_test_runner_anywhere_is_tampering(make_pipeline, repo, 
 def test_a_result_that_passes_only_with_files_left_out_of_the_checkpoint_does_not_succeed(make_pipeline, repo,
                                                                                          sent):
     """The gates pass in the agent's worktree thanks to a file git ignores; the final verification
-    runs on a clean checkout of what was committed, where it is missing."""
+    runs on the run's worktree reset to what was committed, where it is missing."""
     step = {"write": {".gitignore": "app/hidden_impl.py\n",
                       "app/hidden_impl.py": "def answer():\n    return 42\n",
                       "app/core.py": "from app.hidden_impl import answer  # noqa: F401\n"}}
@@ -623,8 +623,9 @@ def test_a_result_that_passes_only_with_files_left_out_of_the_checkpoint_does_no
     assert (run.status, run.stop_reason) == ("waiting_review", "final_verification_failed"), run.stop_message
     gate = Check.objects.filter(run=run, kind="gate").last()
     final = Check.objects.get(run=run, kind="final")
-    assert gate.passed and not final.passed and final.cwd != run.worktree
+    assert gate.passed and not final.passed and final.cwd == run.worktree
     assert "hidden_impl" in var(final.log_path).read_text()
+    assert not (Path(run.worktree) / "app" / "hidden_impl.py").exists()  # removed before the check ran
 
 
 @pytest.mark.parametrize("message", [

@@ -397,7 +397,7 @@ def test_a_real_worker_records_itself_beats_holds_a_run_and_stops_cleanly(tmp_pa
     try:
         row = wait_until(lambda: row_of(solo), what="the worker's row")
         pool = [child.pid for child in psutil.Process(solo.proc.pid).children()]
-        assert (row.host, row.queues, row.concurrency, row.stopped_at) == (HOST, [queue], 1, None)
+        assert (row.host, row.queues, row.concurrency, row.stopped_at) == (HOST, [queue, f"{queue}.host.{HOST}"], 1, None)
         assert row.name.startswith("solo-") and row.pool_pids and set(row.pool_pids) <= set(pool)
         first = row.beat_at
         wait_until(lambda: Worker.objects.get(pk=row.pk).beat_at > first, what="a second beat")
@@ -485,3 +485,21 @@ def test_the_home_page_at_390_px_has_no_sideways_scroll_and_refreshes_itself(nar
     tab.wait_for_selector(f'#cp-home-waiting [data-run="{later.pk}"]', timeout=15_000)  # the fragment, swapped in
     assert tab.evaluate("window.cpMark") == 1  # without a reload
     assert tab.locator("#cp-home").count() == 1
+
+
+def test_the_home_page_shows_each_host_its_runs_and_whether_it_is_gone(staff, run_row, settings):
+    from engine.models import Host
+
+    settings.CP_HOST_STALE = 15.0
+    now = timezone.now()
+    Host.objects.create(name="host-a", queue="runs.host.host-a", repo_roots=["/repos"], started_at=now, beat_at=now)
+    Host.objects.create(name="host-b", queue="runs.host.host-b", started_at=now - timedelta(minutes=5),
+                        beat_at=now - timedelta(seconds=95))
+    pinned = run_row(status="waiting_review", stage_statuses=("waiting_review",), stop_reason="interrupted",
+                     stop_evidence={"host": "host-b", "host_confirmed": False})
+    Run.objects.filter(pk=pinned.pk).update(host="host-b")
+    listed = home(staff).split('id="cp-home-hosts"')[1].split("</ul>")[0]
+    a, b = listed.split('data-host="host-a"')[1].split("</li>")[0], listed.split('data-host="host-b"')[1]
+    assert ">alive<" in a and "reaches /repos" in a and "0 unfinished runs pinned here" in a
+    assert ">gone<" in b and "any repository path" in b and "last beat 1 min 35 s ago" in b
+    assert "1 unfinished run pinned here" in b and "1 waits for this host to confirm their old processes gone" in b

@@ -1020,3 +1020,22 @@ def test_git_failure_is_reported(repo):
     assert "cat-file" in err.value.message
     proc = ws.git(["cat-file", "-t", "0" * 40], repo, check=False)
     assert proc.returncode != 0 and isinstance(proc.stderr, bytes)
+
+
+def test_resetting_to_a_final_checkpoint_keeps_no_file_list_of_it(repo, tmp_path, lock_dir):
+    """The final verification resets the worktree to each run's own final checkpoint: a commit read
+    once. Its file list must not join the base commits' kept in the worker (about 7 MB per 20,000
+    files each, bench/worker_memory.py), nor push a stage's base out."""
+    path, _ = new_worktree(repo, tmp_path, lock_dir)
+    base = head(repo)
+    ws.manifest(path, base)  # a stage's base: kept
+    assert base in ws._BASE_FILES
+    checkpoints = []
+    for n in range(ws._BASE_FILES_KEPT + 1):
+        write(os.path.join(path, "src", "app.py"), f"print({n})\n")
+        run(path, "add", "-A")
+        run(path, "commit", "-q", "-m", f"checkpoint {n}")
+        checkpoints.append(run(path, "rev-parse", "HEAD").strip())
+        assert ws.reset_to_commit(path, checkpoints[-1])
+    assert base in ws._BASE_FILES
+    assert not set(checkpoints) & set(ws._BASE_FILES)

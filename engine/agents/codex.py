@@ -171,6 +171,13 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     ``.git`` file read-only), and read-only the original repository's git metadata, the CLI
     (``argv[0]``), tools/agents, the Python install and the PATH folders of ``env``; nothing else
     of the host. ``network``: the attempt's ``sandbox.NetworkPolicy`` (None: no network).
+
+    Codex 0.171.0 starts the first ``bwrap`` on PATH before its bundled one (its strings name a
+    ``system_bwrap_candidate`` and a ``bundled_bwrap_candidate``), and with Debian's bubblewrap
+    0.8.0, which has no ``--argv0``, every command fails with "bwrap: execvp codex-linux-sandbox:
+    No such file or directory" while codex exits 0. So each ``bwrap`` on the agent's PATH (and
+    in /usr/local/bin, /usr/bin, /bin) is replaced in the view by the bundled one (``sandbox.bundled_bwrap``; tests/test_codex_adapter.py
+    runs with whichever the host has).
     """
     writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
     visible = sandbox.git_dirs(request.workspace)
@@ -179,10 +186,16 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     else:
         visible.append(request.workspace)
     visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
+    bundled = sandbox.bundled_bwrap()
+    replace = {}
+    if bundled:
+        for folder in [*(env.get("PATH") or "").split(os.pathsep), "/usr/local/bin", "/usr/bin", "/bin"]:
+            if folder and os.path.isfile(os.path.join(folder, "bwrap")):
+                replace[os.path.join(folder, "bwrap")] = bundled
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
                         hide=sandbox.private_paths(var_dir()), visible=visible, user_namespace=True,
-                        network=network)
+                        network=network, replace=replace)
 
 
 def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None) -> list[str]:

@@ -65,13 +65,17 @@ SANDBOX_UID = SANDBOX_GID = 1000
 
 
 @lru_cache(maxsize=1)
-def bwrap_path() -> str | None:
-    """The bubblewrap executable, or None."""
-    found = shutil.which("bwrap")
-    if found:
-        return found
+def bundled_bwrap() -> str | None:
+    """The bubblewrap the pinned codex package ships (``codex-resources/bwrap`` under
+    tools/agents, codex 0.171.0), or None when it is not installed."""
     bundled = sorted(glob.glob(str(BASE_DIR / _BUNDLED)))
     return bundled[0] if bundled and os.access(bundled[0], os.X_OK) else None
+
+
+@lru_cache(maxsize=1)
+def bwrap_path() -> str | None:
+    """The bubblewrap executable, or None."""
+    return shutil.which("bwrap") or bundled_bwrap()
 
 
 @lru_cache(maxsize=1)
@@ -311,7 +315,7 @@ def _symlinks_to_make(paths: list[str], mounts: dict[str, list[str]]) -> list[tu
 
 def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hide: list[str] = (),
          visible: list[str] = (), user_namespace: bool = False, private_tmp: bool = True,
-         network: NetworkPolicy | None = None) -> list[str]:
+         network: NetworkPolicy | None = None, replace: dict[str, str] | None = None) -> list[str]:
     """``argv`` run inside bubblewrap, with an allow-listed view of the host and no network of its own.
 
     The view (deny by default): an empty root, then read-only SYSTEM_PATHS (less
@@ -335,6 +339,10 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     command runs under the bridge (engine/agents/netbridge.py, with the engine's Python), which
     serves the proxy on 127.0.0.1:PROXY_PORT and the policy's loopback forwards inside; the
     caller adds ``network.env()`` to the environment. None: no way out at all.
+
+    ``replace``: ``{path in the view: host file}``, each host file bound read-only in the place of
+    a file the view already shows (codex finds the host's bubblewrap on PATH first; see
+    engine/agents/codex.py ``sandboxed``). A path outside the read-only view is skipped.
 
     ``user_namespace``: its own user namespace too, as SANDBOX_UID, so that a bubblewrap it starts
     itself (codex's sandbox for its commands) can make its own user namespace: without
@@ -395,6 +403,11 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
             real = os.path.realpath(item)
             if any(_inside(real, folder) for folder in rw):  # only to protect what lies in a writable folder
                 mounts[real] = ["--ro-bind", real, real]
+    for target, source in (replace or {}).items():
+        real = os.path.realpath(target)
+        if os.path.isfile(real) and any(_inside(real, folder) for folder in ro_bound) \
+                and not any(_inside(real, folder) for folder in rw):
+            mounts[real] = ["--ro-bind", os.path.realpath(source), real]
     if network is not None:
         mounts[NETWORK_DIR] = ["--ro-bind", os.path.realpath(network.socket_dir), NETWORK_DIR]
     sandbox += ["--dev", "/dev", "--proc", "/proc"]

@@ -11,8 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 
+from .. import transcript
+from ..redaction import Redactor
 from . import sandbox
 from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt
 
@@ -67,6 +70,8 @@ class ScriptedAdapter(Adapter):
         with open(step_file, "w", encoding="utf-8") as fh:
             json.dump({"step": step, "stage": request.stage_key, "operation": request.operation,
                        "attempt": request.attempt_number, "session_id": session_id}, fh)
+        if is_quiet(step):
+            return self._quiet(request, step, session_id)
         argv = [sys.executable, AGENT_SCRIPT, step_file]
         if not sandbox.available()[0]:
             message = f"No sandbox can be made for the scripted agent: {sandbox.available()[1]}"
@@ -95,6 +100,56 @@ class ScriptedAdapter(Adapter):
             cli_version=self.version(request.profile), simulated=True, output_bytes=result.output_bytes,
             redactions=result.redactions, pid=result.pid, extra={**extra, "network": self.network},
         )
+
+
+    def _quiet(self, request: AgentRequest, step: dict, session_id: str) -> AgentResult:
+        """A step that does nothing but answer (``is_quiet``), without a process: the lines
+        ``scripted_agent.py`` would print (its header and its result line, plain ASCII: the result is
+        ``json.dumps``'d), redacted and written to the raw and display logs, and the transcript made
+        from them, in milliseconds instead of a sandboxed interpreter's start (issue 19). Nothing
+        runs, so there is no pid, no network and nothing in the worktree changes."""
+        started = time.monotonic()
+        result = {"type": "result", "simulated": True, "is_error": False, "session_id": session_id,
+                  "result": step.get("final_message", "Scripted step done."), "usage": step.get("usage") or {}}
+        if "verdict" in step:
+            result["verdict"] = step["verdict"]
+        text = (f"[scripted agent] {request.operation} of stage {request.stage_key}, attempt "
+                f"{request.attempt_number} (simulated, answered without a process: the step does nothing)\n"
+                f"\n{json.dumps(result)}\n")
+        redactor = Redactor(request.secrets)
+        data = redactor.feed(text.encode()) + redactor.flush()
+        for path in (request.raw_path, request.log_path):
+            with open(path, "ab") as fh:
+                fh.write(data)
+        if request.stderr_path:
+            open(request.stderr_path, "ab").close()
+        if self.transcript_format and request.raw_path:
+            transcript.build(request.raw_path, self.transcript_format, request.workspace, Redactor(request.secrets))
+        self.network = {"allow": [], "connected": [], "refused": []}
+        parsed = json.loads(data.decode().rstrip("\n").rsplit("\n", 1)[-1])
+        usage = empty_usage()
+        for key in usage:
+            if (parsed.get("usage") or {}).get(key) is not None:
+                usage[key] = parsed["usage"][key]
+        return AgentResult(
+            exit_code=0, signal=None, elapsed_seconds=time.monotonic() - started, failure_kind=None,
+            failure_message="", usage=usage, session_id=session_id, final_message=str(parsed.get("result") or ""),
+            cli_version=self.version(request.profile), simulated=True, output_bytes=len(data),
+            redactions=redactor.count, pid=None,
+            extra={**({"verdict": parsed["verdict"]} if "verdict" in parsed else {}), "network": self.network,
+                   "in_process": True},
+        )
+
+
+#: Scenario step keys that make the scripted agent act (a process is started for them); a step with
+#: none of them only answers (``ScriptedAdapter._quiet``).
+ACTING_KEYS = ("write", "delete", "print", "sleep", "run")
+
+
+def is_quiet(step: dict) -> bool:
+    """Whether a scenario step does nothing but answer: no file written or deleted, nothing printed,
+    no sleep, no command, exit status 0."""
+    return not any(step.get(key) for key in ACTING_KEYS) and int(step.get("exit", 0) or 0) == 0
 
 
 def _last_result_line(raw_path: str, window: int = 256 * 1024) -> dict | None:

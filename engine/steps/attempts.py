@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import boundary, context, globs, machine, protected, workspace
+from .. import boundary, context, globs, hosts, machine, protected, workspace
 from ..agents import AgentRequest, get_adapter
 from ..models import Attempt, AttemptStatus, Decision, Run, StageRun
 from ..redaction import redact_text, secret_env_values
@@ -60,7 +59,7 @@ def begin_attempt(run: Run, stage: StageRun, operation: str, role: str, lease: s
     attempt = machine.attempt_intent(
         run, stage, operation=operation, number=number, role=role, profile_name=profile_name,
         adapter=profile["adapter"], simulated=bool(why), deadline_seconds=deadline,
-        start_commit=stage.base_commit, lease_token=lease, host=socket.gethostname(),
+        start_commit=stage.base_commit, lease_token=lease, host=hosts.this_host(),
         marker=f"{process_marker_prefix(run)}attempt-{number}-{lease[:8]}",
     )
     folder = f"stages/{stage.order + 1:02d}-{stage.key}/attempts/{number:03d}-{operation}"

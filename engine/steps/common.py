@@ -124,8 +124,16 @@ def changed_paths(before: dict, after: dict) -> list[str]:
 
 
 def reviewers(run: Run) -> list[str]:
-    """The reviewer profiles of the run, in order (``roles.reviewer``: one name or a list); all must pass."""
-    names = run.definition["roles"]["reviewer"]
+    """The reviewer profiles of the run, in order (``roles.reviewer``: one name or a list); all must
+    pass. ``[]`` when the pipeline has no review (``reviewer: null``)."""
+    return role_profiles(run.definition["roles"].get("reviewer"))
+
+
+def role_profiles(names) -> list[str]:
+    """The profile names a role's entry in ``roles`` holds: one name, a list (reviewers), or None (a role
+    the pipeline leaves out: no profile)."""
+    if names is None:
+        return []
     return [names] if isinstance(names, str) else list(names)
 
 

@@ -1,10 +1,9 @@
 """The final verification (the run's ``finish`` step): every baseline check and every stage's
-gates run again, each on a fresh clean checkout of the final checkpoint, and the run succeeds or
-stops naming what failed."""
+gates run again, each on a clean checkout of the final checkpoint (the run's worktree reset to it),
+and the run succeeds or stops naming what failed."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from django.conf import settings
@@ -24,19 +23,25 @@ def begin(run: Run, plan: StepPlan) -> FinalPlan:
     final: FinalPlan = {**plan, "checkpoint": last.checkpoint_commit if last else run.commit}
     machine.event(run, "final_verify",
                   f"Every stage is checkpointed; verifying the whole result: every baseline check and every "
-                  f"stage's gates run again on a clean checkout of the final checkpoint {final['checkpoint'][:12]} "
-                  f"(exactly what was committed).")
+                  f"stage's gates run again, each on the run's worktree reset to the final checkpoint "
+                  f"{final['checkpoint'][:12]} (exactly what was committed, nothing beside it).")
     return final
 
 
 def execute(plan: FinalPlan, should_stop) -> FinalOutcome:
-    """Run every baseline check and every stage's gates (Check kind final), each on a fresh clean
+    """Run every baseline check and every stage's gates (Check kind final), each on a clean
     checkout of the final checkpoint: exactly what was committed, nothing an agent left beside it
     (files git ignores or the exclusions drop are tested nowhere else), and nothing an earlier
     final check wrote (a check runs the agent's code, which could rewrite the files, a protected
-    test among them, or leave an ignored helper for the checks after it). Each checkout is a
-    detached worktree under the run's scratch folder with a TMPDIR and data folder of its own,
-    removed after its check. Every check runs, so the report names all that fail.
+    test among them, or leave an ignored helper for the checks after it). Every check runs, so the
+    report names all that fail; each has a TMPDIR and data folder of its own, removed after it.
+
+    The checkout is the run's own worktree, reset before each check to the checkpoint
+    (``workspace.reset_to_commit``: the commit's files, every other file removed, then the files on
+    disk hashed and compared with the commit's tree), so no second copy of the repository is
+    written and deleted. When that cannot be made exact (a folder a check made read-only, say), or
+    the checkpoint has submodules, or the worktree is gone, the check runs on a fresh detached
+    checkout under the run's scratch folder instead (``final_checkout``), removed after it.
     """
     run = Run.objects.get(pk=plan["run_id"])
     checkpoint = plan["checkpoint"]
@@ -48,14 +53,16 @@ def execute(plan: FinalPlan, should_stop) -> FinalOutcome:
     stages = list(run.stages.order_by("order"))
     plan_gates = [(stages[0] if stages else None, g) for g in pipeline.get("baseline_checks") or []]
     plan_gates += [(stage, g) for stage in stages for g in stage.spec.get("gates") or []]
+    in_worktree = _worktree_usable(run, checkpoint)
     checks = []
     try:
         for stage, gate in plan_gates:
-            final_checkout(run, checkpoint, folder, own)
-            env = {**run_env(run, "final"), "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"),
+            cwd = _prepare(run, checkpoint, folder, own, in_worktree)
+            in_worktree = cwd == run.worktree
+            env = {**run_env(run, "final"), "CP_WORKTREE": cwd, "TMPDIR": str(own / "tmp"),
                    "CP_TMP_DIR": str(own / "tmp"), "CP_DATA_DIR": str(own / "data")}
             check = run_gate(run, stage, gate, Check.Kind.FINAL, tree, env, should_stop, 1,
-                             cwd=str(folder), lease=plan["lease"])
+                             cwd=cwd, lease=plan["lease"])
             if manifest_row is not None:
                 Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
             checks.append(check.pk)
@@ -63,10 +70,37 @@ def execute(plan: FinalPlan, should_stop) -> FinalOutcome:
                 return {"cancelled": True, "checks": checks}
         return {"checks": checks, "digest": tree}
     finally:
-        try:
-            remove_final_checkout(run, folder, own)
-        except workspace.WorkspaceError as exc:  # the checks' result stands; the leftover is said
-            log.warning("run %s: the final checkout %s could not be unregistered: %s", run.pk, folder, exc)
+        workspace.remove_tree(str(own))
+        if folder.exists():
+            try:
+                remove_final_checkout(run, folder, own)
+            except workspace.WorkspaceError as exc:  # the checks' result stands; the leftover is said
+                log.warning("run %s: the final checkout %s could not be unregistered: %s", run.pk, folder, exc)
+
+
+def _worktree_usable(run: Run, checkpoint: str) -> bool:
+    """Whether the final checks may run in the run's own worktree reset to ``checkpoint``: it exists,
+    and the checkpoint has no ``.gitmodules`` (submodules are populated in a fresh checkout only)."""
+    if not run.worktree or not Path(run.worktree, ".git").is_file():
+        return False
+    proc = workspace.git(["rev-parse", "-q", "--verify", f"{checkpoint}:.gitmodules"], run.repo_path, check=False)
+    return proc.returncode != 0
+
+
+def _prepare(run: Run, checkpoint: str, folder: Path, own: Path, in_worktree: bool) -> str:
+    """The folder the next final check runs in, made exactly ``checkpoint`` (``execute``), with an
+    empty ``own`` folder for its TMPDIR and data folder. Raises workspace.WorkspaceError."""
+    workspace.remove_tree(str(own))
+    for sub in ("tmp", "data"):
+        (own / sub).mkdir(parents=True, exist_ok=True)
+    if in_worktree:
+        if workspace.reset_to_commit(run.worktree, checkpoint, repo=run.repo_path,
+                                     lock_wait=settings.CP_INDEX_LOCK_WAIT):
+            return run.worktree
+        log.warning("run %s: the worktree could not be reset exactly to %s; the final checks go on in a fresh "
+                    "checkout", run.pk, checkpoint[:12])
+    final_checkout(run, checkpoint, folder, own)
+    return str(folder)
 
 
 def finish(run: Run, plan: FinalPlan, outcome: FinalOutcome | CrashOutcome) -> None:
@@ -108,8 +142,8 @@ def remove_final_checkout(run: Run, folder: Path, own: Path) -> None:
     record of this checkout only (``workspace.remove_worktree``, holding the repository lock):
     other registrations of the user's repository, one whose folder is missing too, are never
     pruned. Raises workspace.WorkspaceError (the repository cannot be read)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    shutil.rmtree(own, ignore_errors=True)
+    workspace.remove_tree(str(folder))
+    workspace.remove_tree(str(own))
     workspace.remove_worktree(run.repo_path, str(folder), lock_dir=_lock_dir())
 
 

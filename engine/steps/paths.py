@@ -15,8 +15,23 @@ from ..models import Run
 
 
 def var_path(rel: str) -> Path:
-    """Absolute path of a file recorded relative to CP_VAR_DIR."""
-    return Path(settings.VAR_DIR) / rel
+    """Absolute path of a file recorded relative to CP_VAR_DIR. Where ``CP_OTHER_VAR_DIRS`` names the
+    var directories of other hosts, mounted here (the Control Panel of several hosts: README.md,
+    "Several hosts"), a control record (``runs/...``) that is not under CP_VAR_DIR is looked for in
+    them, in order; the path under CP_VAR_DIR is returned when none has it. Only control records: no
+    agent or gate can write there, whereas the scratch folders (``scratch/``) are theirs, so a file an
+    agent planted is never served as another run's record."""
+    primary = Path(settings.VAR_DIR) / rel
+    parts = Path(rel).parts
+    if not parts or parts[0] != "runs" or ".." in parts:
+        return primary
+    for other in settings.CP_OTHER_VAR_DIRS:
+        if primary.exists():
+            break
+        candidate = Path(other) / rel
+        if candidate.exists():
+            return candidate
+    return primary
 
 
 def control_path(run: Run, *parts: str) -> str:

@@ -138,11 +138,17 @@ def finish(run: Run, stage: StageRun, plan: StagePlan, outcome: VerifyOutcome) -
                      f"wrote them (a gate writing into the worktree?); they would land in the checkpoint.",
                      stage=stage, evidence={"outside": stray, "manifest": outcome["digest"]})
         return
+    names = reviewers(run)
     machine.event(run, "verified",
                   f"Every gate of stage '{stage.key}' exited 0 on files {outcome['digest'][:12]}; they go to "
-                  f"the independent review.", stage=stage)
+                  + ("the independent review." if names else "the next step (no reviewer is configured)."),
+                  stage=stage)
     machine.gates_passed(stage, outcome["digest"])
-    if not [name for name in reviewers(run) if name not in passed_reviewers(stage)]:
+    if not names:
+        machine.event(run, "review_skipped", f"No review of files {outcome['digest'][:12]}: the pipeline has no "
+                      f"reviewer (roles.reviewer: null); only the gates decided.", stage=stage)
+        machine.reviewed(run, stage)
+    elif not [name for name in names if name not in passed_reviewers(stage)]:
         # a recovery or recheck verified files every reviewer already passed: their verdicts stand
         machine.event(run, "review_passed", f"Every reviewer already passed files {outcome['digest'][:12]}; their "
                       f"verdicts stand for these same files.", stage=stage)

@@ -1,0 +1,233 @@
+"""Hosts (engine/hosts.py): the first claim pins a run to its host, every later message of it goes to
+that host's queue and no other host takes a step of it; reconciliation leaves a live host's runs to
+that host, marks a lost host's runs interrupted once and waits for the host to confirm its old
+processes gone before a recovery. In-process, on the suite's database; tests/test_two_hosts.py runs
+two real hosts."""
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from engine import hosts, machine, operations, reconcile, runner, workers
+from engine.models import Attempt, Host, Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _queued(make_pipeline, repo, sent) -> Run:
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    sent.clear()
+    return Run.objects.get(pk=run.pk)
+
+
+def _host(name: str, age_seconds: float) -> Host:
+    at = timezone.now() - timedelta(seconds=age_seconds)
+    return Host.objects.create(name=name, queue=hosts.host_queue(name), started_at=at, beat_at=at)
+
+
+def _running_on(run: Run, host: str, age_seconds: float = 3600) -> Attempt:
+    """``run`` as a worker of ``host`` left it: running, its lease held, its heartbeat ``age_seconds`` old,
+    an attempt open on that host."""
+    Run.objects.filter(pk=run.pk).update(status="running", host=host, lease_owner=f"{host}:4242",
+                                         lease_token="held-by-a-worker",
+                                         heartbeat_at=timezone.now() - timedelta(seconds=age_seconds))
+    stage = run.stages.get()
+    stage.status = "running"
+    stage.save()
+    return Attempt.objects.create(run=run, stage=stage, operation="implement", number=1, role="implementer",
+                                  profile_name="scripted", adapter="scripted", simulated=True, deadline_seconds=60,
+                                  status="running", host=host, pid=4242, marker=f"cp-far-{run.pk}",
+                                  started_at=timezone.now() - timedelta(seconds=age_seconds + 5))
+
+
+def test_the_first_claim_pins_the_run_and_no_other_host_claims_it_again(make_pipeline, repo, sent):
+    run = _queued(make_pipeline, repo, sent)
+    assert machine.claim(run.pk, None, "host-a:1", "host-a")
+    assert Run.objects.get(pk=run.pk).host == "host-a"
+    # a handed-off step: only its host claims it
+    Run.objects.filter(pk=run.pk).update(lease_owner="", lease_token="next-step")
+    assert machine.claim(run.pk, "next-step", "host-b:1", "host-b") is None
+    assert machine.claim(run.pk, "next-step", "host-a:2", "host-a")
+    # queued again (a person's recovery): still only its host
+    Run.objects.filter(pk=run.pk).update(status="queued", lease_owner="", lease_token="")
+    assert machine.claim(run.pk, None, "host-b:1", "host-b") is None
+    assert Run.objects.get(pk=run.pk).status == "queued"
+    assert machine.claim(run.pk, None, "host-a:3", "host-a")
+
+
+def test_a_runs_messages_go_to_its_hosts_queue_once_pinned(make_pipeline, repo, sent, settings):
+    run = _queued(make_pipeline, repo, sent)
+    assert hosts.queue_for(run.pk) == settings.CELERY_TASK_DEFAULT_QUEUE
+    Run.objects.filter(pk=run.pk).update(host="host-a")
+    assert hosts.queue_for(run.pk) == f"{settings.CELERY_TASK_DEFAULT_QUEUE}.host.host-a"
+    assert workers.run_queue(Run.objects.get(pk=run.pk)) == hosts.queue_for(run.pk)
+
+
+def test_a_worker_of_another_host_sends_the_step_on_instead_of_taking_it(make_pipeline, repo, sent, monkeypatch):
+    run = _queued(make_pipeline, repo, sent)
+    Run.objects.filter(pk=run.pk).update(host="elsewhere")
+    forwarded = []
+
+    class App:
+        def send_task(self, name, args, queue):
+            forwarded.append((name, args, queue))
+
+    monkeypatch.setattr(runner, "current_app", App())
+    assert runner.advance(run.pk, None) == "forwarded"
+    assert forwarded == [(runner.ADVANCE_TASK, [run.pk, None], hosts.host_queue("elsewhere"))]
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "queued" and not run.lease_owner and run.steps == 0
+
+
+def test_a_host_that_cannot_reach_the_repository_leaves_the_run_queued(make_pipeline, repo, sent, tmp_path):
+    run = _queued(make_pipeline, repo, sent)
+    with override_settings(CP_HOST_REPOS=[str(tmp_path / "other-repos")]):
+        assert not hosts.can_reach(str(repo))
+        assert runner.advance(run.pk, None) == "unreachable"
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "queued" and run.host == ""
+    with override_settings(CP_HOST_REPOS=[str(repo.parent)]):
+        assert hosts.can_reach(str(repo))
+
+
+def test_a_stale_run_of_a_live_host_is_left_to_that_host(make_pipeline, repo, sent):
+    run = _queued(make_pipeline, repo, sent)
+    far = _host("far-alive", age_seconds=1)
+    _running_on(run, far.name)
+    counts = reconcile.reconcile()
+    assert counts["interrupted"] == counts["host_lost"] == 0
+    assert Run.objects.get(pk=run.pk).status == "running"
+    assert [host.name for host in reconcile.hosts_to_reconcile()] == [far.name]
+
+
+def test_a_lost_hosts_run_is_interrupted_once_and_recovered_only_after_its_host_confirms(make_pipeline, repo, sent):
+    run = _queued(make_pipeline, repo, sent)
+    far = _host("far-lost", age_seconds=600)
+    attempt = _running_on(run, far.name)
+    first, second = reconcile.reconcile(), reconcile.reconcile()
+    assert (first["host_lost"], second["host_lost"]) == (1, 0)
+    assert first["interrupted"] == 0  # nothing of it could be reaped or inspected here
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "waiting_review" and run.stop_reason == "interrupted"
+    assert run.stop_message.startswith("Host far-lost has had no heartbeat for 6"), run.stop_message
+    assert "not resumed on another host" in run.stop_message
+    assert run.stop_evidence["host_confirmed"] is False and run.stop_evidence["unconfirmed"] == [1]
+    assert Attempt.objects.get(pk=attempt.pk).status == "interrupted"
+    assert run.decisions.count() == 1  # one interruption, one decision for a person
+    decision = run.decisions.get(state="pending")
+    with pytest.raises(operations.OperationError) as refused:
+        operations.recover(run, decision.pk, "try again", "retry", reviewer="t")
+    assert refused.value.code == "host_unconfirmed" and "far-lost" in str(refused.value)
+    from engine import answers
+    offered = answers.actions(run)
+    assert not offered["recover"].applies and "far-lost" in offered["recover"].why  # the pages offer no Recover
+    assert not offered["recheck"].applies and offered["fail"].applies
+    assert reconcile.hosts_to_reconcile() == []  # the host is gone: nobody to send a pass to
+    # the host comes back: its own pass confirms the old processes gone
+    with override_settings(CP_HOST_NAME="far-lost"):
+        assert reconcile.reconcile()["host_confirmed"] == 1
+        assert reconcile.reconcile()["host_confirmed"] == 0
+    run = Run.objects.get(pk=run.pk)
+    assert run.stop_evidence["host_confirmed"] is True
+    assert "Host far-lost is back" in run.events.get(kind="host_confirmed").message
+    assert answers.actions(run)["recover"].applies
+    operations.recover(run, decision.pk, "try again", "retry", reviewer="t")
+    assert Run.objects.get(pk=run.pk).status == "queued"
+    assert sent == [(run.pk, None)]
+
+
+def test_a_queued_run_pinned_to_a_host_without_a_live_worker_says_so(make_pipeline, repo, sent):
+    run = _queued(make_pipeline, repo, sent)
+    Run.objects.filter(pk=run.pk).update(host="far-gone")
+    now = timezone.now()
+    rows = [{"alive": True, "queues": [hosts.host_queue("near")], "concurrency": 1, "runs": [], "name": "w@near",
+             "host": "near", "beat_at": now, "stopped_at": None, "beat_age_seconds": 1.0}]
+    text = workers.queued_without_worker(Run.objects.get(pk=run.pk), rows=rows, now=now)
+    assert text.startswith("This run is pinned to host far-gone"), text
+    assert "CP_HOST_NAME=far-gone" in text
+
+
+def test_each_worker_beat_records_its_host(db, settings):
+    beat = workers.WorkerBeat(lambda: {"name": "w1@here", "queues": ["runs", hosts.host_queue(hosts.this_host())],
+                                       "concurrency": 1, "pool_pids": []}, 1.0)
+    beat.beat()
+    host = Host.objects.get(name=hosts.this_host())
+    assert host.queue == hosts.host_queue(hosts.this_host())
+    assert host.var_dir == str(settings.VAR_DIR) and host.repo_roots == hosts.repo_roots()
+    assert hosts.is_alive(host) and host in hosts.live_hosts()
+
+
+def test_a_host_with_its_own_var_directory_adopts_a_run_created_elsewhere(make_pipeline, repo, sent, tmp_path,
+                                                                          settings):
+    pipeline = make_pipeline(protected_paths=["tests/**"])
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    made_here = (settings.VAR_DIR / run.control_dir / "definition.sha256").read_text()
+    other = tmp_path / "host-b-var"
+    with override_settings(VAR_DIR=other, CP_HOST_NAME="host-b"):
+        lease = machine.claim(run.pk, None, "host-b:1", "host-b")
+        done = hosts.adopt(run.pk, lease)
+        assert len(done) == 2, done
+        run = Run.objects.get(pk=run.pk)
+        assert run.worktree == str(other / "worktrees" / f"{run.pk}-{run.uid.hex[:8]}")
+        assert (other / run.control_dir / "definition.sha256").read_text() == made_here
+        assert (other / run.control_dir / "protected" / "files" / "tests" / "test_core.py").is_file()
+        assert hosts.adopt(run.pk, lease) == []  # at home now: nothing to do
+
+
+def test_a_host_that_reads_other_protected_files_refuses_the_run(make_pipeline, repo, sent, tmp_path):
+    run = operations.create_run(make_pipeline(protected_paths=["tests/**"]), str(repo), "main")
+    operations.request_start(run, requested_by="t", source="test")
+    records = [{**record, "sha256": "0" * 64} for record in Run.objects.get(pk=run.pk).protected_files]
+    assert records
+    Run.objects.filter(pk=run.pk).update(protected_files=records)  # as if host b's copy differed
+    with override_settings(VAR_DIR=tmp_path / "host-b-var", CP_HOST_NAME="host-b"):
+        assert runner.advance(run.pk, None) == "host_mismatch"
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "waiting_review" and run.stop_reason == "host_mismatch"
+    assert "Host host-b cannot take this run" in run.stop_message
+
+
+def test_the_control_panel_reads_a_hosts_files_from_its_mounted_var_directory(tmp_path):
+    from engine.steps.paths import var_path
+
+    mine, other = tmp_path / "web-var", tmp_path / "hosts" / "host-a"
+    (other / "runs" / "7").mkdir(parents=True)
+    (other / "runs" / "7" / "log.txt").write_text("from host a")
+    with override_settings(VAR_DIR=mine, CP_OTHER_VAR_DIRS=[str(other)]):
+        assert var_path("runs/7/log.txt").read_text() == "from host a"
+        assert var_path("runs/8/log.txt") == mine / "runs/8/log.txt"  # nowhere: its own path
+        (mine / "runs" / "7").mkdir(parents=True)
+        (mine / "runs" / "7" / "log.txt").write_text("mine")
+        assert var_path("runs/7/log.txt").read_text() == "mine"
+    with override_settings(VAR_DIR=mine, CP_OTHER_VAR_DIRS=[]):
+        assert var_path("runs/9/x") == mine / "runs/9/x"
+
+
+def test_a_start_this_host_cannot_take_goes_straight_to_a_host_that_reaches_the_repository(
+        make_pipeline, repo, sent, tmp_path, monkeypatch):
+    run = _queued(make_pipeline, repo, sent)
+    _host("reaches-it", age_seconds=1)
+    _host("reaches-other", age_seconds=1)
+    Host.objects.filter(name="reaches-it").update(repo_roots=[str(repo.parent)])
+    Host.objects.filter(name="reaches-other").update(repo_roots=[str(tmp_path / "elsewhere")])
+    # the suite's own workers beat as this machine's host, which reaches every path: this test's world
+    # is the two hosts above (the CI machine's workers once took the message the test meant to drop)
+    every_live_host = hosts.live_hosts
+    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [
+        host for host in every_live_host(now) if host.name in ("reaches-it", "reaches-other")])
+    forwarded = []
+
+    class App:
+        def send_task(self, name, args, queue):
+            forwarded.append((args, queue))
+
+    monkeypatch.setattr(runner, "current_app", App())
+    with override_settings(CP_HOST_REPOS=[str(tmp_path / "not-here")], CP_HOST_NAME="near"):
+        assert runner.advance_chain(run.pk, None) == "forwarded"
+        assert forwarded == [([run.pk, None, ["near"]], hosts.host_queue("reaches-it"))]
+        # that host found it cannot either: nobody else is left to ask, the message is dropped
+        assert runner.advance_chain(run.pk, None, tried=["reaches-it"]) == "unreachable"
+    assert len(forwarded) == 1 and Run.objects.get(pk=run.pk).status == "queued"
