@@ -213,3 +213,16 @@ def load() -> str:
     """The machine's load averages (1, 5, 15 minutes) and core count, for the report."""
     one, five, fifteen = os.getloadavg()
     return f"load {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def verdict(name: str, problems: list[str], failures: list[str], passed: str) -> int:
+    """Print the benchmark's last line and return its exit status: ``FAIL: NAME: ...`` (1) when a run
+    did not succeed (``problems``, the first three said) or a target was missed (``failures``, each a
+    sentence), else ``PASS: NAME: passed`` (0)."""
+    said = ([f"{len(problems)} runs did not succeed: " + "; ".join(problems[:3])] if problems else []) + failures
+    if said:
+        print(f"FAIL: {name}: " + "; ".join(said))
+        return 1
+    print(f"PASS: {name}: {passed}")
+    return 0
+

@@ -98,17 +98,13 @@ def main() -> int:
               f"{old_first / old_alone:.2f}x its own); total: {total / old_total:.2f}x the baseline's (target <= {TOTAL_TARGET}x)")
     finally:
         system.close()
-    verdicts = [f"{len(problems)} runs did not succeed: " + "; ".join(problems)] if problems else []
+    failures = []
     if first / alone > FIRST_TARGET:
-        verdicts.append(f"the first run took {first / alone:.2f}x its solo time")
+        failures.append(f"the first run took {first / alone:.2f}x its solo time")
     if total / old_total > TOTAL_TARGET:
-        verdicts.append(f"the total is {total / old_total:.2f}x the baseline's")
-    if verdicts:
-        print("FAIL: fairness: " + "; ".join(verdicts))
-        return 1
-    print(f"PASS: fairness: first {first / alone:.2f}x solo (<= {FIRST_TARGET}x), total {total / old_total:.2f}x "
-          f"the baseline's (<= {TOTAL_TARGET}x)")
-    return 0
+        failures.append(f"the total is {total / old_total:.2f}x the baseline's")
+    return eb.verdict("fairness", problems, failures, f"first {first / alone:.2f}x solo (<= {FIRST_TARGET}x), total "
+                      f"{total / old_total:.2f}x the baseline's (<= {TOTAL_TARGET}x)")
 
 
 if __name__ == "__main__":

@@ -76,17 +76,13 @@ def main() -> int:
     half = figures[len(figures) // 2]
     print(f"\ngrowth after the warm-up: pool {pool1 - pool0:+.1f} MB, main {main1 - main0:+.1f} MB "
           f"(second half of the runs: pool {pool1 - half[1]:+.1f} MB, main {main1 - half[0]:+.1f} MB)")
-    verdicts = [f"{len(problems)} runs did not succeed: " + "; ".join(problems[:3])] if problems else []
+    failures = []
     if pool1 - pool0 >= TARGET_MB:
-        verdicts.append(f"the pool process grew {pool1 - pool0:.1f} MB")
+        failures.append(f"the pool process grew {pool1 - pool0:.1f} MB")
     if main1 - main0 >= TARGET_MB:
-        verdicts.append(f"the main process grew {main1 - main0:.1f} MB")
-    if verdicts:
-        print("FAIL: worker memory: " + "; ".join(verdicts))
-        return 1
-    print(f"PASS: worker memory: growth over {args.runs} runs < {TARGET_MB:.0f} MB (pool {pool1 - pool0:+.1f} MB, "
-          f"main {main1 - main0:+.1f} MB)")
-    return 0
+        failures.append(f"the main process grew {main1 - main0:.1f} MB")
+    return eb.verdict("worker memory", problems, failures, f"growth over {args.runs} runs < {TARGET_MB:.0f} MB (pool "
+                      f"{pool1 - pool0:+.1f} MB, main {main1 - main0:+.1f} MB)")
 
 
 if __name__ == "__main__":

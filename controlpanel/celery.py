@@ -5,6 +5,7 @@ Workers start with ``celery -A controlpanel worker`` (the flags: engine/worker_p
 ``celery -A controlpanel beat``, which runs the ``engine.reconcile`` entry every
 ``CP_RECONCILE_PERIOD`` seconds in its own process (controlpanel/beat.py).
 """
+import logging
 import os
 from queue import Empty
 
@@ -86,7 +87,16 @@ def _schedule_reconcile(sender, **kwargs):
 def _consume_the_host_queue(sender, instance, **kwargs):
     """Every worker also consumes its host's own queue (engine/hosts.py ``host_queue``), where the
     steps of the runs pinned to this host go (Celery's documented ``celeryd_after_setup`` +
-    ``app.amqp.queues.select_add``)."""
-    from engine.hosts import host_queue, this_host
+    ``app.amqp.queues.select_add``). A worker whose host name another live worker serves with another
+    var directory is refused here, before it consumes anything (engine/hosts.py ``disk_conflict``)."""
+    from engine.hosts import disk_conflict, host_queue, this_host
 
+    try:
+        conflict = disk_conflict()
+    except Exception:  # the database away at start: the worker starts, as it did before hosts were records
+        logging.getLogger("engine.hosts").warning("could not check this host's var directory", exc_info=True)
+        conflict = ""
+    if conflict:
+        logging.getLogger("engine.hosts").error("worker refused: %s", conflict)
+        raise SystemExit(f"worker refused: {conflict}")  # BaseException: Celery's signal dispatch re-raises it
     instance.app.amqp.queues.select_add(host_queue(this_host()))

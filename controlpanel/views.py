@@ -60,7 +60,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from engine import answers, operations, process, transcript, workers
+from engine import answers, hosts, operations, process, transcript, workers
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
 
@@ -976,6 +976,7 @@ def build_header(run: Run, pending: list[Decision] | None = None) -> dict:
             "elapsed_time": seconds_text(_span(run.started_at, run.finished_at)) if run.started_at else "",
             "stale_limit": f"{settings.CP_HEARTBEAT_STALE:.0f}", "reconcile_period": f"{settings.CP_RECONCILE_PERIOD:.0f}",
             "waiting_for": _waiting_for(run, pending), "queued_without_worker": queued,
+            "host": hosts.run_host_facts(run),
             "follows": run.status not in RUN_TERMINAL, "header_poll": HEADER_POLL_SECONDS,
             "header_url": reverse("admin:engine_run_header", args=[run.pk])}
 

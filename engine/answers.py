@@ -81,23 +81,31 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None, stages: 
     return {
         RunStatus.PENDING: "Waiting for Start.",
         RunStatus.QUEUED: "Waiting for a worker to claim it.",
-        RunStatus.WAITING_REVIEW: ("Waiting for a person: recover it (retry or verify), recheck it, or fail it."
-                                   if _has_result_at_waiting_stage(run, stages, attempts) else
-                                   "Waiting for a person: recover it with a retry (the stage never produced a result "
-                                   "to verify or recheck), or fail it."),
+        RunStatus.WAITING_REVIEW: _review_sentence(run, stages, attempts) if run.status == RunStatus.WAITING_REVIEW
+        else "",
         RunStatus.WAITING_APPROVAL: (f"Waiting for a person to approve files {approval.artifact[:12]}, request "
                                      f"changes, recheck or fail it." if approval else "Waiting for approval."),
     }.get(run.status, "")
 
 
-def _has_result_at_waiting_stage(run: Run, stages: list[StageRun] | None, attempts: list | None) -> bool:
-    """``stage_has_result(waiting_stage(run))``, from the caller's rows when it has them."""
-    if run.status != RunStatus.WAITING_REVIEW:
-        return False  # only the waiting_review sentence asks, and only then is it evaluated
+#: A run waiting for review with every stage passed: it stopped in the final verification.
+FINAL_REVIEW_SENTENCE = ("Waiting for a person: every stage passed and the run stopped in its final verification; "
+                         "recover it to run the final verification again, or fail it.")
+
+
+def _review_sentence(run: Run, stages: list[StageRun] | None, attempts: list | None) -> str:
+    """What a run waiting for review waits for: recover (retry or verify), recheck or fail when its
+    waiting stage has a result (``stage_has_result``), only a retry when it has none, and the final
+    verification again when no stage waits (every stage passed). From the caller's rows when it has them."""
     stage = waiting_stage(run, stages)
-    if stage is None or attempts is None:
-        return stage_has_result(stage)
-    return stage_has_result(stage, [a for a in attempts if a.stage_id == stage.pk])
+    if stage is None:
+        return FINAL_REVIEW_SENTENCE
+    has = stage_has_result(stage) if attempts is None else stage_has_result(
+        stage, [a for a in attempts if a.stage_id == stage.pk])
+    if has:
+        return "Waiting for a person: recover it (retry or verify), recheck it, or fail it."
+    return ("Waiting for a person: recover it with a retry (the stage never produced a result to verify or "
+            "recheck), or fail it.")
 
 
 def waiting_stage(run: Run, stages: list[StageRun] | None = None) -> StageRun | None:
@@ -213,11 +221,13 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
 def _nothing_to_recheck(run: Run) -> str:
     """Why Recheck does not apply to a waiting run whose stage never produced a result ('' when it did)."""
     stage = waiting_stage(run)
+    if stage is None:
+        return ("every stage passed: there is no stage to recheck; recover the run to run its final verification "
+                "again")
     if stage_has_result(stage):
         return ""
-    where = f"stage '{stage.key}'" if stage is not None else "no stage"
-    return (f"{where} never produced a result (no implement or repair attempt left one): there is nothing to "
-            f"recheck; recover with retry")
+    return (f"stage '{stage.key}' never produced a result (no implement or repair attempt left one): there is "
+            f"nothing to recheck; recover with retry")
 
 
 def _verify_offer(stage: StageRun | None) -> dict:

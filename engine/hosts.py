@@ -32,7 +32,8 @@ from .models import Host, Run
 log = logging.getLogger("engine.hosts")
 
 __all__ = ["this_host", "host_queue", "repo_roots", "covers", "can_reach", "beat", "is_alive", "stale_seconds",
-           "live_hosts", "queue_for", "host_age", "adopt", "AdoptionError", "host_rows", "reaching_host"]
+           "live_hosts", "queue_for", "host_age", "adopt", "AdoptionError", "host_rows", "reaching_host", "disk_conflict",
+           "run_host_facts", "records_place"]
 
 
 def this_host() -> str:
@@ -78,6 +79,29 @@ def beat(now: datetime | None = None) -> Host:
     return host
 
 
+def disk_conflict(now: datetime | None = None) -> str:
+    """Why a worker starting now must not join this host, or ``""``: another live worker of the same
+    ``CP_HOST_NAME`` (a ``Worker`` row of this host, not stopped, that beat less than ``CP_WORKER_STALE``
+    seconds ago) records another var directory for it. One host is one disk: its runs' worktrees are
+    found under the var directory its row names, so two disks under one name would lose each other's
+    runs. Two queries; ``""`` when the database cannot say (the worker then starts, as before)."""
+    from .models import Worker  # engine/workers.py imports this module
+
+    now = now or timezone.now()
+    row = Host.objects.filter(name=this_host()).first()
+    mine = os.path.realpath(str(settings.VAR_DIR))
+    if row is None or not row.var_dir or os.path.realpath(row.var_dir) == mine:
+        return ""
+    fresh = now - timedelta(seconds=float(settings.CP_WORKER_STALE))
+    others = list(Worker.objects.filter(host=this_host(), stopped_at__isnull=True, beat_at__gt=fresh)
+                  .order_by("name").values_list("name", flat=True))
+    if not others:
+        return ""  # the other disk's workers are gone: this one takes the name over
+    return (f"host {this_host()} (CP_HOST_NAME) is already served by live worker(s) {', '.join(others)} with the var "
+            f"directory {row.var_dir}; this worker's is {mine}. One host name is one disk: give this worker its "
+            f"own CP_HOST_NAME, or the same CP_VAR_DIR (README.md, \"Several hosts\").")
+
+
 def stale_seconds() -> float:
     """``CP_HOST_STALE``: seconds after its last beat a host counts as gone."""
     return float(settings.CP_HOST_STALE)
@@ -94,6 +118,33 @@ def is_alive(host: Host | None, now: datetime | None = None) -> bool:
     """True when ``host`` beat less than ``CP_HOST_STALE`` seconds ago."""
     age = host_age(host, now)
     return age is not None and age < stale_seconds()
+
+
+def run_host_facts(run: Run) -> dict:
+    """``{"host", "host_alive", "host_beat_age_seconds"}`` of ``run``: the host its first claim pinned
+    it to (null before), whether that host beat less than CP_HOST_STALE seconds ago, and the seconds
+    since its last beat (null for no host, or a host that never beat). The shape of ``run_status``'s
+    keys (docs/run-status.md). One query."""
+    if not run.host:
+        return {"host": None, "host_alive": None, "host_beat_age_seconds": None}
+    row = Host.objects.filter(name=run.host).first()
+    age = host_age(row)
+    return {"host": run.host, "host_alive": is_alive(row),
+            "host_beat_age_seconds": round(age, 1) if age is not None else None}
+
+
+def records_place(run: Run) -> str:
+    """Where ``run``'s records are, for a person: for a run of another host (its attempts' logs and
+    checks are on that host's disk), ``"DIR on host NAME"`` with DIR under that host's var directory as
+    its row records it; else their folder here (under CP_VAR_DIR, or a mounted CP_OTHER_VAR_DIRS that
+    has them). One query at most."""
+    from .steps.paths import var_path  # engine/steps imports this module's neighbours
+
+    if not run.host or run.host == this_host():
+        return str(var_path(run.control_dir))
+    row = Host.objects.filter(name=run.host).first()
+    where = Path(row.var_dir) / run.control_dir if row and row.var_dir else Path(run.control_dir)
+    return f"{where} on host {run.host}"
 
 
 def live_hosts(now: datetime | None = None) -> list[Host]:

@@ -790,16 +790,19 @@ def take_over(run_id: int, token: str, heartbeat_at, owner: str) -> str | None:
     return mine if won else None
 
 
-def host_confirmed(run_id: int, sentence: str, reaped: int) -> bool:
+def host_confirmed(run_id: int, sentence: str, reaped: int, effects: dict | None = None) -> bool:
     """Record that the host of run ``run_id``, which a reconciler elsewhere marked interrupted while
     the host was gone (``stop_evidence.host_confirmed`` False), confirmed its old processes gone:
-    the evidence says ``host_confirmed: True`` (and ``host_reaped``), and an event says ``sentence``.
-    The run's status is not changed (a person recovers it). False when it was confirmed already."""
+    the evidence says ``host_confirmed: True`` (and ``host_reaped``; with ``effects``, engine/reconcile.py
+    ``inspect_effects``' answer, its ``effects`` and ``journal_intents``, as a local interruption
+    records them), and an event says ``sentence``. The run's status is not changed (a person
+    recovers it). False when it was confirmed already."""
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         if (run.stop_evidence or {}).get("host_confirmed") is not False:
             return False
-        run.stop_evidence = {**run.stop_evidence, "host_confirmed": True, "host_reaped": reaped}
+        seen = {"effects": effects["attempts"], "journal_intents": effects["journal_intents"]} if effects else {}
+        run.stop_evidence = {**run.stop_evidence, "host_confirmed": True, "host_reaped": reaped, **seen}
         run.save(update_fields=["stop_evidence", "updated_at"])
         event(run, "host_confirmed", sentence, data={"host": run.host, "reaped": reaped})
     return True

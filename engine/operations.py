@@ -17,7 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, machine, protected, reconcile, runner, workspace
+from . import answers, hosts, machine, protected, reconcile, runner, workspace
 from .steps import gate_results
 from .steps.common import role_profiles
 from .steps.paths import var_path
@@ -820,7 +820,8 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
 def run_status(run) -> dict:
     """The public JSON shape of a run (a contract: later versions add fields, never rename).
 
-    Keys: id, status, simulated, pipeline, repo, revision, commit, branch, worktree, stop_reason,
+    Keys: id, status, simulated, pipeline, repo, revision, commit, branch, worktree, host, host_alive,
+    host_beat_age_seconds (engine/hosts.py ``run_host_facts``), stop_reason,
     stop_message, stop_evidence, waiting_for ('start' | 'worker' | 'review' | 'approval' | None),
     active_seconds, heartbeat_age_seconds, heartbeat_stale (running, but no heartbeat for longer than
     CP_HEARTBEAT_STALE: its worker may be gone, and reconciliation will interrupt it), not_included, protected_files, budgets, pending_decision, stages[{key, status,
@@ -883,7 +884,7 @@ def run_status(run) -> dict:
         "id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
         "simulated_reason": run.simulated_reason or None,
         "pipeline": run.pipeline_name, "repo": run.repo_path, "revision": run.revision, "commit": run.commit,
-        "branch": run.branch, "worktree": run.worktree, "stop_reason": run.stop_reason or None,
+        "branch": run.branch, "worktree": run.worktree, **hosts.run_host_facts(run), "stop_reason": run.stop_reason or None,
         "stop_message": run.stop_message or None, "stop_evidence": run.stop_evidence or None,
         "waiting_for": waiting, "active_seconds": round(run.active_seconds, 3),
         "heartbeat_age_seconds": heartbeat_age,

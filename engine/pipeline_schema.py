@@ -1303,14 +1303,12 @@ def _reviewers(value):
         return value
     if isinstance(value, list):
         if not value:
-            raise PydanticCustomError("blank", "is blank")
+            _fail("is an empty list: name at least one profile that reviews, or write null for no review")
         if len(set(value)) != len(value):
             _fail("names a profile twice; each reviewer is a different profile")
         return value
-    if not value:
-        raise PydanticCustomError("blank", "is blank")
     if not value.strip():
-        _fail("is required (the profile that reviews, read-only)")
+        _fail("is blank: name the profile that reviews (read-only), a list of profiles, or write null for no review")
     return value
 
 

@@ -41,8 +41,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import hosts, machine, notifications, process, runner, steps, workspace
-from .models import (ATTEMPT_OPEN, Attempt, Check, Host, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageStatus,
-                     StartRequest)
+from .models import (ATTEMPT_OPEN, Attempt, Check, Host, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageRun,
+                     StageStatus, StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
 from .steps.paths import attempt_homes
 
@@ -173,10 +173,11 @@ def reap_run(run: Run) -> dict:
     return {"reaped": reaped, "unconfirmed": unconfirmed}
 
 
-def inspect_effects(run: Run) -> dict:
+def inspect_effects(run: Run, attempt_ids: list[int] | None = None) -> dict:
     """What the interrupted work left behind, looked at before anything is repeated.
 
-    For each open attempt: the worktree's manifest now against the attempt's starting manifest
+    For each open attempt (or each of ``attempt_ids``, attempts already closed as interrupted by a
+    pass on another host: ``confirm_returned``): the worktree's manifest now against the attempt's starting manifest
     (``start_manifest``) and the files that differ; for the run: checkpoint journal entries still
     in ``intent``. The manifest is stored as a control record. Returns ``{"attempts": [{"attempt",
     "number", "start_manifest", "manifest", "changed": [{"path", "status"}] | None, "problem"}],
@@ -184,7 +185,9 @@ def inspect_effects(run: Run) -> dict:
     (``problem`` says why it could not be inspected).
     """
     found, sentences = [], []
-    for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).select_related("stage"):
+    which = (Attempt.objects.filter(run_id=run.pk, pk__in=attempt_ids) if attempt_ids is not None
+             else Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN))
+    for attempt in which.select_related("stage").order_by("id"):
         item = {"attempt": attempt.pk, "number": attempt.number, "start_manifest": attempt.start_manifest or None,
                 "manifest": None, "changed": None, "problem": ""}
         try:
@@ -346,21 +349,8 @@ def interrupt(run_id: int, token: str, heartbeat_at):
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.lease_token != mine:
             return False
-        stage = None
-        for attempt in Attempt.objects.filter(run_id=run_id, status__in=ATTEMPT_OPEN).select_related("stage"):
-            known = None
-            if attempt.started_at:  # known to have run until the last heartbeat
-                known = max(0.0, (heartbeat_at - attempt.started_at).total_seconds())
-            log_file = var_path(attempt.log_path) if attempt.log_path else None
-            if log_file is not None and log_file.is_file():
-                attempt.output_bytes = log_file.stat().st_size  # its partial output, kept
-            machine.attempt_interrupted(
-                attempt, "The worker running this attempt stopped beating; the attempt was interrupted.", known)
-            stage = attempt.stage
-        Check.objects.filter(run_id=run_id, ended_at=None).update(
-            ended_at=timezone.now(), failure_kind="interrupted")  # gates that were running: not failed, cut
-        if stage is None:
-            stage = run.stages.exclude(status__in=["passed", "pending"]).order_by("order").first()
+        stage, _ = _cut_open_work(run, heartbeat_at,
+                                  "The worker running this attempt stopped beating; the attempt was interrupted.")
         reaped, unconfirmed = reaping["reaped"], reaping["unconfirmed"]
         note = f" Processes reaped: {reaped}." if reaped else " No process of it was left."
         if unconfirmed:
@@ -380,6 +370,29 @@ def interrupt(run_id: int, token: str, heartbeat_at):
     return True
 
 
+def _cut_open_work(run: Run, heartbeat_at, message: str) -> tuple[StageRun | None, list[Attempt]]:
+    """In the caller's transaction, with ``run`` locked and taken over: close its open attempts as
+    ``interrupted`` with ``message`` (each known to have run until ``heartbeat_at``, the last
+    heartbeat; its partial output's size kept where its log is on this disk) and cut its running
+    checks (``failure_kind`` interrupted: cut, not failed). Returns the stage to stop at (the last
+    interrupted attempt's, else the first stage neither passed nor pending) and the attempts closed."""
+    stage, cut = None, []
+    for attempt in Attempt.objects.filter(run_id=run.pk, status__in=ATTEMPT_OPEN).select_related("stage"):
+        known = None
+        if attempt.started_at:  # known to have run until the last heartbeat
+            known = max(0.0, (heartbeat_at - attempt.started_at).total_seconds())
+        log_file = var_path(attempt.log_path) if attempt.log_path else None
+        if log_file is not None and log_file.is_file():
+            attempt.output_bytes = log_file.stat().st_size  # its partial output, kept
+        machine.attempt_interrupted(attempt, message, known)
+        stage = attempt.stage
+        cut.append(attempt)
+    Check.objects.filter(run_id=run.pk, ended_at=None).update(ended_at=timezone.now(), failure_kind="interrupted")
+    if stage is None:
+        stage = run.stages.exclude(status__in=["passed", "pending"]).order_by("order").first()
+    return stage, cut
+
+
 def interrupt_lost_host(run_id: int, token: str, heartbeat_at, host: str, silent_seconds: float | None) -> bool:
     """Mark running run ``run_id``, pinned to ``host`` which has had no heartbeat for
     ``silent_seconds`` (None: it never beat), interrupted: its open attempts ``interrupted``, its
@@ -397,15 +410,9 @@ def interrupt_lost_host(run_id: int, token: str, heartbeat_at, host: str, silent
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.lease_token != mine:
             return False
-        stage, numbers = None, []
-        for attempt in Attempt.objects.filter(run_id=run_id, status__in=ATTEMPT_OPEN).select_related("stage"):
-            known = max(0.0, (heartbeat_at - attempt.started_at).total_seconds()) if attempt.started_at else None
-            machine.attempt_interrupted(attempt, f"Host {host} stopped beating; the attempt was interrupted (its "
-                                        f"processes are on that host).", known)
-            stage, numbers = attempt.stage, numbers + [attempt.number]
-        Check.objects.filter(run_id=run_id, ended_at=None).update(ended_at=timezone.now(), failure_kind="interrupted")
-        if stage is None:
-            stage = run.stages.exclude(status__in=["passed", "pending"]).order_by("order").first()
+        stage, cut = _cut_open_work(run, heartbeat_at, f"Host {host} stopped beating; the attempt was interrupted "
+                                                       f"(its processes are on that host).")
+        numbers, ids = [attempt.number for attempt in cut], [attempt.pk for attempt in cut]
         machine.stop(run, "interrupted",
                      f"Host {host} has had no heartbeat for {silent}: the step it was running was interrupted and "
                      f"completed stages were kept. Its processes and its worktree are on that host, so they could not "
@@ -413,7 +420,7 @@ def interrupt_lost_host(run_id: int, token: str, heartbeat_at, host: str, silent
                      f"another host. When host {host} is back, its reconciliation confirms the old processes gone; "
                      f"then the run can be recovered (or fail it now).", stage=stage,
                      evidence={"host": host, "host_confirmed": False, "host_silent_seconds": silent_seconds,
-                               "unconfirmed": numbers, "reaped": 0})
+                               "unconfirmed": numbers, "interrupted_attempts": ids, "reaped": 0})
     log.warning("reconcile: run %s interrupted: host %s has had no heartbeat for %s", run_id, host, silent)
     return True
 
@@ -421,9 +428,11 @@ def interrupt_lost_host(run_id: int, token: str, heartbeat_at, host: str, silent
 def confirm_returned() -> int:
     """For each run of this host that a pass elsewhere marked interrupted while the host was gone
     (``host_confirmed: False``): reap what is left of its processes here (``reap_run``), remove the
-    attempts' HOMEs and a stale ``index.lock``, then record the confirmation (engine/machine.py
-    ``host_confirmed``), after which the run may be recovered. Returns how many runs were confirmed.
-    A run whose reaping fails is left unconfirmed (logged); a later pass tries again."""
+    attempts' HOMEs and a stale ``index.lock``, look at what the interrupted attempts left in the
+    worktree (``inspect_effects``: the manifest against each attempt's start, its patch kept), then
+    record the confirmation with that evidence (engine/machine.py ``host_confirmed``), after which the
+    run may be recovered. Returns how many runs were confirmed. A run whose reaping fails is left
+    unconfirmed (logged); a later pass tries again."""
     confirmed = 0
     for run in Run.objects.filter(host=hosts.this_host(), stop_evidence__host_confirmed=False):
         try:
@@ -432,14 +441,15 @@ def confirm_returned() -> int:
                 continue  # an attempt of yet another host: not ours to confirm
             shutil.rmtree(attempt_homes(run.pk), ignore_errors=True)
             lock = _clear_index_lock(run)
+            effects = inspect_effects(run, (run.stop_evidence or {}).get("interrupted_attempts") or [])
         except Exception:
             log.exception("reconcile: confirming the processes of run %s gone failed; a later pass tries again",
                           run.pk)
             continue
         sentence = (f"Host {hosts.this_host()} is back: its reconciliation confirmed the processes of this run gone "
-                    f"({reaping['reaped']} were still alive and were stopped). {lock['sentence']} The run can be "
-                    f"recovered now.").replace("  ", " ")
-        if machine.host_confirmed(run.pk, sentence, reaping["reaped"]):
+                    f"({reaping['reaped']} were still alive and were stopped). {lock['sentence']} "
+                    f"{effects['sentence']} The run can be recovered now.").replace("  ", " ").replace("  ", " ")
+        if machine.host_confirmed(run.pk, sentence, reaping["reaped"], effects):
             confirmed += 1
     return confirmed
 

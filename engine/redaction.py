@@ -30,6 +30,11 @@ made it recognisable (``_REST``: up to whitespace, a quote, a backslash, a brack
 ``&``, ``@`` or a trailing punctuation mark), so no piece of its body survives after
 ``[REDACTED]`` (issue 13 saw ``[REDACTED]_UZG0lgg``).
 
+A credential that terminal escape sequences split (``grep --color`` colouring part of a key, a
+hyperlink around a piece of it), raw or JSON-escaped (``\\u001b[1m``), is found too: where the data
+holds an escape, the rules run again on a copy without the escapes (``_strip_escapes``) and what they
+find is mapped back, so the escapes inside the credential go with it and the others stay as printed.
+
 JSON-escaped output (stream-json lines, docs/field-cases.md C14) is handled: token bodies never include a
 backslash or a quote, so a key inside ``"...sk_live_XXXX\\n..."`` ends at the ``\\`` of
 ``\\n`` and the closing quote is kept; escaped ``\\/`` inside base64 values and escaped
@@ -49,6 +54,7 @@ for private key blocks), whose remainder is not redacted.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -271,30 +277,11 @@ class Redactor:
             return b""
 
         # spans: (match start, match end, redact start, redact end, open-until)
-        spans: list[tuple[int, int, int, int, int]] = []
-        low: bytes | None = None
-        for rule in _RULES:
-            if rule.needs and not any(b in buf for b in rule.needs):
-                continue
-            if rule.lower:
-                if low is None:
-                    low = buf.lower()
-                haystack = low
-            else:
-                haystack = buf
-            for m in rule.regex.finditer(haystack, start):
-                s = m.start() - rule.back
-                if s < start:  # anchor offset reaches into already-emitted context
-                    continue
-                rs, re_ = m.span(rule.group)
-                if rule.group == 0:
-                    rs = s
-                if buf[rs:re_] == REDACTED:  # an earlier pass's marker (a URL password already gone): nothing new
-                    continue
-                spans.append((s, m.end(), rs, re_, m.end() + rule.margin))
-        for lit in self._literals:
-            for m in lit.finditer(buf, start):
-                spans.append((m.start(), m.end(), m.start(), m.end(), m.end()))
+        spans = self._spans(buf, start)
+        if _ESCAPE_HINT.search(buf, start):  # colour escapes may split a credential: look again without them
+            stripped, cuts = _strip_escapes(buf, start)
+            if cuts:
+                spans += [_unstrip(span, cuts, len(stripped)) for span in self._spans(stripped, start)]
 
         if final:
             safe = end
@@ -337,6 +324,76 @@ class Redactor:
         self._tail = buf[keep_from:] if not final else b""
         self._start = safe - keep_from if not final else 0
         return out
+
+
+    def _spans(self, buf: bytes, start: int) -> list[tuple[int, int, int, int, int]]:
+        """Every rule's and literal's matches in ``buf`` from ``start``: ``(match start, match end,
+        redact start, redact end, open-until)``."""
+        spans: list[tuple[int, int, int, int, int]] = []
+        low: bytes | None = None
+        for rule in _RULES:
+            if rule.needs and not any(b in buf for b in rule.needs):
+                continue
+            if rule.lower:
+                if low is None:
+                    low = buf.lower()
+                haystack = low
+            else:
+                haystack = buf
+            for m in rule.regex.finditer(haystack, start):
+                s = m.start() - rule.back
+                if s < start:  # anchor offset reaches into already-emitted context
+                    continue
+                rs, re_ = m.span(rule.group)
+                if rule.group == 0:
+                    rs = s
+                if buf[rs:re_] == REDACTED:  # an earlier pass's marker (a URL password already gone): nothing new
+                    continue
+                spans.append((s, m.end(), rs, re_, m.end() + rule.margin))
+        for lit in self._literals:
+            for m in lit.finditer(buf, start):
+                spans.append((m.start(), m.end(), m.start(), m.end(), m.end()))
+        return spans
+
+
+#: Terminal escape sequences (CSI, such as colours ``ESC[31m``, and OSC ``ESC]...BEL``), raw or written
+#: as JSON or shell escapes (``\\u001b[31m``, ``\\x1b[31m``, ``\\033[31m``, ``\\e[31m``), which a
+#: program may print inside a credential (colouring part of it).
+_ESCAPE = re.compile(rb"(?:\x1b|\\u001[bB]|\\x1[bB]|\\033|\\e)"
+                     rb"(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\\]{0,256}(?:\x07|\x1b\\|\\u0007|\\x07|\\a))")
+_ESCAPE_HINT = re.compile(rb"\x1b|\\u001[bB]|\\x1[bB]|\\033|\\e[\[\]]")
+
+
+def _strip_escapes(buf: bytes, start: int) -> tuple[bytes, list[tuple[int, int]]]:
+    """``buf`` with the escape sequences after ``start`` removed, and the cuts: ``[(offset in the
+    stripped bytes, bytes removed there and before)]``, ascending (``_unstrip`` maps back)."""
+    parts, cuts, pos, removed = [buf[:start]], [], start, 0
+    for m in _ESCAPE.finditer(buf, start):
+        parts.append(buf[pos:m.start()])
+        removed += m.end() - m.start()
+        cuts.append((m.start() - removed + (m.end() - m.start()), removed))
+        pos = m.end()
+    parts.append(buf[pos:])
+    return b"".join(parts), cuts
+
+
+def _unstrip(span: tuple[int, int, int, int, int], cuts: list[tuple[int, int]], length: int) -> tuple:
+    """A span found in the stripped bytes (``_strip_escapes``) as offsets of the original: a start
+    goes after the escapes cut at its offset, an end before them, so a match that an escape split
+    covers that escape too and one that merely touches an escape does not swallow it."""
+    at = [c[0] for c in cuts]
+
+    def first(p: int) -> int:  # a start: past every cut at or before p
+        n = bisect.bisect_right(at, p)
+        return p + (cuts[n - 1][1] if n else 0)
+
+    def last(p: int) -> int:  # an end: past the cuts strictly before p
+        n = bisect.bisect_left(at, p)
+        return p + (cuts[n - 1][1] if n else 0)
+
+    s, e, rs, re_, open_until = span
+    beyond = max(0, open_until - length)
+    return first(s), last(e), first(rs), last(re_), last(min(open_until, length)) + beyond
 
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> tuple[str, int]:

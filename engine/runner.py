@@ -91,11 +91,22 @@ def enqueue(run_id: int, token: str | None) -> None:
     """
     try:
         queue = hosts.queue_for(run_id)
-        # by name: engine/tasks.py defines the task and imports this module
-        current_app.send_task(ADVANCE_TASK, args=[run_id, token], queue=queue, retry=True,
-                              retry_policy={"max_retries": 3})
+    except Exception:
+        log.exception("run %s: could not read its host; reconciliation will enqueue it again", run_id)
+        return
+    send(run_id, [run_id, token], queue)
+
+
+def send(run_id: int, args: list, queue: str) -> bool:
+    """Send ``engine.advance_run(*args)`` to ``queue`` (by name: engine/tasks.py defines the task and
+    imports this module), retried 3 times by kombu. False when the broker could not be reached: logged,
+    and reconciliation sends the run's message again (its request is durable in the database)."""
+    try:
+        current_app.send_task(ADVANCE_TASK, args=args, queue=queue, retry=True, retry_policy={"max_retries": 3})
+        return True
     except Exception:
         log.exception("run %s: could not reach the broker; reconciliation will enqueue it again", run_id)
+        return False
 
 
 def advance(run_id: int, token: str | None = None) -> str:
@@ -160,7 +171,7 @@ def _not_here(run_id: int, token: str | None, tried: list[str] | None = None) ->
         return ""
     me = hosts.this_host()
     if row["host"] and row["host"] != me:
-        current_app.send_task(ADVANCE_TASK, args=[run_id, token], queue=hosts.host_queue(row["host"]))
+        send(run_id, [run_id, token], hosts.host_queue(row["host"]))
         log.info("run %s: pinned to host %s (its worktree is there); the message (token %s) is sent on to its "
                  "queue", run_id, row["host"], token or "-")
         return "forwarded"
@@ -168,7 +179,7 @@ def _not_here(run_id: int, token: str | None, tried: list[str] | None = None) ->
         tried = sorted({*(tried or []), me})
         other = hosts.reaching_host(row["repo_path"], exclude=tried)
         if other is not None:  # straight to a host that says it reaches it, not back to the shared queue
-            current_app.send_task(ADVANCE_TASK, args=[run_id, token, tried], queue=other.queue)
+            send(run_id, [run_id, token, tried], other.queue)
             log.info("run %s: host %s cannot reach its repository %s (CP_HOST_REPOS); sent on to host %s",
                      run_id, me, row["repo_path"], other.name)
             return "forwarded"

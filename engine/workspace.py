@@ -982,23 +982,29 @@ def remove_tree(path: str) -> None:
 def _unclutter(top: str) -> None:
     """What ``git clean`` would leave or fail on below ``top``, handled with the os module (no
     symlink followed, the top's ``.git`` not entered): FIFOs, sockets and device files removed
-    (git sees none of them), folders made readable, writable and searchable by their owner again."""
-    for folder, dirs, files in os.walk(top, followlinks=False):
-        if folder == top and ".git" in dirs:
-            dirs.remove(".git")
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.is_symlink():
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    with contextlib.suppress(OSError):
-                        mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
-                        if mode & stat.S_IRWXU != stat.S_IRWXU:
-                            os.chmod(entry.path, mode | stat.S_IRWXU)
-                elif not entry.is_file(follow_symlinks=False):
-                    with contextlib.suppress(OSError):
-                        os.remove(entry.path)
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+    (git sees none of them), folders made readable, writable and searchable by their owner again
+    (before they are listed: one ``scandir`` a folder)."""
+    folders = [top]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:  # gone meanwhile, or not a folder we may list even now: git clean says what is left
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+                    if mode & stat.S_IRWXU != stat.S_IRWXU:
+                        os.chmod(entry.path, mode | stat.S_IRWXU)
+                if not (folder == top and entry.name == ".git"):
+                    folders.append(entry.path)
+            elif not entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.remove(entry.path)
 
 
 def reset_to_commit(worktree: str, commit: str, *, repo: str | None = None, lock_wait: float = 0.0) -> bool:

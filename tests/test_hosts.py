@@ -3,14 +3,21 @@ that host's queue and no other host takes a step of it; reconciliation leaves a 
 that host, marks a lost host's runs interrupted once and waits for the host to confirm its old
 processes gone before a recovery. In-process, on the suite's database; tests/test_two_hosts.py runs
 two real hosts."""
+import io
+import subprocess
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
-from django.test import override_settings
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client, override_settings
+from django.urls import reverse
 from django.utils import timezone
 
-from engine import hosts, machine, operations, reconcile, runner, workers
-from engine.models import Attempt, Host, Run
+from engine import answers, hosts, machine, operations, reconcile, runner, worker_process, workers
+from engine.models import Attempt, Host, Run, Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,7 +78,7 @@ def test_a_worker_of_another_host_sends_the_step_on_instead_of_taking_it(make_pi
     forwarded = []
 
     class App:
-        def send_task(self, name, args, queue):
+        def send_task(self, name, args, queue, **retrying):
             forwarded.append((name, args, queue))
 
     monkeypatch.setattr(runner, "current_app", App())
@@ -120,17 +127,30 @@ def test_a_lost_hosts_run_is_interrupted_once_and_recovered_only_after_its_host_
     with pytest.raises(operations.OperationError) as refused:
         operations.recover(run, decision.pk, "try again", "retry", reviewer="t")
     assert refused.value.code == "host_unconfirmed" and "far-lost" in str(refused.value)
-    from engine import answers
     offered = answers.actions(run)
     assert not offered["recover"].applies and "far-lost" in offered["recover"].why  # the pages offer no Recover
     assert not offered["recheck"].applies and offered["fail"].applies
     assert reconcile.hosts_to_reconcile() == []  # the host is gone: nobody to send a pass to
+    # where the run is, and that its host is lost, in run_status (JSON and text) and the run page's header
+    status = operations.run_status(run)
+    assert (status["host"], status["host_alive"]) == ("far-lost", False) and status["host_beat_age_seconds"] >= 600
+    out = io.StringIO()
+    call_command("run_status", str(run.pk), stdout=out)
+    assert f"on host far-lost (LOST: no heartbeat for 6" in out.getvalue(), out.getvalue()
+    client = Client()
+    client.force_login(User.objects.create_superuser("hosts-admin", "h@example.invalid", "pw"))
+    header = client.get(reverse("admin:engine_run_header", args=[run.pk])).content.decode()
+    assert "on host <code>far-lost</code>: LOST, no heartbeat for 6" in header, header
     # the host comes back: its own pass confirms the old processes gone
     with override_settings(CP_HOST_NAME="far-lost"):
+        hosts.beat()  # its worker's first beat
         assert reconcile.reconcile()["host_confirmed"] == 1
         assert reconcile.reconcile()["host_confirmed"] == 0
     run = Run.objects.get(pk=run.pk)
     assert run.stop_evidence["host_confirmed"] is True
+    assert operations.run_status(run)["host_alive"] is True
+    assert "on host <code>far-lost</code></p>" in client.get(
+        reverse("admin:engine_run_header", args=[run.pk])).content.decode()
     assert "Host far-lost is back" in run.events.get(kind="host_confirmed").message
     assert answers.actions(run)["recover"].applies
     operations.recover(run, decision.pk, "try again", "retry", reviewer="t")
@@ -221,7 +241,7 @@ def test_a_start_this_host_cannot_take_goes_straight_to_a_host_that_reaches_the_
     forwarded = []
 
     class App:
-        def send_task(self, name, args, queue):
+        def send_task(self, name, args, queue, **retrying):
             forwarded.append((args, queue))
 
     monkeypatch.setattr(runner, "current_app", App())
@@ -231,3 +251,135 @@ def test_a_start_this_host_cannot_take_goes_straight_to_a_host_that_reaches_the_
         # that host found it cannot either: nobody else is left to ask, the message is dropped
         assert runner.advance_chain(run.pk, None, tried=["reaches-it"]) == "unreachable"
     assert len(forwarded) == 1 and Run.objects.get(pk=run.pk).status == "queued"
+
+
+def _live_worker_of(host: str, age_seconds: float = 1) -> Worker:
+    at = timezone.now() - timedelta(seconds=age_seconds)
+    return Worker.objects.create(name=f"w@{host}", host=host, pid=4242, started_at=at, beat_at=at)
+
+
+def test_a_second_disk_under_one_host_name_is_refused_while_the_first_has_live_workers(db, settings, tmp_path):
+    first = tmp_path / "first-disk"
+    with override_settings(CP_HOST_NAME="one-disk", VAR_DIR=first):
+        assert hosts.disk_conflict() == ""  # no row yet
+        hosts.beat()
+        assert hosts.disk_conflict() == ""  # the same disk: another worker of the host
+        _live_worker_of("one-disk")
+    with override_settings(CP_HOST_NAME="one-disk", VAR_DIR=tmp_path / "second-disk"):
+        said = hosts.disk_conflict()
+        assert "w@one-disk" in said and str(first) in said and str(tmp_path / "second-disk") in said
+        assert "own CP_HOST_NAME" in said
+        # the first disk's workers stopped (or went silent): the name may move to another disk
+        Worker.objects.filter(host="one-disk").update(stopped_at=timezone.now())
+        assert hosts.disk_conflict() == ""
+        Worker.objects.filter(host="one-disk").update(stopped_at=None,
+                                                      beat_at=timezone.now() - timedelta(seconds=3600))
+        assert hosts.disk_conflict() == ""
+    with override_settings(CP_HOST_NAME="another-host", VAR_DIR=tmp_path / "second-disk"):
+        assert hosts.disk_conflict() == ""
+
+
+@pytest.mark.slow
+def test_a_real_worker_started_on_a_second_disk_under_a_served_host_name_exits_refused(tmp_path):
+    from tests.conftest import Workers
+
+    first = tmp_path / "first-disk"
+    now = timezone.now()
+    Host.objects.create(name="one-disk", queue=hosts.host_queue("one-disk"), var_dir=str(first),
+                        started_at=now, beat_at=now)
+    _live_worker_of("one-disk")
+    env = {**Workers(1, tmp_path).env(), "CP_HOST_NAME": "one-disk", "CP_VAR_DIR": str(tmp_path / "second-disk")}
+    done = subprocess.run(worker_process.worker_argv(1, queue="disk-test"), cwd=str(settings.BASE_DIR), env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "worker refused: host one-disk (CP_HOST_NAME)" in said, said[-3000:]
+    assert " ready." not in said
+    assert Host.objects.get(name="one-disk").var_dir == str(first)  # it never beat
+
+
+def test_failing_a_run_of_another_host_says_where_its_evidence_is(make_pipeline, repo, sent, tmp_path):
+    run = _queued(make_pipeline, repo, sent)
+    far = _host("far-disk", age_seconds=600)
+    Host.objects.filter(pk=far.pk).update(var_dir="/srv/far-var")
+    _running_on(run, far.name)
+    Run.objects.filter(pk=run.pk).update(worktree="/srv/far-var/worktrees/x")
+    out = io.StringIO()
+    call_command("fail_run", str(run.pk), "--reason", "its host burned", stdout=out)
+    said = out.getvalue()
+    assert "1 process(es) reaped" not in said and "attempts [1] ran on host far-disk" in said, said
+    assert f"Evidence kept in /srv/far-var/{run.control_dir} on host far-disk" in said, said
+    assert "the worktree /srv/far-var/worktrees/x on host far-disk" in said, said
+    # a run that had no step in progress (interrupted when its host was lost) says so
+    other = _queued(make_pipeline, repo, sent)
+    _running_on(other, far.name)
+    assert reconcile.reconcile()["host_lost"] == 1
+    out = io.StringIO()
+    call_command("fail_run", str(other.pk), "--reason", "its host burned", stdout=out)
+    assert "no step was in progress" in out.getvalue() and "on host far-disk" in out.getvalue(), out.getvalue()
+
+
+def test_a_returning_host_inspects_what_its_interrupted_attempt_left_in_the_worktree(make_pipeline, repo, sent):
+    from engine import workspace
+    from engine.steps.attempts import _prepare_workspace
+    from engine.steps.common import manifest_excludes
+
+    run = _queued(make_pipeline, repo, sent)
+    with override_settings(CP_HOST_NAME="far-back"):
+        hosts.beat()
+        lease = machine.claim(run.pk, None, "far-back:1", "far-back")
+        hosts.adopt(run.pk, lease)
+        _prepare_workspace(Run.objects.get(pk=run.pk), lease)
+    run = Run.objects.get(pk=run.pk)
+    attempt = _running_on(run, "far-back")
+    stage = run.stages.get()
+    stage.base_commit = run.commit
+    stage.save()
+    attempt.start_manifest = workspace.manifest(run.worktree, run.commit, manifest_excludes(run))["digest"]
+    attempt.log_path = f"{run.control_dir}/attempts/1/log.txt"
+    attempt.save()
+    (settings.VAR_DIR / attempt.log_path).parent.mkdir(parents=True)
+    (settings.VAR_DIR / attempt.log_path).write_text("the agent's output until its host died\n")
+    (Path(run.worktree) / "left_behind.py").write_text("x = 1\n")  # what the agent wrote before its host died
+    Host.objects.filter(name="far-back").update(beat_at=timezone.now() - timedelta(seconds=600))
+    assert reconcile.reconcile()["host_lost"] == 1
+    with override_settings(CP_HOST_NAME="far-back"):
+        hosts.beat()
+        assert reconcile.reconcile()["host_confirmed"] == 1
+    run = Run.objects.get(pk=run.pk)
+    effects = run.stop_evidence["effects"]
+    assert [(e["attempt"], e["problem"]) for e in effects] == [(attempt.pk, "")]
+    assert effects[0]["changed"] == [{"path": "left_behind.py", "status": "added"}], effects
+    said = run.events.get(kind="host_confirmed").message
+    assert "Attempt 1 changed 1 file(s) in the worktree before it was interrupted (left_behind.py)" in said, said
+    kept = Attempt.objects.get(pk=attempt.pk)
+    assert kept.result_manifest.digest == effects[0]["manifest"] and kept.patch_path  # its result, unverified
+    assert answers.stage_has_result(run.stages.get())  # so Recover offers verify, as after a local interruption
+
+
+def test_a_host_name_that_cannot_name_a_queue_is_refused_at_start(tmp_path):
+    import json
+    import os
+    import sys
+
+    names = ["bad host", "a:b", "x" * 121, "ok-host.example_1"]
+    # the settings module read afresh for each name, as a process starting with it reads it (one process)
+    code = f"""
+import json, os, runpy
+from django.core.exceptions import ImproperlyConfigured
+said = {{}}
+for name in {names!r}:
+    os.environ["CP_HOST_NAME"] = name
+    try:
+        said[name] = runpy.run_path("controlpanel/settings.py")["CP_HOST_NAME"]
+    except ImproperlyConfigured as exc:
+        said[name] = "refused: " + str(exc)
+print(json.dumps(said))
+"""
+    env = {**os.environ, "CP_VAR_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=settings.BASE_DIR, capture_output=True,
+                          text=True, check=True)
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["ok-host.example_1"] == "ok-host.example_1"
+    for name in names[:3]:
+        assert said[name] == f"refused: CP_HOST_NAME={name!r}: a host name is 1 to 120 letters, digits, dots, " \
+                             f"dashes or underscores, starting with a letter or a digit", said[name]

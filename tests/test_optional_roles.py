@@ -26,6 +26,12 @@ def test_a_role_written_as_null_is_left_out_and_a_missing_one_is_still_an_error(
     with pytest.raises(PipelineFormatError) as wrong:
         pipeline_definition(roles={"implementer": "scripted", "reviewer": 5, "documenter": None})
     assert "roles.reviewer: must be a string, a list of strings or null (no review)" in str(wrong.value)
+    for blank, said in (("", "roles.reviewer: is blank: name the profile that reviews"),
+                        ("  ", "roles.reviewer: is blank: name the profile that reviews"),
+                        ([], "roles.reviewer: is an empty list: name at least one profile")):
+        with pytest.raises(PipelineFormatError) as empty:
+            pipeline_definition(roles={"implementer": "scripted", "reviewer": blank, "documenter": None})
+        assert said in str(empty.value) and "null for no review" in str(empty.value), str(empty.value)
     with pytest.raises(PipelineFormatError) as implementer:
         pipeline_definition(roles={"implementer": None, "reviewer": None, "documenter": None})
     assert "roles.implementer" in str(implementer.value)

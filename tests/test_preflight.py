@@ -255,3 +255,16 @@ def test_with_a_result_recheck_and_recover_verify_are_offered(run_row, attempt_s
     form = RecoverForm(initial=found["recover"].initial)
     assert [value for value, _ in form.fields["action"].choices] == ["retry", "verify"]
     assert json.dumps(operations.run_status(run)["actions"])  # the API's list stays JSON
+
+
+def test_a_run_stopped_in_its_final_verification_is_offered_the_final_verification_again(run_row):
+    run = run_row(status="waiting_review", stage_statuses=("passed", "passed"), stop_reason="interrupted")
+    decision = Decision.objects.create(run=run, stage=None, kind=Decision.Kind.REVIEW, reason="interrupted")
+    said = answers.waiting_sentence(run)
+    assert said == answers.FINAL_REVIEW_SENTENCE and "never produced a result" not in said
+    found = answers.actions(run)
+    assert found["recover"].applies and found["recover"].initial["verify"] is True
+    assert not found["recheck"].applies and "every stage passed: there is no stage to recheck" in found["recheck"].why
+    assert "never produced" not in waiting_hint(operations.run_status(run))
+    operations.recover(run, decision.pk, "the worker died in the final verification", "verify", reviewer="t")
+    assert Decision.objects.get(pk=decision.pk).state == "recovered"

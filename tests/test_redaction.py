@@ -414,7 +414,8 @@ def test_it_counts_redactions_per_run_with_a_shared_redactor(tmp_path, marker):
 
 def test_a_key_printed_with_a_colour_code_inside_it_is_redacted_in_both_logs(tmp_path):
     """`grep --color` puts escape sequences inside a matched key: the display text joins it again,
-    so it is redacted there, and the raw log is rewritten without escapes and redacted too."""
+    so it is redacted there, and the raw pass looks through the escapes too, so the raw log is
+    redacted as printed (the escapes around the key kept, those inside it gone with it)."""
     import secrets
     import string
     import sys
@@ -431,8 +432,27 @@ def test_a_key_printed_with_a_colour_code_inside_it_is_redacted_in_both_logs(tmp
     assert result.exit_code == 0
     display, raw_bytes = log.read_text(), raw.read_bytes()
     assert key not in display and body not in display and "[REDACTED]" in display and "after" in display
-    assert body.encode() not in raw_bytes and b"escape sequences were removed" in raw_bytes
-    assert result.redactions >= 1
+    assert body.encode() not in raw_bytes and raw_bytes == b"KEY=\x1b[01;31m\x1b[K[REDACTED]\nafter\n", raw_bytes
+    assert result.redactions == 1
+
+
+@pytest.mark.parametrize("printed", [
+    "ghp_0123456789\x1b[1mabcdefghijABCDEFGHIJabcdefgh01\x1b[0m done",  # a prefix too short to be known alone
+    '{"text": "ghp_0123456789\\u001b[1mabcdefghijABCDEFGHIJabcdefgh01\\u001b[0m done"}',  # stream-json's form
+    "sk-ant-api03-ABCDEFGHIJKLMNOPQRST\x1b]8;;https://example.invalid/\x07UVWXYZabcdefghij01234 done",  # a link
+])
+def test_a_key_split_by_an_escape_is_redacted_whole_by_the_streaming_pass(printed):
+    whole = Redactor()
+    one_by_one = Redactor()
+    out = whole.feed(printed.encode()) + whole.flush()
+    assert out == b"".join(one_by_one.feed(bytes([b])) for b in printed.encode()) + one_by_one.flush()
+    for piece in (b"0123456789", b"abcdefghijABCDEFGHIJ", b"UVWXYZabcdefghij01234", b"ABCDEFGHIJKLMNOPQRST"):
+        assert piece not in out, out
+    assert out.endswith(b" done" + (b'"}' if printed.startswith("{") else b"")) and whole.count == 1
+    # escapes that split no credential are left as printed
+    plain = Redactor()
+    assert plain.feed(b"\x1b[31mred\x1b[0m and \\u001b[1mbold") + plain.flush() == \
+        b"\x1b[31mred\x1b[0m and \\u001b[1mbold" and plain.count == 0
 
 
 def test_a_url_password_counts_once_and_leaves_the_raw_log_as_printed(tmp_path, marker):

@@ -1,10 +1,7 @@
 """``python manage.py fail_run RUN_ID --reason TEXT``."""
 import getpass
-from pathlib import Path
 
-from django.conf import settings
-
-from engine import operations
+from engine import hosts, operations
 
 from ._base import EngineCommand
 
@@ -22,6 +19,14 @@ class Command(EngineCommand):
     def handle(self, *args, **options):
         run = operations.fail_run(options["run_id"], options["reason"], requested_by=options["by"] or getpass.getuser())
         sim = " [simulated]" if run.simulated else ""
-        reaped = (run.stop_evidence or {}).get("reaped", 0)
-        self.stdout.write(f"run {run.pk}{sim}: failed (failed_by_operator); {reaped} process(es) reaped first. "
-                          f"Evidence kept in {Path(settings.VAR_DIR) / run.control_dir} and the worktree {run.worktree}")
+        evidence = run.stop_evidence or {}
+        if "reaped" not in evidence:  # it was pending, queued or waiting: no step was in progress
+            stopped = "no step was in progress"
+        else:
+            stopped = f"{evidence['reaped']} process(es) reaped first"
+            if evidence.get("unconfirmed"):
+                stopped += (f"; attempts {evidence['unconfirmed']} ran on host {run.host}, whose worker stops them "
+                            "at its next heartbeat")
+        worktree = f"{run.worktree} on host {run.host}" if run.host and run.host != hosts.this_host() else run.worktree
+        self.stdout.write(f"run {run.pk}{sim}: failed (failed_by_operator); {stopped}. "
+                          f"Evidence kept in {hosts.records_place(run)} and the worktree {worktree}")

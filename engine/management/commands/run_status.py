@@ -37,6 +37,17 @@ def waiting_hint(data: dict) -> str:
     return ""
 
 
+def host_text(data: dict) -> str:
+    """`` on host NAME`` (with ``, LOST: no heartbeat for N s`` when it stopped beating), or ``""``
+    before a first claim pinned the run to a host."""
+    if not data.get("host"):
+        return ""
+    if data.get("host_alive"):
+        return f" on host {data['host']}"
+    age = data.get("host_beat_age_seconds")
+    return f" on host {data['host']} (LOST: " + (f"no heartbeat for {age:.0f} s)" if age is not None else "it never beat)")
+
+
 def check_outcome(check: dict) -> str:
     """``pass (exit 0)``, ``FAIL (exit 1)``, ``RUNNING``, or what cut it short (``INTERRUPTED``, ``CANCELLED``,
     ``TIMEOUT``, ``killed by signal 9``): a check that was stopped did not fail."""
@@ -104,7 +115,7 @@ class Command(EngineCommand):
         status = data["status"] + (" (NO HEARTBEAT: its worker may be gone)" if data.get("heartbeat_stale") else "")
         lines = [f"run {data['id']} of {data['pipeline']}{sim}: {status}",
                  f"  commit {data['commit']} ({data['revision']}), branch {data['branch']}",
-                 f"  worktree {data['worktree']}",
+                 f"  worktree {data['worktree']}" + host_text(data),
                  f"  used: {answers.totals_sentence(data['totals'])}"]
         hint = waiting_hint(data)
         if hint:
