@@ -31,9 +31,11 @@ made it recognisable (``_REST``: up to whitespace, a quote, a backslash, a brack
 ``[REDACTED]`` (issue 13 saw ``[REDACTED]_UZG0lgg``).
 
 A credential that terminal escape sequences split (``grep --color`` colouring part of a key, a
-hyperlink around a piece of it), raw or JSON-escaped (``\\u001b[1m``), is found too: where the data
-holds an escape, the rules run again on a copy without the escapes (``_strip_escapes``) and what they
+hyperlink around a piece of it), raw or JSON-escaped (``\\u001b[1m``), is found too: where escapes
+stand inside a word, the rules run again on a copy without those (``_strip_escapes``) and what they
 find is mapped back, so the escapes inside the credential go with it and the others stay as printed.
+An escape beside a space is not looked through: ``Bearer ESC[1mTOKEN`` is redacted only where the
+token has a known prefix (the display log, which drops escapes first, redacts it in any case).
 
 JSON-escaped output (stream-json lines, docs/field-cases.md C14) is handled: token bodies never include a
 backslash or a quote, so a key inside ``"...sk_live_XXXX\\n..."`` ends at the ``\\`` of
@@ -278,10 +280,9 @@ class Redactor:
 
         # spans: (match start, match end, redact start, redact end, open-until)
         spans = self._spans(buf, start)
-        if _ESCAPE_HINT.search(buf, start):  # colour escapes may split a credential: look again without them
-            stripped, cuts = _strip_escapes(buf, start)
-            if cuts:
-                spans += [_unstrip(span, cuts, len(stripped)) for span in self._spans(stripped, start)]
+        stripped, cuts = _strip_escapes(buf, start)  # escapes inside a word may split a credential:
+        if cuts:  # look again without them
+            spans += [_unstrip(span, cuts, len(stripped)) for span in self._spans(stripped, start)]
 
         if final:
             safe = end
@@ -358,21 +359,40 @@ class Redactor:
 
 #: Terminal escape sequences (CSI, such as colours ``ESC[31m``, and OSC ``ESC]...BEL``), raw or written
 #: as JSON or shell escapes (``\\u001b[31m``, ``\\x1b[31m``, ``\\033[31m``, ``\\e[31m``), which a
-#: program may print inside a credential (colouring part of it).
-_ESCAPE = re.compile(rb"(?:\x1b|\\u001[bB]|\\x1[bB]|\\033|\\e)"
-                     rb"(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\\]{0,256}(?:\x07|\x1b\\|\\u0007|\\x07|\\a))")
-_ESCAPE_HINT = re.compile(rb"\x1b|\\u001[bB]|\\x1[bB]|\\033|\\e[\[\]]")
+#: program may print inside a credential (colouring part of it): what introduces one, and the rest.
+_INTRODUCERS = (b"\x1b", b"\\u001b", b"\\u001B", b"\\x1b", b"\\x1B", b"\\033", b"\\e")
+_SEQUENCE = rb"(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\\]{0,256}(?:\x07|\x1b\\|\\u0007|\\x07|\\a))"
+_ANY_ESCAPE = rb"(?:\x1b|\\u001[bB]|\\x1[bB]|\\033|\\e)" + _SEQUENCE
+#: For each introducer: a run of escape sequences inside a word (a byte other than white space before
+#: it, and after it a byte that is neither white space nor the start of another escape). Each pattern
+#: starts with its introducer, a literal, so the regex engine skips to it at C speed.
+_INSIDE_WORD = tuple(
+    (intro, re.compile(re.escape(intro) + rb"(?<=[^\s]" + re.escape(intro) + rb")" + _SEQUENCE
+                       + rb"(?:" + _ANY_ESCAPE + rb")*(?=[^\s\x1b\\])"))
+    for intro in _INTRODUCERS)
 
 
 def _strip_escapes(buf: bytes, start: int) -> tuple[bytes, list[tuple[int, int]]]:
-    """``buf`` with the escape sequences after ``start`` removed, and the cuts: ``[(offset in the
-    stripped bytes, bytes removed there and before)]``, ascending (``_unstrip`` maps back)."""
+    """``buf`` without the runs of escape sequences after ``start`` that stand inside a word (they
+    may split a credential; colours around words, at a line's ends or beside a space join nothing),
+    and the cuts: ``[(offset in the stripped bytes, bytes removed there and before)]``, ascending
+    (``_unstrip`` maps back). No cut (the usual case: one ``bytes.find`` an introducer): ``(buf, [])``."""
+    runs: list[tuple[int, int]] = []
+    for intro, pattern in _INSIDE_WORD:
+        if buf.find(intro, start) != -1:
+            runs += [m.span() for m in pattern.finditer(buf, start)]
+    if not runs:
+        return buf, []
+    runs.sort()
     parts, cuts, pos, removed = [buf[:start]], [], start, 0
-    for m in _ESCAPE.finditer(buf, start):
-        parts.append(buf[pos:m.start()])
-        removed += m.end() - m.start()
-        cuts.append((m.start() - removed + (m.end() - m.start()), removed))
-        pos = m.end()
+    for a, b in runs:
+        a = max(a, pos)  # a run found from two introducers overlaps: cut each byte once
+        if b <= a:
+            continue
+        parts.append(buf[pos:a])
+        cuts.append((a - removed, removed + (b - a)))
+        removed += b - a
+        pos = b
     parts.append(buf[pos:])
     return b"".join(parts), cuts
 
