@@ -50,9 +50,10 @@ web: migrate
 
 # the flags are engine/worker_process.py WORKER_FLAGS (the tests' workers use the same; a test
 # checks): the engine needs no gossip, mingle or worker event heartbeat. Run it under a process
-# supervisor (systemd, docker's restart policy): reconciliation resumes what a dead worker left.
+# supervisor (systemd with KillMode=mixed, docker's restart policy): reconciliation resumes what a dead
+# worker left. Its node name is CP_HOST_NAME@machine, so two hosts' workers on one machine differ.
 worker: migrate
-	$(BIN)/celery -A controlpanel worker -l info -Q "$${CP_QUEUE:-runs}" --without-gossip --without-mingle --without-heartbeat
+	$(BIN)/celery -A controlpanel worker -l info -Q "$${CP_QUEUE:-runs}" -n "$${CP_HOST_NAME:-celery}@%h" --without-gossip --without-mingle --without-heartbeat
 
 beat: migrate
 	$(BIN)/celery -A controlpanel beat -l info --schedule "$${CP_VAR_DIR:-var}/celerybeat-schedule"

@@ -217,13 +217,17 @@ def duplicates(run_ids: list[int]) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=50)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] + " It makes a fresh database on --postgres (dropped at the end) and "
+        "starts a private redis-server on a free loopback port, which it restarts: no other database or Redis is "
+        "touched. The module's docstring says what is measured.")
+    parser.add_argument("--runs", type=int, default=50, help="runs started at once (default 50)")
     parser.add_argument("--attempt-seconds", type=float, default=2.0, help="how long each implement attempt takes")
-    parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=20, help="seed of the chaos (which worker is killed, when)")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds the runs have to end")
-    parser.add_argument("--postgres", metavar="URL", default="postgres://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--postgres", metavar="URL", default="postgres://postgres@127.0.0.1:5432/postgres",
+                        help="a PostgreSQL server URL: a fresh database is made on it and dropped at the end")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (the database is dropped)")
     args = parser.parse_args()
     if redis_binary() is None:
         print(f"FAIL: soak: {INSTALL_HINT}")

@@ -640,6 +640,20 @@ class HostAdmin(ReadOnlyAdmin):
     list_display = ("name", "queue", "roots", "beat_age", "alive")
     search_fields = ("name",)
     readonly_fields = [f.name for f in Host._meta.fields] + ["alive"]
+    actions = ["forget"]
+
+    def has_forget_permission(self, request):
+        return request.user.has_perm("engine.delete_host")
+
+    @admin.action(description="Forget the selected hosts (gone for good, no unfinished run)", permissions=["forget"])
+    def forget(self, request, queryset):
+        """engine/operations.py ``forget_host`` for each selected host; each refusal is said."""
+        for host in queryset:
+            try:
+                operations.forget_host(host.name)
+                messages.success(request, f"Host {host.name} forgotten.")
+            except operations.OperationError as exc:
+                messages.error(request, f"Host {host.name}: {exc.message}")
 
     @admin.display(description="reaches")
     def roots(self, obj):

@@ -96,7 +96,6 @@ def _consume_the_host_queue(sender, instance, **kwargs):
     except Exception:  # the database away at start: the worker starts, as it did before hosts were records
         logging.getLogger("engine.hosts").warning("could not check this host's var directory", exc_info=True)
         conflict = ""
-    if conflict:
-        logging.getLogger("engine.hosts").error("worker refused: %s", conflict)
+    if conflict:  # printed once, by Python, as the worker exits with status 1
         raise SystemExit(f"worker refused: {conflict}")  # BaseException: Celery's signal dispatch re-raises it
     instance.app.amqp.queues.select_add(host_queue(this_host()))

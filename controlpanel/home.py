@@ -49,7 +49,7 @@ WAITING_BUTTONS = {RunStatus.WAITING_APPROVAL: "Approve or request changes",
 #: The statuses of a recent stop: a run that failed, or stopped for review.
 STOP_STATUSES = (RunStatus.FAILED, RunStatus.WAITING_REVIEW)
 #: Run columns a list here never reads (large JSON): left out of its query.
-_UNREAD = ("protected_files", "not_included", "stop_evidence", "profile_override")
+_UNREAD = ("protected_files", "not_included", "profile_override")
 
 
 def _since(moment: datetime | None, now: datetime) -> float | None:
@@ -81,7 +81,8 @@ def _waiting(now: datetime) -> tuple[list[dict], bool]:
             "pipeline": run.pipeline_name, "status": run.status, "status_label": run.get_status_display(),
             "simulated": run.simulated, "stage": stage.key if stage else None,
             "sentence": answers.waiting_sentence(run, decisions, stages, list(run.attempts.all())),
-            "button": WAITING_BUTTONS.get(run.status, "Open its actions"),
+            "button": ("Wait for its host, or fail" if answers.waits_for_host(run)
+                       else WAITING_BUTTONS.get(run.status, "Open its actions")),
             "stop_reason": run.stop_reason, "stop_message": run.stop_message,
             "waiting_seconds": _since(since, now), "waiting_text": age_text(_since(since, now))})
     return found, len(rows) > LIST_LIMIT
@@ -91,10 +92,12 @@ def _active(now: datetime, worker_rows: list[dict]) -> tuple[list[dict], bool]:
     """The queued and running runs (RUN_ACTIVE), oldest first: ``([{"id", "url", "pipeline", "status",
     "simulated", "stage", "phase", "heartbeat_seconds", "heartbeat_text", "stale", "held_by" (a
     worker's name, or ""), "pool_pid", "between_steps", "queued_text", "no_worker" (the sentence of
-    ``queued_without_worker``, or "")}], more)``. Two queries (``worker_rows`` are the caller's)."""
+    ``queued_without_worker``, or "")}], more)``. Three queries (``worker_rows`` are the caller's; the live
+    hosts only when a run is queued)."""
     held = {run["id"]: (row, run) for row in worker_rows for run in row["runs"]}
     rows = list(Run.objects.filter(status__in=RUN_ACTIVE).defer(*_UNREAD, "definition").order_by("id")
                 .prefetch_related("stages")[:LIST_LIMIT + 1])
+    live = hosts.live_hosts(now) if any(run.status == RunStatus.QUEUED for run in rows) else []
     found = []
     for run in rows[:LIST_LIMIT]:
         stage = answers.current_stage(run, sorted(run.stages.all(), key=lambda s: s.order))
@@ -110,7 +113,7 @@ def _active(now: datetime, worker_rows: list[dict]) -> tuple[list[dict], bool]:
             "lease_owner": run.lease_owner, "pool_pid": in_hand["pool_pid"] if in_hand else None,
             "between_steps": run.status == RunStatus.RUNNING and not run.lease_owner,
             "queued_text": age_text(_since(run.queued_at, now)) if run.status == RunStatus.QUEUED else "",
-            "no_worker": code_spans(workers.queued_without_worker(run, worker_rows, now))})
+            "no_worker": code_spans(workers.queued_without_worker(run, worker_rows, now, live))})
     return found, len(rows) > LIST_LIMIT
 
 

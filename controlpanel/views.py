@@ -1207,6 +1207,7 @@ class RunPages:
             facts=check_facts(run, check, detail), detail_url=detail, back_url=f"{detail}#check-{check.pk}",
             record_url=reverse("admin:engine_check_change", args=[check.pk]), has_log=found is not None,
             log_path=check.log_path, text=text, size=size, shown=shown, cut=shown < size, limit=CHECK_LOG_BYTES,
+            elsewhere=run.host if run.host and run.host != hosts.this_host() else "",
             raw_url=reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?raw=1")
         return TemplateResponse(request, "admin/engine/run/check_log.html", context)
 

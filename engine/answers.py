@@ -75,6 +75,8 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None, stages: 
     lists many runs reads them once for all (controlpanel/home.py) and asks no query per run."""
     pending = pending_decisions(run, decisions)
     approval = pending.get(Decision.Kind.APPROVAL)
+    if run.status in RUN_WAITING and waits_for_host(run):
+        return f"Waiting for its host: {waits_for_host(run)}; or fail it."
     if run.status == RunStatus.WAITING_REVIEW and exhausted_budget(run, attempts) is not None:
         return ("Its budget is exhausted: an exhausted execution budget requires a new run (Create a run on the "
                 "pipeline's page); fail this one.")
@@ -91,6 +93,18 @@ def waiting_sentence(run: Run, decisions: list[Decision] | None = None, stages: 
 #: A run waiting for review with every stage passed: it stopped in the final verification.
 FINAL_REVIEW_SENTENCE = ("Waiting for a person: every stage passed and the run stopped in its final verification; "
                          "recover it to run the final verification again, or fail it.")
+
+
+def waits_for_host(run: Run) -> str:
+    """Why no recovery or recheck of ``run`` is accepted yet, or ``""``: a reconciler elsewhere marked it
+    interrupted when its host stopped beating (engine/reconcile.py ``interrupt_lost_host``:
+    ``stop_evidence.host_confirmed`` False), and that host has not confirmed its old processes gone."""
+    evidence = run.stop_evidence or {}
+    if evidence.get("host_confirmed") is not False:
+        return ""
+    host = evidence.get("host") or run.host
+    return (f"the run's host {host} stopped beating and has not yet confirmed its old processes gone: start a "
+            f"worker on host {host} (CP_HOST_NAME={host}, its own CP_VAR_DIR) first")
 
 
 def _review_sentence(run: Run, stages: list[StageRun] | None, attempts: list | None) -> str:
@@ -194,11 +208,8 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
         add("approve", "", {"decision": approval.pk, "artifact": approval.artifact})
     exhausted = exhausted_budget(run) if status in RUN_WAITING else None
     spent = f"the run's budget is exhausted ({exhausted}): a new run is needed" if exhausted else ""
-    evidence = run.stop_evidence or {}
-    if status in RUN_WAITING and evidence.get("host_confirmed") is False:  # engine/reconcile.py interrupt_lost_host
-        host = evidence.get("host") or run.host
-        spent = (f"the run's host {host} stopped beating and has not yet confirmed its old processes gone: start a "
-                 f"worker on host {host} (CP_HOST_NAME={host}) first")
+    if status in RUN_WAITING and waits_for_host(run):
+        spent = waits_for_host(run)
     if "approve" in found and not found["approve"].applies:
         add("request_changes", found["approve"].why)
     else:

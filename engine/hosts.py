@@ -33,7 +33,7 @@ log = logging.getLogger("engine.hosts")
 
 __all__ = ["this_host", "host_queue", "repo_roots", "covers", "can_reach", "beat", "is_alive", "stale_seconds",
            "live_hosts", "queue_for", "host_age", "adopt", "AdoptionError", "host_rows", "reaching_host", "disk_conflict",
-           "run_host_facts", "records_place"]
+           "run_host_facts", "records_place", "on_this_disk"]
 
 
 def this_host() -> str:
@@ -80,12 +80,13 @@ def beat(now: datetime | None = None) -> Host:
 
 
 def disk_conflict(now: datetime | None = None) -> str:
-    """Why a worker starting now must not join this host, or ``""``: another live worker of the same
-    ``CP_HOST_NAME`` (a ``Worker`` row of this host, not stopped, that beat less than ``CP_WORKER_STALE``
-    seconds ago) records another var directory for it. One host is one disk: its runs' worktrees are
-    found under the var directory its row names, so two disks under one name would lose each other's
-    runs. Two queries; ``""`` when the database cannot say (the worker then starts, as before)."""
-    from .models import Worker  # engine/workers.py imports this module
+    """Why a worker starting now must not join this host, or ``""``. Its host's row records another var
+    directory, and either another live worker of the same ``CP_HOST_NAME`` serves it (a ``Worker`` row
+    of this host, not stopped, that beat less than ``CP_WORKER_STALE`` seconds ago), or an unfinished
+    run pinned to the host has its worktree outside this worker's var directory (a lost host's run
+    waits for its own disk: another disk under its name would confirm and recover it without its
+    files). One host is one disk. Three queries at most."""
+    from .models import RUN_TERMINAL, Worker  # engine/workers.py imports this module
 
     now = now or timezone.now()
     row = Host.objects.filter(name=this_host()).first()
@@ -95,11 +96,33 @@ def disk_conflict(now: datetime | None = None) -> str:
     fresh = now - timedelta(seconds=float(settings.CP_WORKER_STALE))
     others = list(Worker.objects.filter(host=this_host(), stopped_at__isnull=True, beat_at__gt=fresh)
                   .order_by("name").values_list("name", flat=True))
-    if not others:
-        return ""  # the other disk's workers are gone: this one takes the name over
-    return (f"host {this_host()} (CP_HOST_NAME) is already served by live worker(s) {', '.join(others)} with the var "
-            f"directory {row.var_dir}; this worker's is {mine}. One host name is one disk: give this worker its "
-            f"own CP_HOST_NAME, or the same CP_VAR_DIR (README.md, \"Several hosts\").")
+    if others:
+        return (f"host {this_host()} (CP_HOST_NAME) is already served by live worker(s) {', '.join(others)} with the "
+                f"var directory {row.var_dir}; this worker's is {mine}. One host name is one disk: give this worker "
+                f"its own CP_HOST_NAME, or the same CP_VAR_DIR (README.md, \"Several hosts\").")
+    # its workers are gone: the name may move to another disk only when no unfinished run of it has its
+    # worktree on the old one (that run's recovery would otherwise be confirmed, and run, without its files)
+    stranded = [pk for pk, worktree in Run.objects.filter(host=this_host(), branch_created=True)
+                .exclude(status__in=RUN_TERMINAL).order_by("id").values_list("id", "worktree")
+                if not _under(worktree, mine)]
+    if stranded:
+        return (f"host {this_host()} (CP_HOST_NAME) has unfinished run(s) {', '.join(map(str, stranded[:10]))} whose "
+                f"worktrees are on its disk {row.var_dir}; this worker's var directory is {mine}. Start it with "
+                f"CP_VAR_DIR={row.var_dir} (that disk), or fail those runs first (python manage.py fail_run ID "
+                f"--reason TEXT) (README.md, \"Several hosts\").")
+    return ""  # nothing of the old disk is needed: this one takes the name over
+
+
+def on_this_disk(worktree: str) -> bool:
+    """True when ``worktree`` lies under this process's var directory and is there: the disk a run
+    pinned to this host made it on."""
+    return _under(worktree, os.path.realpath(str(settings.VAR_DIR))) and os.path.isdir(worktree)
+
+
+def _under(path: str, folder: str) -> bool:
+    """True when ``path`` lies in ``folder`` (both resolved)."""
+    path = os.path.realpath(path) if path else ""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def stale_seconds() -> float:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -17,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, hosts, machine, protected, reconcile, runner, workspace
+from . import answers, hosts, machine, protected, reconcile, runner, workers, workspace
 from .steps import gate_results
 from .steps.common import role_profiles
 from .steps.paths import var_path
@@ -26,6 +27,7 @@ from .models import (
     RUN_STOPPED,
     RUN_TERMINAL,
     Decision,
+    Host,
     Manifest,
     Pipeline,
     Profile,
@@ -33,6 +35,7 @@ from .models import (
     RunStatus,
     StageRun,
     StartRequest,
+    Worker,
 )
 from .pipeline_format import PipelineFormatError, load_file
 from .redaction import redact_text
@@ -600,6 +603,30 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
     return locked
 
 
+def forget_host(name: str) -> int:
+    """Delete the record of host ``name``, gone for good (README.md, "Several hosts"), with the rows of its
+    workers that no longer beat; its runs keep their ``host`` (their evidence says where they ran).
+    Returns the worker rows deleted. Raises OperationError: ``unknown_host`` [host], ``host_alive``
+    [host] (it beat less than CP_HOST_STALE seconds ago), ``host_has_runs`` [host] (an unfinished run is
+    pinned to it: fail it first)."""
+    with transaction.atomic():
+        row = Host.objects.select_for_update().filter(name=name).first()
+        if row is None:
+            raise OperationError("unknown_host", f"No host is named {name!r}.", "host")
+        if hosts.is_alive(row):
+            raise OperationError("host_alive", f"Host {name} beat {hosts.host_age(row):.0f} s ago: it is alive; "
+                                 f"stop its workers first.", "host")
+        unfinished = list(Run.objects.filter(host=name).exclude(status__in=RUN_TERMINAL).order_by("id")
+                          .values_list("id", flat=True)[:10])
+        if unfinished:
+            raise OperationError("host_has_runs", f"Host {name} has unfinished run(s) {', '.join(map(str, unfinished))} "
+                                 f"pinned to it: fail them first (fail_run), or bring the host back.", "host")
+        fresh = timezone.now() - timedelta(seconds=float(settings.CP_WORKER_STALE))
+        gone, _ = Worker.objects.filter(host=name).filter(Q(stopped_at__isnull=False) | Q(beat_at__lte=fresh)).delete()
+        row.delete()
+    return gone
+
+
 def _lock_unfinished(run_id: int) -> Run:
     """The run, locked for the caller's transaction; OperationError ``already_finished`` when it ended."""
     locked = Run.objects.select_for_update().get(pk=run_id)
@@ -900,6 +927,8 @@ def run_status(run) -> dict:
         "started_at": run.started_at.isoformat() if run.started_at else None,
         "current_stage": current.key if current else None,
         "waiting_sentence": answers.waiting_sentence(run) or None,
+        "host_unconfirmed": answers.waits_for_host(run) or None,
+        "queued_without_worker": workers.queued_without_worker(run) or None,
         "actions": [action.as_dict() for action in answers.actions(run).values()],
         "totals": answers.totals(run),
         "stages": stages,

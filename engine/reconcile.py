@@ -431,10 +431,16 @@ def confirm_returned() -> int:
     attempts' HOMEs and a stale ``index.lock``, look at what the interrupted attempts left in the
     worktree (``inspect_effects``: the manifest against each attempt's start, its patch kept), then
     record the confirmation with that evidence (engine/machine.py ``host_confirmed``), after which the
-    run may be recovered. Returns how many runs were confirmed. A run whose reaping fails is left
+    run may be recovered. A run whose worktree is not on this disk is not confirmed (logged). Returns how many runs were confirmed. A run whose reaping fails is left
     unconfirmed (logged); a later pass tries again."""
     confirmed = 0
     for run in Run.objects.filter(host=hosts.this_host(), stop_evidence__host_confirmed=False):
+        if run.branch_created and not hosts.on_this_disk(run.worktree):
+            # not the disk the run was pinned to (engine/hosts.py disk_conflict refuses such a worker at its
+            # start): nothing here can be confirmed of it
+            log.error("reconcile: run %s of host %s has no worktree %s on this disk (CP_VAR_DIR %s); its old "
+                      "processes are not confirmed gone", run.pk, run.host, run.worktree, settings.VAR_DIR)
+            continue
         try:
             reaping = reap_run(run)
             if reaping["unconfirmed"]:

@@ -341,15 +341,18 @@ def age_text(seconds: float | None) -> str:
     return f"{days} d {hours:02d} h"
 
 
-def queued_without_worker(run: Run, rows: list[dict] | None = None, now: datetime | None = None) -> str:
+def queued_without_worker(run: Run, rows: list[dict] | None = None, now: datetime | None = None,
+                          live_hosts: list | None = None) -> str:
     """Why queued ``run`` is not being claimed, for a person; ``""`` when it is not queued or a live
     worker of its queue has a free pool process (it will be claimed shortly).
 
     The sentences: no worker alive at all ("No worker is alive: no worker has beaten in the last 15 s
     (the last one, NAME on HOST, beat 85 s ago). Start one with `make worker` ..."); live workers,
     none of them on the run's queue (``run_queue``); every live worker of the queue busy (each pool
-    process holds a run). ``rows`` (``worker_rows(limit=None)`` or the home page's, with the most
-    recent beat first) spares the queries when the caller has them; else three queries."""
+    process holds a run); a run not pinned yet whose repository no live host's ``CP_HOST_REPOS`` cover
+    (engine/hosts.py). ``rows`` (``worker_rows(limit=None)`` or the home page's, with the most recent
+    beat first) and ``live_hosts`` (``hosts.live_hosts()``) spare the queries when the caller has them;
+    else four queries."""
     if run.status != RunStatus.QUEUED:
         return ""
     now = now or timezone.now()
@@ -372,6 +375,13 @@ def queued_without_worker(run: Run, rows: list[dict] | None = None, now: datetim
         return (f"This run is pinned to host {run.host} (its worktree is on that host's disk), and no live worker "
                 f"of host {run.host} consumes its queue '{queue}'. Start a worker there (CP_HOST_NAME={run.host}; "
                 f"README.md, \"Several hosts\"); no other host takes its steps.")
+    if not run.host:
+        alive = live_hosts if live_hosts is not None else hosts.live_hosts(now)
+        if alive and not any(hosts.covers(host.repo_roots or [], run.repo_path) for host in alive):
+            said = "; ".join(f"{host.name}: {', '.join(host.repo_roots)}" for host in alive)
+            return (f"No live host reaches its repository {run.repo_path}: the live hosts' CP_HOST_REPOS are {said}. "
+                    f"Start a worker on a host that has it, with CP_HOST_REPOS naming a folder that holds it "
+                    f"(README.md, \"Several hosts\").")
     if not on_queue:
         others = ", ".join(f"{row['name']} ({', '.join(row['queues']) or 'no queue'})" for row in live)
         return (f"No live worker consumes queue '{queue}', where this run's messages go: the live ones are "

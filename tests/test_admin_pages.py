@@ -23,7 +23,7 @@ from django.urls import reverse
 
 from controlpanel.readable import duration_text, moment_text, yaml_text
 from controlpanel.views import CHECK_LOG_BYTES, seconds_text
-from engine.models import Attempt, Check, Decision, Profile, RunEvent
+from engine.models import Attempt, Check, Decision, Profile, Run, RunEvent
 
 from .test_admin import staff  # noqa: F401  (the fixture: a client logged in as a superuser)
 
@@ -269,6 +269,11 @@ def test_the_log_is_served_only_from_its_recorded_path_in_the_runs_control_recor
     assert "This check has no log in its run's control records" in text
     assert 'id="check-log"' not in text and "root:" not in text
     assert "ALL-DONE-END-OF-COMMAND" in text
+    if recorded.endswith("missing.log"):  # a run of another host: the page says where its log is
+        assert "the run ran on host" not in text
+        Run.objects.filter(pk=check.run_id).update(host="far-away")
+        assert "the run ran on host <code>far-away</code>, whose var directory this Control Panel reads only where " \
+               "<code>CP_OTHER_VAR_DIRS</code> names it" in get(staff, check_url(check))
 
 
 def test_a_symlinked_log_pointing_out_is_not_followed(staff, evidence, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from engine import answers, hosts, machine, operations, reconcile, runner, worker_process, workers
 from engine.models import Attempt, Host, Run, Worker
+from engine.steps.attempts import _prepare_workspace
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,6 +138,14 @@ def test_a_lost_hosts_run_is_interrupted_once_and_recovered_only_after_its_host_
     out = io.StringIO()
     call_command("run_status", str(run.pk), stdout=out)
     assert f"on host far-lost (LOST: no heartbeat for 6" in out.getvalue(), out.getvalue()
+    # what a person reads agrees with what is refused: no Recover offered anywhere until the host confirms
+    assert "waits for its host: the run's host far-lost stopped beating" in out.getvalue(), out.getvalue()
+    assert "manage.py recover" not in out.getvalue() and "fail_run" in out.getvalue()
+    assert status["host_unconfirmed"].startswith("the run's host far-lost stopped beating")
+    assert answers.waiting_sentence(run).startswith("Waiting for its host: the run's host far-lost")
+    from controlpanel import home
+    waiting = {row["id"]: row for row in home._waiting(timezone.now())[0]}
+    assert waiting[run.pk]["button"] == "Wait for its host, or fail"
     client = Client()
     client.force_login(User.objects.create_superuser("hosts-admin", "h@example.invalid", "pw"))
     header = client.get(reverse("admin:engine_run_header", args=[run.pk])).content.decode()
@@ -148,7 +157,12 @@ def test_a_lost_hosts_run_is_interrupted_once_and_recovered_only_after_its_host_
         assert reconcile.reconcile()["host_confirmed"] == 0
     run = Run.objects.get(pk=run.pk)
     assert run.stop_evidence["host_confirmed"] is True
-    assert operations.run_status(run)["host_alive"] is True
+    assert operations.run_status(run)["host_alive"] is True and operations.run_status(run)["host_unconfirmed"] is None
+    out = io.StringIO()
+    call_command("run_status", str(run.pk), stdout=out)
+    assert "since then: host far-lost is back and confirmed the run's old processes gone" in out.getvalue()
+    assert "manage.py recover" in out.getvalue()  # and the way on is offered again
+    assert home._waiting(timezone.now())[0][0]["button"] == "Recover or fail"
     assert "on host <code>far-lost</code></p>" in client.get(
         reverse("admin:engine_run_header", args=[run.pk])).content.decode()
     assert "Host far-lost is back" in run.events.get(kind="host_confirmed").message
@@ -320,7 +334,6 @@ def test_failing_a_run_of_another_host_says_where_its_evidence_is(make_pipeline,
 
 def test_a_returning_host_inspects_what_its_interrupted_attempt_left_in_the_worktree(make_pipeline, repo, sent):
     from engine import workspace
-    from engine.steps.attempts import _prepare_workspace
     from engine.steps.common import manifest_excludes
 
     run = _queued(make_pipeline, repo, sent)
@@ -383,3 +396,88 @@ print(json.dumps(said))
     for name in names[:3]:
         assert said[name] == f"refused: CP_HOST_NAME={name!r}: a host name is 1 to 120 letters, digits, dots, " \
                              f"dashes or underscores, starting with a letter or a digit", said[name]
+
+
+def test_a_lost_hosts_name_moves_to_another_disk_only_when_no_unfinished_run_needs_the_old_one(
+        make_pipeline, repo, sent, tmp_path):
+    first, second = tmp_path / "disk-a", tmp_path / "disk-b"
+    run = _queued(make_pipeline, repo, sent)
+    with override_settings(CP_HOST_NAME="moving", VAR_DIR=first):
+        hosts.beat()
+        lease = machine.claim(run.pk, None, "moving:1", "moving")
+        hosts.adopt(run.pk, lease)
+        _prepare_workspace(Run.objects.get(pk=run.pk), lease)
+    _running_on(Run.objects.get(pk=run.pk), "moving")
+    Host.objects.filter(name="moving").update(beat_at=timezone.now() - timedelta(seconds=600))
+    assert reconcile.reconcile()["host_lost"] == 1
+    # its workers are gone, but its interrupted run's worktree is on disk-a: another disk may not take the name
+    with override_settings(CP_HOST_NAME="moving", VAR_DIR=second):
+        said = hosts.disk_conflict()
+        assert f"has unfinished run(s) {run.pk} whose worktrees are on its disk {first}" in said, said
+        assert f"CP_VAR_DIR={first}" in said and "fail_run" in said
+        # and were such a worker started anyway, its pass confirms nothing of a run whose worktree it lacks
+        hosts.beat()
+        assert reconcile.reconcile()["host_confirmed"] == 0
+    assert Run.objects.get(pk=run.pk).stop_evidence["host_confirmed"] is False
+    with override_settings(CP_HOST_NAME="moving", VAR_DIR=first):  # its own disk back: confirmed
+        assert hosts.disk_conflict() == ""
+        hosts.beat()
+        assert reconcile.reconcile()["host_confirmed"] == 1
+    operations.fail_run(run, "the disk is retired", requested_by="t")
+    with override_settings(CP_HOST_NAME="moving", VAR_DIR=second):  # nothing needs disk-a any more
+        assert hosts.disk_conflict() == ""
+
+
+def test_a_queued_run_no_live_host_reaches_says_so_where_a_person_looks(make_pipeline, repo, sent, tmp_path,
+                                                                        monkeypatch):
+    run = _queued(make_pipeline, repo, sent)
+    _host("only-b", age_seconds=1)
+    Host.objects.filter(name="only-b").update(repo_roots=[str(tmp_path / "repo-b")])
+    every_live_host = hosts.live_hosts  # the suite's own workers beat as this machine's host: not in this world
+    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [h for h in every_live_host(now) if h.name == "only-b"])
+    now = timezone.now()
+    rows = [{"alive": True, "queues": [settings.CELERY_TASK_DEFAULT_QUEUE, hosts.host_queue("only-b")],
+             "concurrency": 1, "runs": [],
+             "name": "w@only-b", "host": "only-b", "beat_at": now, "stopped_at": None, "beat_age_seconds": 1.0}]
+    monkeypatch.setattr(workers, "worker_rows", lambda limit=None, now=None: rows)
+    said = workers.queued_without_worker(Run.objects.get(pk=run.pk))
+    assert said.startswith(f"No live host reaches its repository {repo}: the live hosts' CP_HOST_REPOS are "
+                           f"only-b: {tmp_path / 'repo-b'}"), said
+    out = io.StringIO()
+    call_command("run_status", str(run.pk), stdout=out)
+    assert f"queued, and not claimed: No live host reaches its repository {repo}" in out.getvalue(), out.getvalue()
+    assert "same CP_VAR_DIR" not in out.getvalue()
+    # a live host that reaches it: nothing to say (it is claimed shortly)
+    Host.objects.filter(name="only-b").update(repo_roots=[str(repo.parent)])
+    assert workers.queued_without_worker(Run.objects.get(pk=run.pk)) == ""
+
+
+def test_a_host_gone_for_good_is_forgotten_only_when_nothing_needs_it(make_pipeline, repo, sent):
+    live, gone = _host("still-here", age_seconds=1), _host("retired", age_seconds=3600)
+    _live_worker_of("still-here")
+    Worker.objects.create(name="w@retired", host="retired", pid=7, started_at=gone.started_at, beat_at=gone.beat_at)
+    run = _queued(make_pipeline, repo, sent)
+    Run.objects.filter(pk=run.pk).update(host="retired", status="waiting_review")
+    refusals = {}
+    for name in ("nobody", "still-here", "retired"):
+        with pytest.raises(operations.OperationError) as refused:
+            operations.forget_host(name)
+        refusals[name] = (refused.value.code, refused.value.field)
+    assert refusals == {"nobody": ("unknown_host", "host"), "still-here": ("host_alive", "host"),
+                        "retired": ("host_has_runs", "host")}
+    operations.fail_run(run, "its host is retired", requested_by="t")
+    # through the admin's action, as a person with the permission does it
+    client = Client()
+    client.force_login(User.objects.create_superuser("hosts-admin", "h@example.invalid", "pw"))
+    page = client.post(reverse("admin:engine_host_changelist"),
+                       {"action": "forget", "_selected_action": [live.pk, gone.pk]}, follow=True).content.decode()
+    assert "Host retired forgotten." in page and "Host still-here beat" in page, page
+    assert list(Host.objects.values_list("name", flat=True).filter(name__in=["still-here", "retired"])) == [
+        "still-here"]
+    assert not Worker.objects.filter(host="retired").exists() and Worker.objects.filter(host="still-here").exists()
+    assert Run.objects.get(pk=run.pk).host == "retired"  # its evidence still says where it ran
+    assert b'value="forget"' in client.get(reverse("admin:engine_host_changelist")).content
+    clerk = User.objects.create_user("clerk", "c@example.invalid", "pw", is_staff=True)
+    clerk.user_permissions.add(*Permission.objects.filter(codename="view_host"))
+    client.force_login(clerk)
+    assert b'value="forget"' not in client.get(reverse("admin:engine_host_changelist")).content

@@ -13,10 +13,15 @@ def waiting_hint(data: dict) -> str:
     """What a pending, queued or silent run is waiting for, in a sentence ('' when nothing)."""
     if data["waiting_for"] == "start":
         return f"needs Start: python manage.py start_run {data['id']}"
+    if data["waiting_for"] == "worker" and data.get("queued_without_worker"):
+        return f"queued, and not claimed: {data['queued_without_worker']}"
     if data["waiting_for"] == "worker":
-        return ("queued: waiting for a worker to claim it (is `make worker` running with the same CP_VAR_DIR, "
-                "DATABASE_URL and CELERY_BROKER_URL?)")
+        return ("queued: waiting for a worker to claim it (is `make worker` running with the same DATABASE_URL "
+                "and CELERY_BROKER_URL, and, on the embedded defaults, the same CP_VAR_DIR?)")
     pending = data.get("pending_decision")
+    if data["waiting_for"] in ("review", "approval") and data.get("host_unconfirmed"):
+        return (f"waits for its host: {data['host_unconfirmed']}; recover and recheck are refused until then "
+                f"(or fail it: python manage.py fail_run {data['id']} --reason TEXT)")
     if data["waiting_for"] == "approval" and pending:
         return (f"waits for approval of files {pending['artifact']}: python manage.py approve {data['id']} "
                 f"--decision {pending['id']} --artifact {pending['artifact'][:12]} --reviewer YOUR_NAME "
@@ -122,6 +127,10 @@ class Command(EngineCommand):
             lines.append(f"  {hint}")
         if data["stop_reason"]:
             lines.append(f"  stopped: {data['stop_reason']}: {data['stop_message']}")
+        evidence = data.get("stop_evidence") or {}
+        if data["status"] in ("waiting_review", "waiting_approval") and evidence.get("host_confirmed") is True:
+            lines.append(f"  since then: host {evidence.get('host') or data['host']} is back and confirmed the run's "
+                         f"old processes gone ({evidence.get('host_reaped', 0)} still alive were stopped)")
         for stage in data["stages"]:
             lines.append(f"  stage {stage['key']}: {stage['status']} ({stage['phase']})"
                          + (f", checkpoint {stage['checkpoint'][:12]}" if stage["checkpoint"] else "")
