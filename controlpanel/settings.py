@@ -10,7 +10,6 @@ import socket
 from pathlib import Path
 
 import environ
-from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -207,9 +206,10 @@ CP_WORKER_STALE = env.float("CP_WORKER_STALE", default=max(15.0, 3 * CP_WORKER_B
 #: workers with one name are one host: give each machine (each var volume) its own.
 CP_HOST_NAME = env.str("CP_HOST_NAME", default="") or socket.gethostname()
 if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}", CP_HOST_NAME):
-    # it names a queue (CP_QUEUE.host.NAME) and half of a run's lease owner (NAME:pid)
-    raise ImproperlyConfigured(f"CP_HOST_NAME={CP_HOST_NAME!r}: a host name is 1 to 120 letters, digits, dots, "
-                               f"dashes or underscores, starting with a letter or a digit")
+    # it names a queue (CP_QUEUE.host.NAME) and half of a run's lease owner (NAME:pid); every process
+    # (web, worker, beat, a command) stops here with this one line, exit status 1, not a traceback
+    raise SystemExit(f"CP_HOST_NAME={CP_HOST_NAME!r}: a host name is 1 to 120 letters, digits, dots, dashes or "
+                     f"underscores, starting with a letter or a digit")
 #: The folders under which this host can reach repositories (a list separated by ":"); empty: any
 #: repository path that exists here. A run is only claimed on a host that can reach its repository.
 CP_HOST_REPOS = [p for p in env.str("CP_HOST_REPOS", default="").split(os.pathsep) if p.strip()]

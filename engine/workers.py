@@ -377,7 +377,11 @@ def queued_without_worker(run: Run, rows: list[dict] | None = None, now: datetim
                 f"README.md, \"Several hosts\"); no other host takes its steps.")
     if not run.host:
         alive = live_hosts if live_hosts is not None else hosts.live_hosts(now)
-        if alive and not any(hosts.covers(host.repo_roots or [], run.repo_path) for host in alive):
+        reaching = {host.name for host in alive if hosts.covers(host.repo_roots or [], run.repo_path)}
+        # the workers of a live host that does not reach its repository cannot take it: not its slots
+        unreaching = {host.name for host in alive} - reaching
+        on_queue = [row for row in on_queue if row["host"] not in unreaching]
+        if alive and not reaching:
             said = "; ".join(f"{host.name}: {', '.join(host.repo_roots)}" for host in alive)
             return (f"No live host reaches its repository {run.repo_path}: the live hosts' CP_HOST_REPOS are {said}. "
                     f"Start a worker on a host that has it, with CP_HOST_REPOS naming a folder that holds it "
@@ -387,7 +391,8 @@ def queued_without_worker(run: Run, rows: list[dict] | None = None, now: datetim
         return (f"No live worker consumes queue '{queue}', where this run's messages go: the live ones are "
                 f"{others}. Start one on it with `make worker` (CP_QUEUE={queue}; README.md, \"Processes\").")
     slots = sum(max(row["concurrency"], 1) for row in on_queue)
-    busy = sum(len(row["runs"]) for row in on_queue)
+    # the run itself, claimed between the reading of its row and of the workers', is no other run's slot
+    busy = sum(len([held for held in row["runs"] if held["id"] != run.pk]) for row in on_queue)
     if busy >= slots:
         return (f"Every live worker of queue '{queue}' is busy: {busy} run(s) in the hands of {slots} pool "
                 f"process(es). It is claimed when one is free; start another worker to run more at once.")

@@ -378,13 +378,12 @@ def test_a_host_name_that_cannot_name_a_queue_is_refused_at_start(tmp_path):
     # the settings module read afresh for each name, as a process starting with it reads it (one process)
     code = f"""
 import json, os, runpy
-from django.core.exceptions import ImproperlyConfigured
 said = {{}}
 for name in {names!r}:
     os.environ["CP_HOST_NAME"] = name
     try:
         said[name] = runpy.run_path("controlpanel/settings.py")["CP_HOST_NAME"]
-    except ImproperlyConfigured as exc:
+    except SystemExit as exc:
         said[name] = "refused: " + str(exc)
 print(json.dumps(said))
 """
@@ -396,6 +395,12 @@ print(json.dumps(said))
     for name in names[:3]:
         assert said[name] == f"refused: CP_HOST_NAME={name!r}: a host name is 1 to 120 letters, digits, dots, " \
                              f"dashes or underscores, starting with a letter or a digit", said[name]
+    # as a person sees it: one line, no traceback
+    done = subprocess.run([sys.executable, "manage.py", "check"], env={**env, "CP_HOST_NAME": "bad host"},
+                          cwd=settings.BASE_DIR, capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "CP_HOST_NAME='bad host': a host name is 1 to 120 letters, digits, dots, dashes or underscores, starting "
+        "with a letter or a digit"], done.stderr
 
 
 def test_a_lost_hosts_name_moves_to_another_disk_only_when_no_unfinished_run_needs_the_old_one(
@@ -481,3 +486,40 @@ def test_a_host_gone_for_good_is_forgotten_only_when_nothing_needs_it(make_pipel
     clerk.user_permissions.add(*Permission.objects.filter(codename="view_host"))
     client.force_login(clerk)
     assert b'value="forget"' not in client.get(reverse("admin:engine_host_changelist")).content
+
+
+def test_an_ended_run_of_a_lost_host_is_not_said_to_wait_for_it(make_pipeline, repo, sent):
+    run = _queued(make_pipeline, repo, sent)
+    _host("far-ended", age_seconds=600)
+    Run.objects.filter(pk=run.pk).update(host="far-ended", status="succeeded", finished_at=timezone.now())
+    out = io.StringIO()
+    call_command("run_status", str(run.pk), stdout=out)
+    assert " on host far-ended\n" in out.getvalue() and "LOST" not in out.getvalue(), out.getvalue()
+    client = Client()
+    client.force_login(User.objects.create_superuser("hosts-admin", "h@example.invalid", "pw"))
+    header = client.get(reverse("admin:engine_run_header", args=[run.pk])).content.decode()
+    assert "on host <code>far-ended</code></p>" in header and "LOST" not in header, header
+
+
+def test_a_queued_run_counts_only_the_slots_that_could_take_it(make_pipeline, repo, sent, tmp_path, monkeypatch):
+    run = _queued(make_pipeline, repo, sent)
+    _host("reaches", age_seconds=1)
+    _host("elsewhere", age_seconds=1)
+    Host.objects.filter(name="reaches").update(repo_roots=[str(repo.parent)])
+    Host.objects.filter(name="elsewhere").update(repo_roots=[str(tmp_path / "other")])
+    every_live_host = hosts.live_hosts
+    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [
+        h for h in every_live_host(now) if h.name in ("reaches", "elsewhere")])
+    now = timezone.now()
+
+    def row(host, held):
+        return {"alive": True, "queues": [settings.CELERY_TASK_DEFAULT_QUEUE], "concurrency": 1, "name": f"w@{host}",
+                "host": host, "beat_at": now, "stopped_at": None, "beat_age_seconds": 1.0,
+                "runs": [{"id": pk} for pk in held]}
+
+    queued = Run.objects.get(pk=run.pk)
+    # read as queued, then its worker's row already holding it (claimed in between): not "busy"
+    assert workers.queued_without_worker(queued, rows=[row("reaches", [run.pk])], now=now) == ""
+    # the free slot is on a host that cannot reach the repository: the run does wait
+    said = workers.queued_without_worker(queued, rows=[row("reaches", [run.pk + 1]), row("elsewhere", [])], now=now)
+    assert said.startswith("Every live worker of queue"), said

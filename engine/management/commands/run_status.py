@@ -43,11 +43,11 @@ def waiting_hint(data: dict) -> str:
 
 
 def host_text(data: dict) -> str:
-    """`` on host NAME`` (with ``, LOST: no heartbeat for N s`` when it stopped beating), or ``""``
-    before a first claim pinned the run to a host."""
+    """`` on host NAME`` (with ``, LOST: no heartbeat for N s`` when it stopped beating and the run has
+    not ended), or ``""`` before a first claim pinned the run to a host."""
     if not data.get("host"):
         return ""
-    if data.get("host_alive"):
+    if data.get("host_alive") or data["status"] in ("succeeded", "failed"):  # an ended run waits for no host
         return f" on host {data['host']}"
     age = data.get("host_beat_age_seconds")
     return f" on host {data['host']} (LOST: " + (f"no heartbeat for {age:.0f} s)" if age is not None else "it never beat)")
