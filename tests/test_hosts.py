@@ -35,6 +35,18 @@ def _host(name: str, age_seconds: float) -> Host:
     return Host.objects.create(name=name, queue=hosts.host_queue(name), started_at=at, beat_at=at)
 
 
+def _only_these_live_hosts(monkeypatch, reaching: dict[str, list[str]]) -> None:
+    """Live hosts ``{name: the folders it reaches}`` made now, and the only ones ``hosts.live_hosts`` sees:
+    the suite's own workers beat as this machine's host, which reaches every path, and are not in the
+    test's world (the CI machine's once took a message a test meant to drop)."""
+    for name, roots in reaching.items():
+        _host(name, age_seconds=1)
+        Host.objects.filter(name=name).update(repo_roots=roots)
+    every_live_host = hosts.live_hosts
+    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [
+        host for host in every_live_host(now) if host.name in reaching])
+
+
 def _running_on(run: Run, host: str, age_seconds: float = 3600) -> Attempt:
     """``run`` as a worker of ``host`` left it: running, its lease held, its heartbeat ``age_seconds`` old,
     an attempt open on that host."""
@@ -243,15 +255,8 @@ def test_the_control_panel_reads_a_hosts_files_from_its_mounted_var_directory(tm
 def test_a_start_this_host_cannot_take_goes_straight_to_a_host_that_reaches_the_repository(
         make_pipeline, repo, sent, tmp_path, monkeypatch):
     run = _queued(make_pipeline, repo, sent)
-    _host("reaches-it", age_seconds=1)
-    _host("reaches-other", age_seconds=1)
-    Host.objects.filter(name="reaches-it").update(repo_roots=[str(repo.parent)])
-    Host.objects.filter(name="reaches-other").update(repo_roots=[str(tmp_path / "elsewhere")])
-    # the suite's own workers beat as this machine's host, which reaches every path: this test's world
-    # is the two hosts above (the CI machine's workers once took the message the test meant to drop)
-    every_live_host = hosts.live_hosts
-    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [
-        host for host in every_live_host(now) if host.name in ("reaches-it", "reaches-other")])
+    _only_these_live_hosts(monkeypatch, {"reaches-it": [str(repo.parent)],
+                                         "reaches-other": [str(tmp_path / "elsewhere")]})
     forwarded = []
 
     class App:
@@ -436,10 +441,7 @@ def test_a_lost_hosts_name_moves_to_another_disk_only_when_no_unfinished_run_nee
 def test_a_queued_run_no_live_host_reaches_says_so_where_a_person_looks(make_pipeline, repo, sent, tmp_path,
                                                                         monkeypatch):
     run = _queued(make_pipeline, repo, sent)
-    _host("only-b", age_seconds=1)
-    Host.objects.filter(name="only-b").update(repo_roots=[str(tmp_path / "repo-b")])
-    every_live_host = hosts.live_hosts  # the suite's own workers beat as this machine's host: not in this world
-    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [h for h in every_live_host(now) if h.name == "only-b"])
+    _only_these_live_hosts(monkeypatch, {"only-b": [str(tmp_path / "repo-b")]})
     now = timezone.now()
     rows = [{"alive": True, "queues": [settings.CELERY_TASK_DEFAULT_QUEUE, hosts.host_queue("only-b")],
              "concurrency": 1, "runs": [],
@@ -503,13 +505,7 @@ def test_an_ended_run_of_a_lost_host_is_not_said_to_wait_for_it(make_pipeline, r
 
 def test_a_queued_run_counts_only_the_slots_that_could_take_it(make_pipeline, repo, sent, tmp_path, monkeypatch):
     run = _queued(make_pipeline, repo, sent)
-    _host("reaches", age_seconds=1)
-    _host("elsewhere", age_seconds=1)
-    Host.objects.filter(name="reaches").update(repo_roots=[str(repo.parent)])
-    Host.objects.filter(name="elsewhere").update(repo_roots=[str(tmp_path / "other")])
-    every_live_host = hosts.live_hosts
-    monkeypatch.setattr(hosts, "live_hosts", lambda now=None: [
-        h for h in every_live_host(now) if h.name in ("reaches", "elsewhere")])
+    _only_these_live_hosts(monkeypatch, {"reaches": [str(repo.parent)], "elsewhere": [str(tmp_path / "other")]})
     now = timezone.now()
 
     def row(host, held):
