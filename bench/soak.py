@@ -194,6 +194,7 @@ def off_host(run_ids: list[int]) -> list[str]:
 
 def duplicates(run_ids: list[int]) -> list[str]:
     """Two attempts of one stage open at the same time, or more than one checkpoint commit of one stage."""
+    from engine import workspace
     from engine.models import Attempt, Run
 
     found = []
@@ -206,10 +207,11 @@ def duplicates(run_ids: list[int]) -> list[str]:
                 found.append(f"run {later.run_id}: attempts {earlier.number} and {later.number} of one stage were "
                              f"open at once")
     for run in Run.objects.filter(pk__in=run_ids).exclude(branch=""):
-        try:
-            count = int(eb.git(run.repo_path, "rev-list", "--count", f"{run.commit}..{run.branch}").strip())
-        except subprocess.CalledProcessError:
+        # the repository the agents' worktrees share: read through the engine's hardened git
+        listed = workspace.git(["rev-list", "--count", f"{run.commit}..{run.branch}", "--"], run.repo_path, check=False)
+        if listed.returncode != 0:
             continue  # no branch: the run never checked out
+        count = int(listed.stdout.decode().strip())
         stages = run.stages.count()
         if count > stages:
             found.append(f"run {run.pk}: {count} commits on its branch for {stages} stage(s)")

@@ -104,7 +104,7 @@ def disk_conflict(now: datetime | None = None) -> str:
     # worktree on the old one (that run's recovery would otherwise be confirmed, and run, without its files)
     stranded = [pk for pk, worktree in Run.objects.filter(host=this_host(), branch_created=True)
                 .exclude(status__in=RUN_TERMINAL).order_by("id").values_list("id", "worktree")
-                if not _under(worktree, mine)]
+                if not covers([mine], worktree)]
     if stranded:
         return (f"host {this_host()} (CP_HOST_NAME) has unfinished run(s) {', '.join(map(str, stranded[:10]))} whose "
                 f"worktrees are on its disk {row.var_dir}; this worker's var directory is {mine}. Start it with "
@@ -116,13 +116,7 @@ def disk_conflict(now: datetime | None = None) -> str:
 def on_this_disk(worktree: str) -> bool:
     """True when ``worktree`` lies under this process's var directory and is there: the disk a run
     pinned to this host made it on."""
-    return _under(worktree, os.path.realpath(str(settings.VAR_DIR))) and os.path.isdir(worktree)
-
-
-def _under(path: str, folder: str) -> bool:
-    """True when ``path`` lies in ``folder`` (both resolved)."""
-    path = os.path.realpath(path) if path else ""
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+    return covers([os.path.realpath(str(settings.VAR_DIR))], worktree) and os.path.isdir(worktree)
 
 
 def stale_seconds() -> float:
