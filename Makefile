@@ -6,7 +6,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install agents browser samples demo test test-fast migrate web worker beat clean
+.PHONY: install agents browser samples demo test test-fast migrate web worker beat clean announce-test announce-test-fast
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +34,23 @@ demo: install agents
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included).
-test: install agents browser samples
+test: announce-test install agents browser samples
 	$(BIN)/python -m pytest -q --durations=15
 
-## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those)
-test-fast: install
+## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those).
+## It needs the agent CLIs too: the sandbox's bubblewrap is the one the pinned codex package ships.
+test-fast: announce-test-fast install agents
 	$(BIN)/python -m pytest -q -m "not slow and not pipeline"
+
+announce-test:
+	@echo "make test installs first, each step a no-op once done: the venv .venv (pyproject.toml, [test] extras);"
+	@echo "  the pinned agent CLIs in tools/agents (npm; the sandbox's bubblewrap comes with codex);"
+	@echo "  Debian's $$(sed 's/#.*//' scripts/debian-packages.txt | xargs) (apt-get, root or sudo; the browser tests skip without);"
+	@echo "  the sample sdists in tools/repos (PyPI). Then it runs the whole suite."
+
+announce-test-fast:
+	@echo "make test-fast installs first, each step a no-op once done: the venv .venv (pyproject.toml, [test] extras)"
+	@echo "  and the pinned agent CLIs in tools/agents (npm; the sandbox's bubblewrap comes with codex)."
 
 migrate: install
 	$(BIN)/python manage.py migrate

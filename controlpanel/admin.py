@@ -338,7 +338,7 @@ class AttemptAdmin(ReadOnlyAdmin):
         ("Outcome", ["status", "failure_kind", "failure_message", "exit_status", "elapsed_seconds", "late",
                      "usage", "final_message", "verdict", "verdict_problem", "refusals"]),
         ("Agent", ["operation", "number", "role", "profile_name", "adapter", "simulated", "cli_version",
-                   "session_id", "output_bytes", "redactions", "network"]),
+                   "session_id", "output_bytes", "redactions", "network", "limits"]),
         ("Times", ["deadline_seconds", "deadline_at", "created_at", "started_at", "ended_at"]),
         ("Starting point and process", ["start_commit", "start_manifest", "result_manifest", "host", "pid",
                                         "pid_create_time", "marker", "lease_token"]),

@@ -11,6 +11,7 @@
     POST /api/runs/<id>/recover/   {decision, note, action: retry|verify, reviewer?}   200
     POST /api/runs/<id>/fail/      {reason}                                            200
     POST /api/runs/<id>/rerun/     {latest_pipeline?, start?}                          201 run_status (the new run)
+    POST /api/runs/<id>/continue/  {budgets, start?, expect_reruns?}                   201 run_status (the new run)
 
 One REST framework viewset (``RunViewSet``) behind one router (``RunRouter``, routes named
 ``api-run-create``, ``api-run`` and ``api-run-<action>``; controlpanel/urls.py). Each action checks
@@ -127,6 +128,17 @@ class RerunInput(StrictSerializer):
     expect_reruns = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None, help_text=(
         "the run's re-run count you saw (actions[rerun].initial.seen): a re-run made since refuses this one "
         "(409 already_rerun), so a retried request makes no second run"))
+
+
+class ContinueInput(StrictSerializer):
+    """POST /api/runs/<id>/continue/: the arguments of operations.continue_run."""
+
+    budgets = serializers.JSONField(help_text=(
+        "the pipeline's budgets, raised: every cap at least the run's (or null: none) and one higher "
+        "(docs/pipeline-format.md \"budgets\")"))
+    start = FlagField(required=False, default=True, help_text="also start it (needs engine.start_run); default true")
+    expect_reruns = serializers.IntegerField(required=False, allow_null=True, min_value=0, default=None, help_text=(
+        "the run's re-run count you saw (actions[continue].initial.seen): a second request makes no second run"))
 
 
 class StartInput(StrictSerializer):
@@ -307,10 +319,10 @@ class RunViewSet(viewsets.ViewSet):
                    "approve": "engine.approve_run", "request_changes": "engine.approve_run",
                    "recheck": "engine.recheck_run", "recover": "engine.recover_run", "fail": "engine.fail_run",
                    # a re-run is a new run; with "start": true engine.start_run as well (``also_start``)
-                   "rerun": "engine.add_run"}
+                   "rerun": "engine.add_run", "continue_run": "engine.add_run"}
     INPUTS = {"create": CreateRunInput, "start": StartInput, "approve": ApproveInput,
               "request_changes": RequestChangesInput, "recheck": RecheckInput, "recover": RecoverInput,
-              "fail": FailInput, "rerun": RerunInput}
+              "fail": FailInput, "rerun": RerunInput, "continue_run": ContinueInput}
 
     @property
     def route_action(self) -> str:
@@ -441,6 +453,17 @@ class RunViewSet(viewsets.ViewSet):
         self.also_start(request, data)
         run = operations.rerun(run_id, latest_pipeline=data["latest_pipeline"], start=data["start"],
                                requested_by=self.person(request), source="api", expect_reruns=data.get("expect_reruns"))
+        return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
+                        headers={"Location": f"/api/runs/{run.pk}/"})
+
+    @action(detail=True, methods=["post"], url_path="continue", url_name="continue")
+    def continue_run(self, request, run_id=None):
+        """POST /api/runs/<id>/continue/ {budgets, start?} -> 201 with operations.run_status of the new run: the run
+        its budget stopped, continued from its last checkpoint with the raised budgets (engine/runs_again.py)."""
+        data = self.read(request)
+        self.also_start(request, data)
+        run = operations.continue_run(run_id, data["budgets"], start=data["start"], requested_by=self.person(request),
+                                      source="api", expect_reruns=data.get("expect_reruns"))
         return Response(RunStatusSerializer(run).data, status=status.HTTP_201_CREATED,
                         headers={"Location": f"/api/runs/{run.pk}/"})
 

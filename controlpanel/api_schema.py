@@ -97,4 +97,5 @@ def document(viewset, list_query, acks: dict):
         recover=post("recover", 200, "Recover a run waiting for review"),
         fail=post("fail", 200, "Fail a run"),
         rerun=post("rerun", 201, "Re-run an ended run"),
+        continue_run=post("continue_run", 201, "Continue a run its budget stopped, with a raised budget"),
     )(viewset)

@@ -23,8 +23,11 @@ ATTEMPT_FILES = {
     "raw": ("raw_path", "raw output: stdout (redacted bytes)", ""),
     "stderr": ("stderr_path", "stderr (redacted bytes)", ""),
     "patch": ("patch_path", "patch", "patch_sha256"),
-    "transcript": ("raw_path", "transcript (the conversation, normalized)", ""),
+    "transcript": ("raw_path", "transcript (the CLI's own account of the conversation, normalized)", ""),
+    "conversation": ("raw_path", "conversation (what the model was sent and answered, at the model gateway)", ""),
 }
+#: The files that lie beside the raw log, with no field of their own.
+BESIDE_RAW = {"transcript": transcript.FILE_NAME, "conversation": "conversation.jsonl"}
 
 
 def attempt_file(attempt: Attempt, kind: str) -> Path | None:
@@ -35,9 +38,9 @@ def attempt_file(attempt: Attempt, kind: str) -> Path | None:
     """
     if kind not in ATTEMPT_FILES:
         return None
-    if kind == "transcript":  # no field of its own: it lies beside the raw log (engine/transcript.py)
+    if kind in BESIDE_RAW:  # no field of its own: beside the raw log (engine/transcript.py, engine/model_gateway)
         raw = attempt.raw_path or ""
-        rel = os.path.join(os.path.dirname(raw), transcript.FILE_NAME) if raw else ""
+        rel = os.path.join(os.path.dirname(raw), BESIDE_RAW[kind]) if raw else ""
     else:
         rel = getattr(attempt, ATTEMPT_FILES[kind][0]) or ""
     if not rel or os.path.isabs(rel) or "\x00" in rel:

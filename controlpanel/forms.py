@@ -98,6 +98,33 @@ class RerunForm(forms.Form):
                               help_text="the run's re-runs when the page was shown: a second click makes no second run")
 
 
+class ContinueForm(forms.Form):
+    """Continue a run its budget stopped with a raised budget (``engine.operations.continue_run``): the budgets as
+    YAML, prefilled with the run's; starting needs ``engine.start_run`` too."""
+
+    budgets = forms.CharField(label="budgets (YAML)", widget=forms.Textarea(attrs={"rows": 6, "cols": 60}), help_text=(
+        "The run's budgets, raised: every cap at least what it was (or removed) and one higher. The new run starts "
+        "from the last checkpoint; the stopped attempt's patch and calls are its first attempt's evidence."))
+    start = forms.BooleanField(required=False, initial=True, label="start it now",
+                               help_text="Request its start at once: the new run is queued for a worker.")
+    seen = forms.IntegerField(required=False, min_value=0, widget=forms.HiddenInput,
+                              help_text="the run's re-runs when the page was shown: a second click makes no second run")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(self.initial.get("budgets"), dict):  # the run's budgets (answers.actions), as YAML to edit
+            self.initial["budgets"] = yaml.safe_dump(self.initial["budgets"], sort_keys=False)
+
+    def clean_budgets(self):
+        try:
+            found = yaml.safe_load(self.cleaned_data["budgets"])
+        except yaml.YAMLError as exc:
+            raise forms.ValidationError(f"budgets is not YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(found, dict):
+            raise forms.ValidationError("budgets must be a mapping, e.g. max_tokens: 2000000")
+        return found
+
+
 def first_error(form: forms.Form) -> tuple[str, str]:
     """``(field, message)`` of the first error of an invalid bound form (field '' for a form-wide one)."""
     for field, errors in form.errors.items():

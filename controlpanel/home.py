@@ -30,6 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from engine import answers, hosts, workers
+from engine.budgets import spent_by
 from engine.workers import age_text
 from engine.models import RUN_ACTIVE, RUN_WAITING, Attempt, Run, RunStatus
 
@@ -65,7 +66,8 @@ def _waiting(now: datetime) -> tuple[list[dict], bool]:
     "actions_url", "pipeline", "status", "status_label", "simulated", "stage", "sentence", "button",
     "stop_reason", "stop_message", "waiting_seconds", "waiting_text"}], more)``. Four queries."""
     attempts = Attempt.objects.select_related("result_manifest").only(
-        "id", "run", "stage", "operation", "number", "status", "start_manifest", "usage", "result_manifest",
+        "id", "run", "stage", "operation", "number", "status", "start_manifest", "usage", "spend", "simulated",
+        "result_manifest",
         "result_manifest__digest")
     rows = list(Run.objects.filter(status__in=RUN_WAITING).defer(*_UNREAD).order_by("updated_at", "id")
                 .prefetch_related("stages", "decisions", Prefetch("attempts", queryset=attempts))[:LIST_LIMIT + 1])
@@ -92,11 +94,12 @@ def _active(now: datetime, worker_rows: list[dict]) -> tuple[list[dict], bool]:
     """The queued and running runs (RUN_ACTIVE), oldest first: ``([{"id", "url", "pipeline", "status",
     "simulated", "stage", "phase", "heartbeat_seconds", "heartbeat_text", "stale", "held_by" (a
     worker's name, or ""), "pool_pid", "between_steps", "queued_text", "no_worker" (the sentence of
-    ``queued_without_worker``, or "")}], more)``. Three queries (``worker_rows`` are the caller's; the live
+    ``queued_without_worker``, or ""), "spend_text" (``spend_text``)}], more)``. Four queries (``worker_rows`` are the caller's; the live
     hosts only when a run is queued)."""
     held = {run["id"]: (row, run) for row in worker_rows for run in row["runs"]}
+    spends = Attempt.objects.only("id", "run", "spend", "usage", "simulated")
     rows = list(Run.objects.filter(status__in=RUN_ACTIVE).defer(*_UNREAD, "definition").order_by("id")
-                .prefetch_related("stages")[:LIST_LIMIT + 1])
+                .prefetch_related("stages", Prefetch("attempts", queryset=spends))[:LIST_LIMIT + 1])
     live = hosts.live_hosts(now) if any(run.status == RunStatus.QUEUED for run in rows) else []
     found = []
     for run in rows[:LIST_LIMIT]:
@@ -113,8 +116,21 @@ def _active(now: datetime, worker_rows: list[dict]) -> tuple[list[dict], bool]:
             "lease_owner": run.lease_owner, "pool_pid": in_hand["pool_pid"] if in_hand else None,
             "between_steps": run.status == RunStatus.RUNNING and not run.lease_owner,
             "queued_text": age_text(_since(run.queued_at, now)) if run.status == RunStatus.QUEUED else "",
-            "no_worker": code_spans(workers.queued_without_worker(run, worker_rows, now, live))})
+            "no_worker": code_spans(workers.queued_without_worker(run, worker_rows, now, live)),
+            "spend_text": spend_text(run, list(run.attempts.all()))})
     return found, len(rows) > LIST_LIMIT
+
+
+def spend_text(run: Run, attempts: list) -> str:
+    """What a run's model calls have spent so far, live (``Attempt.spend``, engine/budgets.py ``spent_by``):
+    ``4,100 tokens · $0.0135`` (no money for a simulated run, none said when unknown); '' before any."""
+    spends = [spent_by(attempt) for attempt in attempts]
+    tokens = sum(found["tokens"] for found in spends)
+    if not tokens:
+        return ""
+    known = not run.simulated and not any(found["unpriced_calls"] for found in spends)
+    cost = f" · ${sum(found['cost_usd'] for found in spends):.4f}" if known else ""
+    return f"{tokens:,} tokens{cost}"
 
 
 def _stops(now: datetime) -> list[dict]:

@@ -216,6 +216,33 @@ CP_HOST_REPOS = [p for p in env.str("CP_HOST_REPOS", default="").split(os.pathse
 #: The var directories of other hosts, mounted here read-only (a list separated by ":"): where the
 #: Control Panel looks for a run's logs and records that its own var directory does not hold.
 CP_OTHER_VAR_DIRS = [p for p in env.str("CP_OTHER_VAR_DIRS", default="").split(os.pathsep) if p.strip()]
+#: The agent CLI binaries a profile's ``executable`` may name, besides the pinned installs of `make
+#: agents` (absolute paths, a list separated by ":"): the operator's choice, never a pipeline
+#: author's (engine/agents/executables.py). A path under a var directory is refused regardless.
+CP_AGENT_EXECUTABLES = [p for p in env.str("CP_AGENT_EXECUTABLES", default="").split(os.pathsep) if p.strip()]
+for _exe in CP_AGENT_EXECUTABLES:
+    if not os.path.isabs(_exe):
+        raise SystemExit(f"CP_AGENT_EXECUTABLES: {_exe!r} is not an absolute path (list absolute paths, separated by ':')")
+#: The model gateways a profile's base_url may name, each with the variable of the workers'
+#: environment that holds its key: entries URL=VARIABLE separated by commas (e.g.
+#: http://127.0.0.1:4000=GATEWAY_API_KEY). The operator's choice, never a pipeline author's: the
+#: workers' own provider keys go only to the provider's own hosts (engine/agents/gateways.py).
+CP_GATEWAYS = [e.strip() for e in env.str("CP_GATEWAYS", default="").split(",") if e.strip()]
+try:
+    from engine.agents.gateways import parse as _parse_gateways
+
+    _parse_gateways(CP_GATEWAYS)
+except ValueError as _exc:
+    raise SystemExit(f"CP_GATEWAYS: {_exc}") from None
+#: The limits of each agent attempt and gate (engine/limits.py; README.md "Configuration"): processes,
+#: memory (MB), bytes written to its folders (MB), captured output (MB). A pipeline's `limits` may lower
+#: each, never raise it.
+for _name, _default in (("CP_ATTEMPT_MAX_PROCESSES", 512), ("CP_ATTEMPT_MAX_MEMORY_MB", 4096),
+                        ("CP_ATTEMPT_MAX_WRITE_MB", 2048), ("CP_ATTEMPT_MAX_OUTPUT_MB", 64)):
+    _value = os.environ.get(_name, "").strip() or str(_default)
+    if not _value.isdigit() or int(_value) < 1:
+        raise SystemExit(f"{_name}: must be a whole number of at least 1, got {_value!r}")
+    globals()[_name] = int(_value)
 #: Seconds after the last beat of its last worker that a host counts as gone: reconciliation then
 #: marks its running runs interrupted (once), never resuming them elsewhere.
 CP_HOST_STALE = env.float("CP_HOST_STALE", default=max(CP_WORKER_STALE, CP_HEARTBEAT_STALE))
@@ -266,7 +293,9 @@ EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # a message's control characters (an agent-chosen name in it) are printed escaped (engine/terminal.py)
+    "formatters": {"plain": {"()": "engine.terminal.SafeFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "engine": {"handlers": ["console"], "level": env.str("CP_LOG_LEVEL", default="INFO")},

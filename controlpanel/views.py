@@ -61,11 +61,12 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from engine import answers, hosts, operations, process, transcript, workers
+from engine.model_gateway import conversation as model_conversation
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
 
 from .attempt_files import attempt_file
-from .forms import (ApproveForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, RerunForm, StartForm,
+from .forms import (ApproveForm, ContinueForm, FailForm, RecheckForm, RecoverForm, RequestChangesForm, RerunForm, StartForm,
                     first_error, mark_kept, typed_fields)
 from .readable import code_spans, duration_text, moment_html, yaml_block
 
@@ -105,6 +106,8 @@ ACTIONS = {
     "fail": ("engine.fail_run", FailForm, "Fail"),
     # a new run from an ended one; "start it now" needs engine.start_run too (``also_needs``)
     "rerun": ("engine.add_run", RerunForm, "Re-run"),
+    # a new run from one its budget stopped, from its last checkpoint (engine/runs_again.py)
+    "continue": ("engine.add_run", ContinueForm, "Continue with a raised budget"),
 }
 
 #: Usage keys summed and shown (engine.agents.base.USAGE_KEYS has more; these are the ones a person reads).
@@ -169,6 +172,9 @@ def usage_text(usage: dict) -> dict:
             shown[key] = f"${value:,.4f}"
         else:
             shown[key] = f"{int(value):,}"
+    if usage.get("simulated_cost_usd") is not None:  # a simulated run's cost is no money (engine/answers.py totals)
+        shown["cost_usd"] = f"${usage['simulated_cost_usd']:,.4f} simulated, not money"
+    shown["spend"] = answers.spend_sentence(usage) if "caps" in usage else ""
     return shown
 
 
@@ -1112,9 +1118,14 @@ class RunPages:
         attempt = self._attempt(request, object_id, attempt_id)
         live = attempt.status in ATTEMPT_OPEN
         seen_live = request.GET.get("live") == "1"
-        conversation = attempt_file(attempt, "transcript")
-        if conversation is not None and request.GET.get("view") != "log":
-            return self._conversation(request, attempt, conversation, live, seen_live)
+        view = request.GET.get("view")
+        wire, claimed = attempt_file(attempt, "conversation"), attempt_file(attempt, "transcript")
+        conversation = wire or claimed
+        if wire is not None and view == "cli" and claimed is not None:
+            return self._conversation(request, attempt, claimed, live, seen_live, wire=wire)
+        if conversation is not None and view != "log":
+            return self._conversation(request, attempt, conversation, live, seen_live,
+                                      cli=claimed if wire is not None else None)
         found = attempt_file(attempt, "log")
         size = found.stat().st_size if found is not None else 0
         if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
@@ -1136,17 +1147,35 @@ class RunPages:
                                                                      "status": attempt.status}})
         return response
 
-    def _conversation(self, request, attempt: Attempt, found: Path, live: bool, seen_live: bool):
-        """The tail's answer for an attempt with a transcript (engine/transcript.py): its last
-        TRANSCRIPT_ENTRIES entries as a readable conversation, polled like the log's tail (204 while the
-        transcript's size and the attempt's status are the ones the box shows)."""
+    def _conversation(self, request, attempt: Attempt, found: Path, live: bool, seen_live: bool,
+                      cli: Path | None = None, wire: Path | None = None):
+        """The tail's answer for an attempt with a conversation: its last TRANSCRIPT_ENTRIES entries, polled
+        like the log's tail (204 while the file's size and the attempt's status are the ones the box shows).
+        ``found`` is what the model gateway saw (engine/model_gateway/conversation.py; ``cli``: the CLI's own
+        account beside it, one click away), or the CLI's account (engine/transcript.py); with ``wire``, the
+        CLI's account is checked against it: a tool call the model never asked for is flagged."""
         size = found.stat().st_size
         if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
             return HttpResponse(status=204)
         entries, last = transcript.read_tail(found, TRANSCRIPT_ENTRIES, TRANSCRIPT_WINDOW)
         tail_url = reverse("admin:engine_run_attempt_tail", args=[attempt.run_id, attempt.pk])
         refused = attempt.failure_kind in REFUSED_KINDS
-        context = {"attempt": attempt, "entries": [conversation_entry(entry) for entry in entries],
+        shown = [conversation_entry(entry) for entry in entries]
+        unasked_count = 0
+        if wire is not None:
+            asked = [entry.get("text") for entry in transcript.read_tail(wire, 100000, 8 * 1024 * 1024)[0]
+                     if entry.get("kind") == "tool_call"]
+            whole = transcript.read_tail(found, 100000, 8 * 1024 * 1024)[0]
+            flagged = {whole[index].get("n") for index in model_conversation.unasked(whole, asked)}
+            unasked_count = len(flagged)
+            for entry in shown:
+                if entry.get("n") in flagged:
+                    entry["unasked"] = True
+        source = "wire" if cli is not None or (wire is None and found.name == "conversation.jsonl") else "cli"
+        context = {"attempt": attempt, "entries": shown, "source": source, "checked": wire is not None,
+                   "unasked_count": unasked_count,
+                   "cli_view_url": tail_url + "?view=cli" if cli is not None else "",
+                   "wire_view_url": tail_url if wire is not None else "",
                    "state_text": (f"refused ({attempt.failure_kind})" if refused else attempt.status
                                   + (f" ({attempt.failure_kind})" if attempt.failure_kind
                                      and attempt.failure_kind != attempt.status else "")),
@@ -1343,13 +1372,13 @@ def _fail(run: Run, data: dict, who: str) -> str:
 def also_needs(verb: str, data: dict) -> list[str]:
     """Permissions an action needs beyond its own (ACTIONS) for what its form asks: a re-run started at
     once needs ``engine.start_run``."""
-    return ["engine.start_run"] if verb == "rerun" and data.get("start") else []
+    return ["engine.start_run"] if verb in ("rerun", "continue") and data.get("start") else []
 
 
 def _initial_for(request, verb: str) -> dict:
     """Initial values of a form that depend on the person: "start it now" of Re-run is unchecked for one
     who may not start a run."""
-    if verb == "rerun" and not request.user.has_perm("engine.start_run"):
+    if verb in ("rerun", "continue") and not request.user.has_perm("engine.start_run"):
         return {"start": False}
     return {}
 
@@ -1363,6 +1392,14 @@ def _rerun(run: Run, data: dict, who: str) -> tuple[str, int]:
             f"it is {then}.", new.pk)
 
 
+def _continue(run: Run, data: dict, who: str) -> tuple[str, int]:
+    new = operations.continue_run(run, data["budgets"], start=data["start"], requested_by=who, source="admin",
+                                  expect_reruns=data.get("seen"))
+    then = "queued for a worker" if data["start"] else "pending: press Start to run it"
+    return (f"Run {new.pk} created by {who} to continue run {run.pk} with a raised budget, from commit "
+            f"{new.commit[:12]}; run {run.pk} failed. It is {then}.", new.pk)
+
+
 #: verb -> the call of engine.operations it makes: (run, cleaned form data, user name) -> the success sentence.
 PERFORM = {"start": _start, "approve": _approve, "request_changes": _request_changes, "recheck": _recheck,
-           "recover": _recover, "fail": _fail, "rerun": _rerun}
+           "recover": _recover, "fail": _fail, "rerun": _rerun, "continue": _continue}

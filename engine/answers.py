@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from django.db.models import F, Q
 from django.utils import timezone
 
-from .machine import Step, budget_problem
+from .budgets import budget_problem, spent_by
+from .machine import Step
 from .models import RUN_TERMINAL, RUN_WAITING, AttemptStatus, Decision, Run, RunStatus, StageRun, StageStatus
 from .simulation import simulation
 
@@ -61,7 +62,7 @@ def pending_decisions(run: Run, decisions: list[Decision] | None = None) -> dict
 
 def exhausted_budget(run: Run, attempts: list | None = None) -> str | None:
     """A sentence when the run has no budget left for more agent work, else None (as
-    ``machine.budget_problem`` counts it for a review, the step any recovery ends in). ``attempts``
+    ``budgets.budget_problem`` counts it for a review, the step any recovery ends in). ``attempts``
     (every Attempt row of the run) spares its queries when the caller has them."""
     return budget_problem(run, Step("review"), attempts)
 
@@ -178,7 +179,7 @@ class Action:
 
 #: Every action a person can take on a run, in the order they are shown (Re-run, engine/operations.py
 #: ``rerun``: a new run from an ended one, last).
-ACTION_NAMES = ("start", "approve", "request_changes", "recheck", "recover", "fail", "rerun")
+ACTION_NAMES = ("start", "approve", "request_changes", "recheck", "recover", "fail", "rerun", "continue")
 
 
 def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Action]:
@@ -189,8 +190,9 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
     (waiting_review with a pending review decision: its id, and ``verify`` False with ``verify_why``
     when the stage has no result, so that only retry is offered); Recheck
     and Recover not while the run's budget is exhausted (a new run is needed); Fail (any status
-    but succeeded or failed). The operations in engine/operations.py refuse what does not apply
-    with the same reasons."""
+    but succeeded or failed); Re-run (an ended run); Continue (a run its budget stopped: its budgets as
+    the form's start). The operations in engine/operations.py refuse what does not apply with the same
+    reasons."""
     pending = pending_decisions(run, decisions)
     status = run.status
     found: dict[str, Action] = {}
@@ -226,6 +228,10 @@ def actions(run: Run, decisions: list[Decision] | None = None) -> dict[str, Acti
     add("fail", f"the run has ended ({status})" if status in RUN_TERMINAL else "")
     add("rerun", "" if status in RUN_TERMINAL else f"the run is {status}; only an ended run (succeeded or failed) "
                                                    "is re-run", {"seen": run.rerun_count})
+    budget_stop = status == RunStatus.WAITING_REVIEW and run.stop_reason in ("budget_reached", "budget_exhausted")
+    add("continue", "" if budget_stop else "only a run its budget stopped (budget_reached, budget_exhausted) is "
+        "continued with a raised budget", {"seen": run.rerun_count,
+                                           "budgets": (run.definition or {}).get("pipeline", {}).get("budgets") or {}})
     return found
 
 
@@ -262,12 +268,20 @@ def _seconds(start, end) -> float | None:
 
 def totals(run: Run, attempts: list | None = None) -> dict:
     """What the run has used so far: ``{"input_tokens", "output_tokens", "cached_tokens",
-    "cost_usd"}`` summed over its attempts' reported usage (None while no attempt reported a
-    key), ``"attempts"`` (agent attempts), ``"active_seconds"`` (agents and gates, as the
+    "cost_usd"}`` summed over its attempts' usage (what their model gateways metered, live while an
+    attempt runs; a CLI's own report without one; None while no attempt reported a key), ``"tokens"``
+    (every token the budgets count, engine/budgets.py ``spent_by``), ``"caps"`` (the run's
+    ``budgets.max_tokens`` and ``max_cost_usd``), ``"attempts"`` (agent attempts), ``"active_seconds"`` (agents and gates, as the
     budget counts it), ``"elapsed_seconds"`` (from the first claim to the end or now, waiting for
     a person included; None before a worker first claimed it)."""
     rows = attempts if attempts is not None else list(run.attempts.all())
     found = _usage_sums(rows)
+    found["simulated_cost_usd"] = None
+    if run.simulated:  # what a scripted model's answers would have cost is nobody's money
+        found["simulated_cost_usd"], found["cost_usd"] = found["cost_usd"], None
+    budgets = (run.definition or {}).get("pipeline", {}).get("budgets") or {}
+    found["tokens"] = sum(spent_by(row)["tokens"] for row in rows)
+    found["caps"] = {"max_tokens": budgets.get("max_tokens"), "max_cost_usd": budgets.get("max_cost_usd")}
     found["active_seconds"] = round(run.active_seconds, 3)
     elapsed = _seconds(run.started_at, run.finished_at)
     found["elapsed_seconds"] = round(elapsed, 3) if elapsed is not None else None
@@ -276,13 +290,20 @@ def totals(run: Run, attempts: list | None = None) -> dict:
 
 def _usage_sums(attempts: list) -> dict:
     """``USAGE_KEYS`` summed over the attempts' reported usage (None while none reported a key), and
-    ``"attempts"``: how many."""
+    ``"attempts"``: how many. The cost is None (unknown) as soon as one real attempt that used tokens has
+    no known cost: a sum of the known ones would be less than was spent."""
     found: dict = {key: None for key in USAGE_KEYS}
+    unknown = False
     for attempt in attempts:
+        usage = attempt.usage or {}
         for key in USAGE_KEYS:
-            value = (attempt.usage or {}).get(key)
+            value = usage.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 found[key] = (found[key] or 0) + value
+        used = any(usage.get(key) for key in ("input_tokens", "output_tokens"))
+        unknown = unknown or (used and usage.get("cost_usd") is None and not attempt.simulated)
+    if unknown:
+        found["cost_usd"] = None
     found["attempts"] = len(attempts)
     return found
 
@@ -309,7 +330,26 @@ def totals_sentence(found: dict) -> str:
     def tokens(key: str) -> str:
         return f"{int(found[key]):,}" if found.get(key) is not None else "unreported"
 
-    cost = f"${found['cost_usd']:.4f}" if found.get("cost_usd") is not None else "unreported"
+    cost = (f"${found['cost_usd']:.4f}" if found.get("cost_usd") is not None else
+            f"${found['simulated_cost_usd']:.4f} simulated (not money)" if found.get("simulated_cost_usd") is not None
+            else "unknown")
     elapsed = f"{found['elapsed_seconds']:.0f} s" if found.get("elapsed_seconds") is not None else "-"
+    spend = f", {spend_sentence(found)}" if spend_sentence(found) else ""
     return (f"{found['attempts']} agent attempt(s), {tokens('input_tokens')} input / {tokens('output_tokens')} output "
-            f"tokens, cost {cost}, active {found['active_seconds']:.0f} s, elapsed {elapsed}")
+            f"tokens, cost {cost}{spend}, active {found['active_seconds']:.0f} s, elapsed {elapsed}")
+
+
+def spend_sentence(found: dict) -> str:
+    """The run's spend against its caps (``totals``): ``4,100 tokens of 5,000 (budgets.max_tokens), $0.0135 of
+    $10.00 (budgets.max_cost_usd)``; '' when the run has no spend cap."""
+    caps = found.get("caps") or {}
+    parts = []
+    if caps.get("max_tokens") is not None:
+        parts.append(f"{int(found.get('tokens') or 0):,} tokens of {caps['max_tokens']:,} (budgets.max_tokens)")
+    if caps.get("max_cost_usd") is not None:
+        spent = found.get("cost_usd")
+        simulated = found.get("simulated_cost_usd")
+        said = (f"${spent:.4f}" if spent is not None else f"${simulated:.4f} simulated (not money)"
+                if simulated is not None else "an unknown cost")
+        parts.append(f"{said} of ${caps['max_cost_usd']:.2f} (budgets.max_cost_usd)")
+    return ", ".join(parts)

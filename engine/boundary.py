@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from .agents import sandbox
+from .agents import gateways, sandbox
 from .agents.netproxy import split_host_port
 
 log = logging.getLogger("engine.boundary")
@@ -51,21 +51,9 @@ CREDENTIALS = {
     "pi": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY"),
     "scripted": (),
 }
-#: The variable each CLI reads its API key from, which a profile's ``api_key_env`` fills with the
-#: worker variable it names (a gateway's key): the first name of CREDENTIALS for each.
+#: The variable each CLI reads its API key from, which the key of a profile's gateway fills
+#: (engine/agents/gateways.py): the first name of CREDENTIALS for each.
 KEY_TARGETS = {adapter: names[0] for adapter, names in CREDENTIALS.items() if names}
-#: The worker variable that lists, comma-separated, the variables a profile's ``api_key_env`` may
-#: name: the operator says which of the workers' variables are gateway keys, so that a pipeline
-#: cannot have any other secret of the workers' (a cloud key, a token) handed to an agent.
-GATEWAY_KEYS_ENV = "CP_GATEWAY_KEYS"
-
-
-def gateway_keys(source: dict | None = None) -> set[str]:
-    """The variable names ``CP_GATEWAY_KEYS`` of ``source`` (default: this process's environment) lists."""
-    source = os.environ if source is None else source
-    return {name.strip() for name in (source.get(GATEWAY_KEYS_ENV) or "").split(",") if name.strip()}
-
-
 class BoundaryNotEnforced(Exception):
     """The sandbox cannot keep an agent or a gate from the Control Panel's services.
 
@@ -89,18 +77,21 @@ def base_env(source: dict | None = None) -> dict[str, str]:
 def credential_env(adapter: str, source: dict | None = None, profile: dict | None = None) -> dict[str, str]:
     """The worker's credential variables for ``adapter``'s CLI (CREDENTIALS), those that are set.
 
-    A profile with ``api_key_env`` (a gateway's key, docs/pipeline-format.md) gets instead the
-    value of the worker variable it names, under the name the CLI reads (KEY_TARGETS), and none
-    of the CLI's usual variables: the gateway's key is the only credential its agents see. The
-    value is read here, at launch, from ``source`` (the worker's environment); it is never stored
-    in a definition, a record or a log (the attempt's redactor gets it as a secret).
-    The named variable must be listed in the worker's ``CP_GATEWAY_KEYS`` (``gateway_keys``).
-    Returns ``{variable: value}``; empty when the named variable is not set or not listed."""
+    A profile that talks to a gateway (a ``base_url`` or a gateway variable of its ``env``,
+    engine/agents/gateways.py) gets instead the value of the variable the operator listed with
+    that gateway (``CP_GATEWAYS``), under the name the CLI reads (KEY_TARGETS), and none of the
+    CLI's usual variables: the workers' own provider keys go only to the provider's own hosts.
+    A gateway the operator did not list (or a profile's ``api_key_env`` that is not its key) gets
+    nothing. The value is read here, at launch, from ``source`` (the worker's environment); it is
+    never stored in a definition, a record or a log (the attempt's redactor gets it as a secret).
+    Returns ``{variable: value}``."""
     source = os.environ if source is None else source
-    name = (profile or {}).get("api_key_env")
-    if name:
-        target, value = KEY_TARGETS.get(adapter), source.get(name)
-        return {target: value} if target and value and name in gateway_keys(source) else {}
+    profile = profile or {}
+    if gateways.uses_gateway(profile):
+        gateway, _ = gateways.of_profile(profile)
+        target = KEY_TARGETS.get(adapter)
+        value = source.get(gateway.key_env) if gateway is not None else None
+        return {target: value} if target and value else {}
     return {k: source[k] for k in CREDENTIALS.get(adapter, ()) if source.get(k)}
 
 

@@ -23,9 +23,8 @@ import secrets
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.utils import timezone
-
 from django.db.models import F, Q
+from django.utils import timezone
 
 from .models import (
     ATTEMPT_OPEN,
@@ -154,6 +153,8 @@ STOP_REASONS: dict[str, str] = {
     "workspace_tampered": "the worktree's git state was changed behind the engine's back",
     "definition_tampered": "the run's frozen definition no longer matches its digest",
     "budget_exhausted": "one of the run's budgets (active time, attempts, cost) is used up",
+    "budget_reached": "the model gateway kept a model call from crossing a token or dollar cap (budgets)",
+    "stalled": "an attempt looped (the same tool call turn after turn) and no repair may follow",
     "final_verification_failed": "a check failed again on the final checkpoint",
     "interrupted": "the worker holding the run stopped beating; the step was interrupted",
     "crashed": "the engine itself failed during a step",
@@ -162,6 +163,12 @@ STOP_REASONS: dict[str, str] = {
     "failed_by_operator": "a person failed the run",
     # attempt failure kinds (engine/agents/base.py FAILURE_KINDS)
     "missing_executable": "the agent's executable was not found",
+    "executable_not_allowed": "the profile's executable is not one the operator listed (CP_AGENT_EXECUTABLES)",
+    "gateway_not_allowed": "the profile's gateway is not one the operator listed (CP_GATEWAYS)",
+    "process_limit": "an attempt started more processes than its limit (max_processes)",
+    "memory_limit": "an attempt used more memory than its limit (max_memory_mb)",
+    "write_limit": "an attempt wrote more bytes to its folders than its limit (max_write_mb)",
+    "output_too_large": "an attempt printed more output than its limit (max_output_mb)",
     "auth_failed": "the agent CLI could not authenticate",
     "timeout": "an attempt passed its deadline and was stopped",
     "malformed_result": "the agent CLI's output could not be read as its documented result",
@@ -227,6 +234,7 @@ EVENT_KINDS: dict[str, str] = {
     "late_result": "a result arrived after the run moved on; stored, it changed nothing",
     "fail_requested": "a person asked to fail the run",
     "rerun": "a person re-ran the ended run: a new run of the same inputs (or the latest pipeline) links back to it",
+    "continued": "the run continues one its budget stopped, from that run's last checkpoint, with a raised budget",
     "stopped": "the run stopped for a person (its stop reason says why)",
     "failed": "the run failed",
     "succeeded": "the run succeeded",
@@ -440,6 +448,15 @@ def start_stage(stage: StageRun, base_commit: str) -> None:
     _set_stage(stage, StageStatus.RUNNING)
 
 
+def carry_stage(stage: StageRun, done: StageRun) -> None:
+    """A run continuing another (engine/runs_again.py ``continue_run``) takes over a stage that passed there:
+    passed here too, with its commits (its files are in the new run's starting commit)."""
+    stage.base_commit, stage.checkpoint_commit = done.base_commit, done.checkpoint_commit
+    stage.accepted_manifest = done.accepted_manifest
+    _set_stage(stage, StageStatus.RUNNING, StagePhase.CHECKPOINT)
+    _set_stage(stage, StageStatus.PASSED, StagePhase.DONE)
+
+
 def implemented(stage: StageRun) -> None:
     """The agent finished cleanly: its files go to verification."""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
@@ -613,43 +630,6 @@ def defect(stage: StageRun, kind: str, name: str, digest: str, message: str, evi
 def repaired(stage: StageRun) -> None:
     """A repair attempt finished cleanly: its files are verified again (not re-implemented)."""
     _set_stage(stage, StageStatus.RUNNING, StagePhase.VERIFY)
-
-
-#: Steps that start an agent attempt (count against the run's max_attempts budget).
-AGENT_STEPS = frozenset({"implement", "review", "repair", "document"})
-
-
-def budget_problem(run: Run, step: Step, attempts: list | None = None) -> str | None:
-    """A sentence when taking ``step`` would pass one of the run's budgets, else None.
-
-    Budgets (``definition.pipeline.budgets``; None is unlimited): ``max_active_seconds``
-    against the persisted active time (agents and gates; waiting for a person does not
-    count), ``max_attempts`` against the run's agent attempts, ``max_cost_usd`` against the
-    sum of the attempts' reported cost (an unreported cost counts as 0 and is said to be
-    unknown on the attempt). ``attempts`` (every Attempt row of the run) spares the queries when
-    the caller has them (a page that reads many runs at once).
-    """
-    if step.kind == "finish":
-        return None
-    budgets = run.definition["pipeline"].get("budgets") or {}
-    limit = budgets.get("max_active_seconds")
-    if limit is not None and run.active_seconds >= limit:
-        return (f"The run has used {run.active_seconds:.0f} s of active time, its budget is {limit:.0f} s "
-                f"(budgets.max_active_seconds).")
-    limit = budgets.get("max_attempts")
-    if limit is not None and step.kind in AGENT_STEPS:
-        used = len(attempts) if attempts is not None else run.attempts.count()
-        if used >= limit:
-            return f"The run has made {used} agent attempts, its budget is {limit} (budgets.max_attempts)."
-    limit = budgets.get("max_cost_usd")
-    if limit is not None and step.kind in AGENT_STEPS:
-        usages = ([a.usage for a in attempts] if attempts is not None
-                  else run.attempts.values_list("usage", flat=True))
-        spent = sum(float((usage or {}).get("cost_usd") or 0) for usage in usages)
-        if spent >= limit:
-            return (f"The run's agents have reported ${spent:.4f} of cost, its budget is ${limit:.2f} "
-                    f"(budgets.max_cost_usd).")
-    return None
 
 
 def reverify(stage: StageRun) -> None:

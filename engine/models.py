@@ -138,6 +138,10 @@ class Run(models.Model):
                                  help_text="the ended run this run re-runs (its frozen inputs, or the latest pipeline)")
     rerun_count = models.PositiveIntegerField(
         default=0, help_text="re-runs made of this run: a re-run asks for the count it saw (a double click makes one)")
+    carried = models.JSONField(
+        null=True, blank=True,
+        help_text="a run continuing one its budget stopped (engine/runs_again.py): {run, stage, attempt, stop_reason, "
+                  "stop_message, stages carried over}")
     simulated = models.BooleanField(default=False, help_text="uses the scripted test adapter or a scripted model")
     simulated_reason = models.CharField(max_length=200, blank=True)
     not_included = models.JSONField(
@@ -324,6 +328,17 @@ class Attempt(models.Model):
     network = models.JSONField(null=True, blank=True,
                                help_text="its egress proxy: {allow: [host], connected: [{host, port, at}], "
                                          "refused: [{host, port, why, at}]}")
+    limits = models.JSONField(null=True, blank=True,
+                              help_text="what bounded it (engine/limits.py): {limits, mechanism, reached, "
+                                        "written_bytes, peak_processes}")
+    gateway = models.JSONField(
+        null=True, blank=True,
+        help_text="what its model gateway saw (engine/model_gateway): {upstream, calls, usage, meter, stop_kind, "
+                  "ledger[], cli_usage (the CLI's own claim)}; null: the CLI's own login, not metered")
+    spend = models.JSONField(
+        null=True, blank=True,
+        help_text="what it spent against the budgets (engine/model_gateway/meter.py spend_of): {tokens, cost_usd, "
+                  "unpriced_calls}")
     late = models.BooleanField(default=False, help_text="its result arrived after the run moved on")
     verdict = models.JSONField(null=True, blank=True,
                                help_text="a reviewer's validated verdict: {verdict, findings[{file, line, severity, text}]}")
@@ -371,6 +386,9 @@ class Check(models.Model):
     stale = models.BooleanField(default=False, help_text="the files changed after it ran; it no longer counts")
     network = models.JSONField(null=True, blank=True,
                                help_text="a gate with network_allow: {allow, connected, refused} of its egress proxy")
+    limits = models.JSONField(null=True, blank=True,
+                              help_text="what bounded its command (engine/limits.py): {limits, mechanism, reached, "
+                                        "written_bytes, peak_processes}")
 
     class Meta:
         ordering = ["id"]

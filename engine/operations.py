@@ -22,7 +22,7 @@ from . import answers, hosts, machine, protected, reconcile, runner, workers, wo
 from .steps import gate_results
 from .steps.common import role_profiles
 from .steps.paths import var_path
-from .agents import adapters
+from .agents import adapters, executables
 from .models import (
     RUN_STOPPED,
     RUN_TERMINAL,
@@ -38,6 +38,7 @@ from .models import (
     Worker,
 )
 from .pipeline_format import PipelineFormatError, load_file
+from .agents.cli_options import extra_args_problems
 from .redaction import redact_text
 
 ROLES = ("implementer", "reviewer", "documenter")
@@ -170,6 +171,16 @@ def _effective_roles(pipeline: Pipeline, override: dict | None, definition: dict
             "adapter_unavailable",
             f"This Run Engine cannot run every adapter yet (it can run: {', '.join(sorted(available))}): {which}. "
             f"Choose other profiles with {flags}.", "profile")
+    for role, name in pairs:  # before anything of the profile's CLI is looked at (engine/agents/executables.py)
+        profile = definition["profiles"][name]
+        refused = executables.refusal(profile.get("executable"))
+        if refused:
+            raise OperationError("executable_not_allowed", f"The {role}'s profile {name!r} names an executable that may "
+                                 f"not run: {refused}.", f"profiles.{name}.executable")
+        # a definition saved before a rule changed is checked again (engine/agents/cli_options.py EXTRA_ARGS)
+        for index, problem in extra_args_problems(profile["adapter"], profile.get("extra_args") or [], (role,)):
+            raise OperationError("extra_args_not_allowed", f"The {role}'s profile {name!r}: {problem}.",
+                                 f"profiles.{name}.extra_args[{index}]")
     problems = []
     for role, name in pairs:
         profile = definition["profiles"][name]
@@ -274,6 +285,13 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
     (no row, no control records) when anything fails."""
     if os.path.exists(repo_path) and not os.path.isdir(repo_path):
         raise OperationError("not_a_directory", f"The repository path {repo_path!r} is a file, not a folder.", "repo")
+    agent_folders = executables.agent_folders()
+    if agent_folders and hosts.covers(agent_folders, repo_path):  # as written and resolved
+        # what agents wrote (a kept worktree, a repository planted in one) is never a run's repository:
+        # its .git/config could name programs (a filter driver) that git would run outside any sandbox
+        raise OperationError("repo_not_allowed", f"The repository path {repo_path!r} lies where agents and runs "
+                             "write (a worktree or scratch folder of the engine's var directory): a run's "
+                             "repository is one of your own checkouts.", "repo")
     try:
         repo = workspace.repo_root(repo_path)
         commit = workspace.resolve_commit(repo, commit_ref or revision)
@@ -344,58 +362,6 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
             shutil.rmtree(control, ignore_errors=True)
         raise
     return run
-
-
-# ----------------------------------------------------------------------------- Re-run An Ended Run
-
-
-def rerun(run, latest_pipeline: bool = False, start: bool = False, requested_by: str = "",
-          source: str = "api", expect_reruns: int | None = None) -> Run:
-    """Create a new run from an ended (succeeded or failed) run: the same repository path,
-    revision text and commit, and the same pipeline version (its frozen snapshot, frozen again
-    unchanged: definition, version, roles, profiles), or with ``latest_pipeline`` the saved
-    pipeline's current definition with the old run's profile override. The new run's
-    ``rerun_of`` is the old run (``old.reruns`` lists the new one); its ``created`` event says
-    "Re-run of run N" and the old run gets a ``rerun`` event. ``start``: the new run's start
-    is requested in the same transaction (it is then queued). ``expect_reruns``: the number of
-    re-runs the person saw (the run page's form sends it): when another re-run was made since
-    (a double click), this one is refused; without it, the count read now is expected. Either
-    way the count moves by a compare-and-swap, so two re-runs at once make one.
-
-    Returns the new Run. Raises OperationError: ``unknown_run`` / ``not_ended`` [run] (only a
-    succeeded or failed run is re-run), ``already_rerun`` [run] (re-run meanwhile), ``definition_tampered`` [run] (its frozen snapshot no
-    longer matches its digest), ``unknown_profile`` / ``unknown_role`` / ``adapter_unavailable``
-    / ``agent_unavailable`` [profile] (e.g. the latest version lacks a profile the override
-    names), ``path_not_found`` / ``not_a_repository`` / ``not_a_directory`` [repo],
-    ``unknown_revision`` and the other revision codes [rev] (the old commit is gone from the
-    repository). Nothing is created when refused.
-    """
-    old = get_run(run)
-    old.refresh_from_db()
-    if old.status not in RUN_TERMINAL:
-        raise OperationError("not_ended", f"Run {old.pk} is {old.status}; only an ended run (succeeded or failed) "
-                             f"is re-run.", "run")
-    override = dict(old.profile_override or {})
-    pipeline = old.pipeline
-    if latest_pipeline:
-        pipeline.refresh_from_db()
-        roles = _effective_roles(pipeline, override or None)
-        snapshot = _snapshot_of(pipeline, roles)
-        how = f"the latest pipeline version v{pipeline.version}"
-    else:
-        snapshot = old.definition
-        if canonical_sha256(snapshot) != old.definition_sha256:
-            raise OperationError("definition_tampered", f"Run {old.pk}'s frozen definition no longer matches its "
-                                 f"digest {old.definition_sha256[:12]}; it cannot be frozen again (re-run it with "
-                                 f"the latest pipeline instead).", "run")
-        # the same checks as a new run: the snapshot's own profiles, the old override
-        _effective_roles(pipeline, override or None, definition={**snapshot["pipeline"],
-                                                                  "profiles": snapshot["profiles"]})
-        how = f"the same pipeline version v{snapshot.get('pipeline_version', '?')}"
-    seen = old.rerun_count if expect_reruns is None else expect_reruns
-    return _freeze_run(pipeline, snapshot, old.repo_path, old.revision, override, commit_ref=old.commit,
-                       rerun_of=old, how=how, start=start, requested_by=requested_by, source=source,
-                       reruns_seen=seen)
 
 
 def _set_aside_stale_records(control: Path) -> None:
@@ -516,7 +482,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
 
 def exhausted_budget(run) -> str | None:
     """A sentence when the run has no budget left for more work (``budgets.max_attempts``,
-    ``max_cost_usd`` or ``max_active_seconds``, as ``machine.budget_problem`` counts them for an
+    ``max_cost_usd`` or ``max_active_seconds``, as ``budgets.budget_problem`` counts them for an
     agent step: a retry implements, and a verification ends in a review), else None. Such a run
     can only be failed (or approved, at a human gate whose checks and review passed)."""
     return answers.exhausted_budget(get_run(run))
@@ -988,3 +954,7 @@ def run_stopped(run: Run) -> bool:
 __all__ = ["OperationError", "load_pipelines", "save_pipeline", "create_run", "request_start", "recover", "approve",
            "request_changes", "parse_comment", "recheck", "fail_run", "exhausted_budget", "preflight_problems",
            "rerun", "run_status", "run_summary", "list_runs", "run_stopped", "get_run", "get_pipeline"]
+
+
+# Re-run an ended run, and continue a run stopped at its budget: engine/runs_again.py (kept callable here).
+from .runs_again import continue_run, rerun  # noqa: E402,F401 - re-exported: views, the API, commands

@@ -50,8 +50,11 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticUseDefault
 
-from . import globs
+from . import globs, limits
+from .model_gateway.meter import DEFAULT_IDLE_MINUTES, DEFAULT_IDLE_TURNS, DEFAULT_REPEATED_CALLS
 from .scripted_endpoint import ScenarioError, normalize_scenario
+from .agents import executables, gateways
+from .agents.cli_options import _PERMISSION_ARGS, _refused_args
 from .agents.netproxy import is_internal_host, split_host_port
 
 #: The only format version this module reads (top-level key ``format``).
@@ -93,135 +96,6 @@ _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GLOB_CHARS = set("*?[")
 _HOST_RE = re.compile(r"(\*\.)?[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?)*")
 
-# Command-line options an adapter sets itself. Permission and sandbox options decide what a
-# role may do (reviewers read-only, writers inside their scope), so a profile cannot add
-# them: the engine chooses them per role (docs/agents.md). The others carry the prompt,
-# model and output the adapter parses. Checked against Claude Code 2.1.197 and Codex CLI
-# 0.171.0 `--help` (tests/test_claude_adapter.py and tests/test_codex_adapter.py run the real binaries).
-_PERMISSION_ARGS = {
-    "claude-code": (
-        "--dangerously-skip-permissions",
-        "--allow-dangerously-skip-permissions",
-        "--permission-mode",
-        "--allowedTools",
-        "--allowed-tools",
-        "--disallowedTools",
-        "--disallowed-tools",
-        "--tools",
-        "--add-dir",
-        "--settings",
-        "--setting-sources",
-    ),
-    "codex": (
-        "-s",
-        "--sandbox",
-        "--dangerously-bypass-approvals-and-sandbox",
-        "--yolo",
-        "--full-auto",
-        "-p",  # --profile: a config profile can set sandbox and approval
-        "--profile",
-        "-a",
-        "--ask-for-approval",
-        "--add-dir",
-        "-C",
-        "--cd",
-    ),
-    # gemini 0.61.0 `gemini --help` (engine/agents/gemini.py): approval, sandbox, policy, trust and what adds tools
-    "gemini-cli": (
-        "-y",
-        "--yolo",
-        "--approval-mode",
-        "-s",
-        "--sandbox",
-        "--policy",
-        "--admin-policy",
-        "--allowed-tools",
-        "--allowed-mcp-server-names",
-        "-e",
-        "--extensions",
-        "--include-directories",
-        "--skip-trust",
-        "-w",
-        "--worktree",
-        "--acp",
-        "--experimental-acp",
-        "--raw-output",
-        "--accept-raw-output-risk",
-    ),
-    # pi 0.73.1 `pi --help` (engine/agents/pi.py): the tool allowlist, and what loads code or tools
-    "pi": (
-        "--tools",
-        "-t",
-        "--no-tools",
-        "-nt",
-        "--no-builtin-tools",
-        "-nbt",
-        "--extension",
-        "-e",
-        "--skill",
-        "--prompt-template",
-        "--api-key",  # a key in the argument array (and so in the process list): keys come from the environment
-    ),
-}
-_ENGINE_ARGS = {
-    "claude-code": {
-        "-p": "the prompt is passed by the engine",
-        "--print": "the prompt is passed by the engine",
-        "--output-format": "the engine parses the output format it asks for",
-        "--input-format": "the prompt is passed by the engine",
-        "--max-turns": "use the profile's max_turns field",
-        "--model": "use the profile's model field",
-        "--session-id": "each attempt starts a fresh session",
-        "--resume": "each attempt starts a fresh session",
-        "-r": "each attempt starts a fresh session",
-        "--continue": "each attempt starts a fresh session",
-        "-c": "each attempt starts a fresh session",
-    },
-    "codex": {
-        "-m": "use the profile's model field",
-        "--model": "use the profile's model field",
-        "--json": "the engine parses the output format it asks for",
-        "-o": "the engine reads the final message itself",
-        "--output-last-message": "the engine reads the final message itself",
-    },
-    "gemini-cli": {
-        "-p": "the prompt is passed by the engine",
-        "--prompt": "the prompt is passed by the engine",
-        "-i": "the prompt is passed by the engine",
-        "--prompt-interactive": "the prompt is passed by the engine",
-        "-o": "the engine parses the output format it asks for",
-        "--output-format": "the engine parses the output format it asks for",
-        "-m": "use the profile's model field",
-        "--model": "use the profile's model field",
-        "-r": "each attempt starts a fresh session",
-        "--resume": "each attempt starts a fresh session",
-        "--session-id": "each attempt starts a fresh session",
-        "--session-file": "each attempt starts a fresh session",
-        "--list-sessions": "each attempt starts a fresh session",
-        "--delete-session": "each attempt starts a fresh session",
-        "-l": "the attempt runs the agent, not a listing",
-        "--list-extensions": "the attempt runs the agent, not a listing",
-    },
-    "pi": {
-        "-p": "the prompt is passed by the engine",
-        "--print": "the prompt is passed by the engine",
-        "--mode": "the engine parses the output format it asks for",
-        "--model": "use the profile's model field (provider/model-id)",
-        "--models": "use the profile's model field (provider/model-id)",
-        "--provider": "give the provider as the prefix of the profile's model field (provider/model-id)",
-        "--session": "each attempt starts a fresh session",
-        "--session-dir": "each attempt starts a fresh session",
-        "--fork": "each attempt starts a fresh session",
-        "--resume": "each attempt starts a fresh session",
-        "-r": "each attempt starts a fresh session",
-        "--continue": "each attempt starts a fresh session",
-        "-c": "each attempt starts a fresh session",
-        "--export": "the engine runs the agent, not an export",
-        "--list-models": "the engine runs the agent, not a listing",
-    },
-}
-# Codex `-c key=value` overrides that touch permissions.
-_CODEX_PERMISSION_CONFIG = ("sandbox", "approval")
 
 
 # --------------------------------------------------------------------------------------
@@ -536,6 +410,26 @@ def _url(value: Optional[str]) -> Optional[str]:
         _fail(f"{value!r} has a port that is not a number from 1 to 65535")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         _fail(f"{value!r} is not an http:// or https:// URL with a host")
+    if "@" in parts.netloc:
+        # a user part (user@, user:password@, a token@) would carry a credential into records and pages
+        _fail("holds a user part before '@' (user@host, user:password@host): credentials never go in a "
+              "definition; a gateway's key comes from the variable the operator lists for it")
+    if parts.query or parts.fragment:
+        _fail(f"{value!r} has a query or a fragment: a gateway's URL is its scheme, host, port and path")
+    if not gateways.plain_path(parts.path):
+        _fail(f"{value!r} has '.' or '..' path segments (written or percent-encoded) or a backslash, which the CLIs "
+              "resolve before they send: write the path plainly")
+    why = gateways.refusal(value)  # the operator's CP_GATEWAYS (engine/agents/gateways.py)
+    if why:
+        _fail(why)
+    return value
+
+
+def _executable(value: Optional[str]) -> Optional[str]:
+    """A profile's ``executable``: one the operator listed (engine/agents/executables.py)."""
+    why = executables.refusal(value)
+    if why:
+        _fail(why)
     return value
 
 
@@ -571,8 +465,8 @@ def _profile_env_name(value: str) -> str:
 #: Worker variables a profile's ``api_key_env`` may not name: the Control Panel's own settings and
 #: secrets (controlpanel/settings.py reads them), the process basics and the usual cloud, git and
 #: package-registry secrets. An agent's key is sent to its model endpoint, so naming one of these
-#: would hand it to the gateway and to the agent. At launch the name must also be one the workers'
-#: CP_GATEWAY_KEYS lists (engine/boundary.py ``credential_env``): the operator's allow-list.
+#: would hand it to the gateway and to the agent. Beyond that, the name must be the one the operator
+#: listed with the profile's gateway (CP_GATEWAYS, engine/agents/gateways.py).
 RESERVED_KEY_ENV = ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "REDIS_URL", "SECRET_KEY",
                     "PATH", "HOME", "USER", "SHELL", "PWD", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH")
 RESERVED_KEY_ENV_PREFIXES = ("CP_", "DJANGO_", "CELERY_", "EMAIL_", "PG", "MYSQL", "REDIS", "AWS_", "GITHUB_", "GH_",
@@ -1056,62 +950,7 @@ class Stage(_Level):
 
 
 # --------------------------------------------------------------------------------------
-# Profiles and roles
-
-
-#: Gemini CLI 0.61.0's subcommands (`gemini --help`, "Commands"): a bare word in extra_args that
-#: names one would run it (`gemini mcp list`) instead of the agent.
-_GEMINI_COMMANDS = ("mcp", "extensions", "extension", "skills", "skill", "hooks", "hook", "gemma")
-#: Gemini CLI options that would let something other than the model answer (0.61.0's hidden
-#: test options): a file in the worktree could play the model in a run not labelled simulated.
-_GEMINI_FAKE_MODEL = ("--fake-responses", "--fake-responses-non-strict", "--record-responses")
-
-
-def _spellings(adapter: str, option: str) -> list[str]:
-    """The option names ``option`` stands for on ``adapter``'s command line. Gemini CLI 0.61.0
-    parses with yargs, which also takes an option in camelCase (``--skipTrust``), negated
-    (``--no-sandbox``), with underscores, with three dashes (``---yolo``), a short alias after two
-    (``--y``) and short flags grouped (``-sy``): each is turned back into the names
-    the lists above hold. The other CLIs match names exactly (clap, commander, pi's own parser)."""
-    if adapter != "gemini-cli" or not option.startswith("-"):
-        return [option]
-    if option.startswith("---"):  # yargs reads ---yolo as --yolo
-        option = "--" + option.lstrip("-")
-    if not option.startswith("--"):
-        return [f"-{letter}" for letter in option[1:]] if len(option) > 2 else [option]
-    if len(option) == 3:  # yargs reads --y as the short alias -y
-        return [option[1:]]
-    name = re.sub(r"(?<=[a-z0-9])([A-Z])", r"-\1", option[2:]).lower().replace("_", "-")
-    names = [f"--{name}"]
-    if name.startswith("no-"):
-        names.append(f"--{name[3:]}")
-    return names
-
-
-def _refused_args(adapter: str, args: list) -> list:
-    """Problems with extra_args that would weaken role boundaries or clash with the adapter."""
-    problems = []
-    for index, arg in enumerate(args):
-        given = arg.split("=", 1)[0]
-        spelled = _spellings(adapter, given)
-        option = next((name for name in spelled if name in _PERMISSION_ARGS[adapter] or name in
-                       _ENGINE_ARGS[adapter] or name in _GEMINI_FAKE_MODEL), given)
-        if adapter == "gemini-cli" and given in _GEMINI_COMMANDS:
-            problems.append((index, f"'{given}' is refused: it is a gemini subcommand, which would run instead of the agent"))
-        elif adapter == "gemini-cli" and option in _GEMINI_FAKE_MODEL:
-            problems.append((index, f"'{given}' is refused: the model's answers come from its provider or the "
-                             "profile's scripted_endpoint, never from a file"))
-        elif option in _PERMISSION_ARGS[adapter]:
-            problems.append((index, f"'{given}' is refused: the engine chooses permission and sandbox options "
-                             "for each role (reviewers read-only, writers inside their scope)"))
-        elif option in _ENGINE_ARGS[adapter]:
-            problems.append((index, f"'{given}' is set by the adapter: {_ENGINE_ARGS[adapter][option]}"))
-        elif adapter == "codex" and option in ("-c", "--config"):
-            value = arg.split("=", 1)[1] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
-            if value.strip().lower().startswith(_CODEX_PERMISSION_CONFIG):
-                problems.append((index, f"'{option} {value}' is refused: sandbox and approval settings are chosen "
-                                 "by the engine for each role"))
-    return problems
+# Profiles and roles (the extra_args allow-list: engine/agents/cli_options.py)
 
 
 _ScenarioRef = Annotated[
@@ -1131,7 +970,7 @@ class Profile(_Level):
     adapter: Annotated[Literal[ADAPTERS], Say(required=f"is required (one of {', '.join(ADAPTERS)})", choices=ADAPTERS)]
     model: NullableText = None
     max_turns: Annotated[StrictInt, Field(ge=1, le=1000), NoneIsDefault] = DEFAULT_MAX_TURNS
-    executable: NullableText = None
+    executable: Annotated[NullableText, AfterValidator(_executable)] = None
     extra_args: Annotated[list[Argument], NoneIsDefault, _ARGUMENTS] = []
     env: Annotated[dict[Annotated[StrictStr, AfterValidator(_profile_env_name)], StrictStr], NoneIsDefault,
                    Say(type="must be a mapping of environment variables to strings, got {kind}", per_entry=True)] = {}
@@ -1162,17 +1001,30 @@ class Profile(_Level):
                              "scenarios/example.yaml, or an inline mapping)", True))
         if adapter in CLI_ADAPTERS and scenario:
             problems.append((("scenario",), f"only scripted profiles take a scenario; this profile's adapter is '{adapter}'", True))
+        for name, value in (values.get("env") or {}).items():
+            if gateways.GATEWAY_URL_NAMES.search(name):  # a gateway URL too (engine/agents/gateways.py): as base_url
+                try:
+                    _url(value)
+                except PydanticCustomError as exc:
+                    problems.append((("env", name), exc.context["problem"], True))
+            elif "://" in str(value) and "@" in urllib.parse.urlsplit(str(value).strip()).netloc:
+                problems.append((("env", name), "holds a URL with a user part before '@' (user@host, "
+                                 "user:password@host): credentials never go in a definition", True))
         if values.get("base_url") and adapter not in CLI_ADAPTERS:
             problems.append((("base_url",), f"only {', '.join(CLI_ADAPTERS)} profiles talk to a model endpoint", True))
         if values.get("api_key_env") and adapter not in CLI_ADAPTERS:
             problems.append((("api_key_env",), f"only {', '.join(CLI_ADAPTERS)} profiles send an API key", True))
+        elif values.get("api_key_env") and not {"base_url", "env"} & set(failed):
+            problems += [((field,), why, True) for field, why in gateways.of_profile(values)[1] if field == "api_key_env"]
         if values.get("scripted_endpoint") and adapter not in CLI_ADAPTERS:
             problems.append((("scripted_endpoint",), f"only {', '.join(CLI_ADAPTERS)} profiles talk to a model endpoint", True))
         if values.get("scenario_path") and not isinstance(scenario, dict):
             problems.append((("scenario_path",), "is only kept beside an inline scenario mapping; give the file path as 'scenario'", True))
         if adapter in _PERMISSION_ARGS and "extra_args" not in failed:
+            plays = tuple(role for role, names in (context.get("raw_roles") or {}).items()
+                          if key is not None and (names == key or (isinstance(names, list) and key in names)))
             problems += [(("extra_args", index), problem, True)
-                         for index, problem in _refused_args(adapter, values.get("extra_args") or [])]
+                         for index, problem in _refused_args(adapter, values.get("extra_args") or [], plays)]
         return problems
 
     def _finish(self, context):
@@ -1217,17 +1069,32 @@ class Profile(_Level):
         }
 
 
+def _beside_pipeline(ref: str, base_dir, what: str) -> tuple[Path | None, str]:
+    """``(the file, "")`` for a file a pipeline file names beside itself, or ``(None, why not)``:
+    only a pipeline loaded from a file (``base_dir``, load_pipelines) names files, each a relative
+    path inside that file's folder. A definition saved in the web editor or sent to the API names
+    none, and no path leads elsewhere (``/``, ``..``, a link out): a pipeline author must not read
+    the server's files into a definition or an error message."""
+    if base_dir is None:
+        return None, (f"the {what} file '{ref}' cannot be resolved here (no pipeline file directory): only a pipeline file loaded with "
+                      "load_pipelines names files (beside it); give the scenario inline as a mapping")
+    folder = Path(base_dir).resolve()
+    target = (folder / ref).resolve()
+    if os.path.isabs(ref) or not target.is_relative_to(folder):
+        return None, (f"the {what} file '{ref}' is not inside the pipeline file's folder ({folder}): name it "
+                      "relative to that folder, without leaving it")
+    if not target.is_file():
+        why = "is not a file" if target.exists() else "does not exist"
+        return None, f"{what} file '{ref}' {why} (looked for {target})"
+    return target, ""
+
+
 def _scenario_file(ref: str, context: dict):
     """Read and check a scenario file named relative to the pipeline file's directory:
     ``(scenario or None, problems)``; problems inside the file name it (``SOURCE``)."""
-    base_dir = context.get("base_dir")
-    if base_dir is None and not os.path.isabs(ref):
-        return None, [(("scenario",), f"the scenario file '{ref}' cannot be resolved here (no pipeline file "
-                       "directory): load the pipeline with load_file, or give the scenario inline as a mapping")]
-    target = Path(ref) if os.path.isabs(ref) else Path(base_dir) / ref
-    if not target.is_file():
-        why = "is not a file" if target.exists() else "does not exist"
-        return None, [(("scenario",), f"scenario file '{ref}' {why} (looked for {target})")]
+    target, problem = _beside_pipeline(ref, context.get("base_dir"), "scenario")
+    if problem:
+        return None, [(("scenario",), problem)]
     inside = ("scenario", SOURCE + str(target))
     data, problems = context["read_yaml"](target)
     if problems:
@@ -1268,14 +1135,11 @@ def _endpoint(data, loc: tuple):
 
 def _endpoint_file(ref: str, context: dict):
     """Read a scripted endpoint scenario file named relative to the pipeline file's directory."""
-    base_dir = context.get("base_dir")
     if "\x00" in ref:
         return None, [(("scripted_endpoint",), "must not contain NUL characters")]
-    if base_dir is None:
-        return None, [(("scripted_endpoint",), f"the file '{ref}' cannot be resolved here (no pipeline file directory)")]
-    target = (Path(base_dir) / ref).resolve()
-    if not target.is_file():
-        return None, [(("scripted_endpoint",), f"scripted endpoint file '{ref}' does not exist (looked for {target})")]
+    target, problem = _beside_pipeline(ref, context.get("base_dir"), "scripted endpoint")
+    if problem:
+        return None, [(("scripted_endpoint",), problem)]
     inside = ("scripted_endpoint", SOURCE + str(target))
     data, problems = context["read_yaml"](target)
     if problems:
@@ -1337,14 +1201,53 @@ class Roles(_Level):
         return {"implementer": self.implementer, "reviewer": reviewer, "documenter": self.documenter}
 
 
+_Tokens = Optional[Annotated[StrictInt, Field(ge=1)]]
+_Dollars = Annotated[Optional[_seconds(gt=0)], Say(unit="USD")]
+
+
+class SpendCaps(_Level):
+    """The model spend of one stage, or of one attempt, checked by its model gateway before each call
+    (engine/model_gateway/meter.py); absent means uncapped at that level."""
+
+    what: ClassVar[str] = "spend caps: max_tokens, max_cost_usd"
+
+    max_tokens: _Tokens = None
+    max_cost_usd: _Dollars = None
+
+
 class Budgets(_Level):
-    """Run-wide limits; absent means unlimited."""
+    """Run-wide limits, and the model spend of each stage and attempt; absent means unlimited."""
 
     what: ClassVar[str] = "budgets"
 
     max_active_seconds: Annotated[Optional[_seconds(gt=0)], Say(unit="seconds")] = None
     max_attempts: Optional[Annotated[StrictInt, Field(ge=1)]] = None
-    max_cost_usd: Annotated[Optional[_seconds(gt=0)], Say(unit="USD")] = None
+    max_tokens: _Tokens = None
+    max_cost_usd: _Dollars = None
+    stage: Annotated[SpendCaps, NoneIsDefault] = Field(default_factory=SpendCaps)
+    attempt: Annotated[SpendCaps, NoneIsDefault] = Field(default_factory=SpendCaps)
+
+
+def _under_operator(name: str):
+    """A pipeline's limit: at most the operator's (engine/limits.py ``operator_limits``): a pipeline lowers it."""
+    def check(value: Optional[int]) -> Optional[int]:
+        ours = getattr(limits.operator_limits(), name)
+        if value is not None and value > ours:
+            _fail(f"{value} is above the operator's limit of {ours} ({limits.SETTINGS[name]}): a pipeline may "
+                  "lower a limit, never raise it")
+        return value
+    return AfterValidator(check)
+
+
+class AttemptLimits(_Level):
+    """Each attempt's and gate's limits, lowered from the operator's (engine/limits.py); absent: the operator's."""
+
+    what: ClassVar[str] = "limits"
+
+    max_processes: Annotated[Optional[Annotated[StrictInt, Field(ge=1)]], _under_operator("max_processes")] = None
+    max_memory_mb: Annotated[Optional[Annotated[StrictInt, Field(ge=16)]], _under_operator("max_memory_mb")] = None
+    max_write_mb: Annotated[Optional[Annotated[StrictInt, Field(ge=1)]], _under_operator("max_write_mb")] = None
+    max_output_mb: Annotated[Optional[Annotated[StrictInt, Field(ge=1)]], _under_operator("max_output_mb")] = None
 
 
 _DeadlineField = Annotated[Deadline, NoneIsDefault, Say(unit="seconds")]
@@ -1360,6 +1263,16 @@ class Deadlines(_Level):
     repair: _DeadlineField = DEFAULT_DEADLINES["repair"]
     document: _DeadlineField = DEFAULT_DEADLINES["document"]
     gate: _DeadlineField = DEFAULT_DEADLINES["gate"]
+
+
+class Stall(_Level):
+    """When an attempt's model gateway stops it as a loop (engine/model_gateway/meter.py ``LoopWatch``)."""
+
+    what: ClassVar[str] = "stall detection: repeated_calls, idle_turns, idle_minutes"
+
+    repeated_calls: Optional[Annotated[StrictInt, Field(ge=2)]] = DEFAULT_REPEATED_CALLS
+    idle_turns: Optional[Annotated[StrictInt, Field(ge=2)]] = DEFAULT_IDLE_TURNS
+    idle_minutes: Annotated[Optional[_seconds(gt=0)], Say(unit="minutes")] = DEFAULT_IDLE_MINUTES
 
 
 # --------------------------------------------------------------------------------------
@@ -1379,7 +1292,7 @@ class Pipeline(_Level):
     report_order: ClassVar[tuple] = (
         "format", "name", "description", "master_plan", "spec_index", "protected_paths",
         "documentation_paths", "exclude", "baseline_checks", "stages", "profiles", "roles",
-        "budgets", "deadlines",
+        "budgets", "deadlines", "limits", "stall",
     )
 
     format: Annotated[StrictInt, NoneIsDefault, AfterValidator(_format_version)] = FORMAT_VERSION
@@ -1395,6 +1308,8 @@ class Pipeline(_Level):
     baseline_checks: Gates = []
     budgets: Annotated[Budgets, NoneIsDefault] = Field(default_factory=Budgets)
     deadlines: Annotated[Deadlines, NoneIsDefault] = Field(default_factory=Deadlines)
+    limits: Annotated[AttemptLimits, NoneIsDefault] = Field(default_factory=AttemptLimits)
+    stall: Annotated[Stall, NoneIsDefault] = Field(default_factory=Stall)
     roles: Annotated[Roles, Say(required="is required: name the profile for each of implementer, reviewer, documenter")]
     profiles: Annotated[dict[StrictStr, Profile], Field(min_length=1),
                         Say(required="is required: define at least one agent profile",
@@ -1439,6 +1354,7 @@ class Pipeline(_Level):
             "written_stage_keys": written,
             "scenario_stage_keys": [k for k in written if isinstance(k, str)],
             "raw_profiles": profiles,
+            "raw_roles": data.get("roles") if isinstance(data, dict) and isinstance(data.get("roles"), dict) else {},
             "profile_names": [k for k in profiles if isinstance(k, str)],
             "have_baseline": bool(data.get("baseline_checks")) if isinstance(data, dict) else False,
             "base_dir": base_dir,
@@ -1460,6 +1376,8 @@ class Pipeline(_Level):
             "baseline_checks": gate_definitions(self.baseline_checks),
             "budgets": self.budgets.model_dump(),
             "deadlines": self.deadlines.model_dump(),
+            "limits": self.limits.model_dump(),
+            "stall": self.stall.model_dump(),
             "roles": self.roles.definition(),
             "profiles": {key: profile.definition(key) for key, profile in self.profiles.items()},
             "stages": [stage.definition() for stage in self.stages],

@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import hosts, machine, notifications, process, runner, steps, workspace
+from . import hosts, limits, machine, notifications, process, runner, steps, workspace
 from .models import (ATTEMPT_OPEN, Attempt, Check, Host, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageRun,
                      StageStatus, StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path
@@ -105,6 +105,9 @@ def reconcile() -> dict:
             counts["journal_done"] += 1
     counts["host_confirmed"] = confirm_returned()
     counts["notified"] = _deliver_notifications()
+    removed = limits.remove_stale_groups()  # the empty control groups of attempts whose worker died
+    if removed:
+        log.info("reconcile: removed %s empty control group(s) of ended attempts and checks", removed)
     if any(counts.values()):
         log.info("reconcile: %s", counts)
     return counts

@@ -27,8 +27,8 @@ from django.db import close_old_connections, connection, transaction
 
 from celery import current_app
 
-from . import faults, hosts, machine, steps, workers, workspace
-from .models import Run, RunStatus
+from . import budgets, faults, hosts, machine, steps, workers, workspace
+from .models import Run, RunStatus, StageStatus
 
 log = logging.getLogger("engine.runner")
 
@@ -233,9 +233,14 @@ def _step(run_id: int, token: str | None, chained: bool, tried: list[str] | None
             log.error("run %s: definition tampered; failed before the %s step: %s", run_id, step.kind,
                       tampered["message"])
             return "definition_tampered", None
-        problem = machine.budget_problem(run, step)
+        problem = budgets.budget_problem(run, step)
         if problem is not None:
             stage = run.stages.filter(pk=step.stage_id).first() if step.stage_id else None
+            if stage is not None and stage.status == StageStatus.PENDING:
+                # the budget ran out between two stages: the next one begins where the last checkpoint left off,
+                # and waits there (a pending stage cannot wait for a person)
+                previous = run.stages.filter(order__lt=stage.order).order_by("-order").first()
+                machine.start_stage(stage, previous.checkpoint_commit if previous else run.commit)
             machine.stop(run, "budget_exhausted", f"{problem} An exhausted budget needs a new run.", stage=stage,
                          evidence={"budgets": run.definition["pipeline"].get("budgets") or {}})
             log.info("run %s: budget exhausted before the %s step", run_id, step.kind)

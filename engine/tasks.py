@@ -8,7 +8,7 @@ import logging
 from celery import shared_task
 from celery.signals import worker_ready
 
-from . import boundary, notifications, runner, workers
+from . import boundary, limits, notifications, runner, workers
 from . import reconcile as reconciliation
 
 log = logging.getLogger("engine.tasks")
@@ -53,6 +53,8 @@ def _check_boundary_at_worker_start(sender=None, **kwargs) -> None:
                   "; ".join(problems))
     else:
         log.info("sandbox boundary enforced: no database, broker or web port answers from inside a sandbox")
+    kind, _ = limits.mechanism()  # which of engine/limits.py's ways bounds each attempt here
+    (log.info if kind != "fallback" else log.warning)("%s", limits.describe())
 
 
 def connect_signals() -> None:

@@ -10,7 +10,7 @@
 # (no npm call at all). Afterwards it checks that `claude`, `codex`, `gemini` and `pi --version`
 # answer and name the pinned versions, and prints them.
 #
-# Needs: node (Node.js 18+; codex runs under it) and, when something must be installed, npm.
+# Needs: node (Node.js 20.6+: gemini needs 20, pi 20.6; codex runs under it) and, when something must be installed, npm.
 # Checked on node 20.20.2 / npm 11.19.1, where npm 11 skips the packages' install scripts
 # ("not yet covered by allowScripts"): claude 2.1.197 ships its native binary in the package
 # (bin/claude.exe), so it works without them.
@@ -26,7 +26,7 @@ BIN="$PREFIX/node_modules/.bin"
 
 die() { echo "install-agent-clis: $*" >&2; exit 1; }
 
-command -v node >/dev/null 2>&1 || die "node is not on PATH. Node.js 18+ (and npm, to install) is needed for the agent CLIs: codex runs under node (Debian: apt-get install nodejs npm)."
+command -v node >/dev/null 2>&1 || die "node is not on PATH. Node.js 20.6+ (and npm, to install) is needed for the agent CLIs: codex runs under node (Debian: apt-get install nodejs npm)."
 [ -f "$PINS" ] || die "missing $PINS (the pinned versions)."
 
 # Prints "name version" for every pin whose installed version differs (empty output: all good).
@@ -62,7 +62,7 @@ stale="$(stale_pins)"
 if [ -n "$stale" ]; then
     echo "install-agent-clis: installing into $PREFIX:"
     pin_list | sed 's/^/  /'
-    command -v npm >/dev/null 2>&1 || die "npm is not on PATH. npm (with Node.js 18+) is needed to install the agent CLIs (Debian: apt-get install npm)."
+    command -v npm >/dev/null 2>&1 || die "npm is not on PATH. npm (with Node.js 20.6+) is needed to install the agent CLIs (Debian: apt-get install npm)."
     cp "$PINS" "$PREFIX/package.json"
     npm install --prefix "$PREFIX" --no-audit --no-fund --no-update-notifier \
         || die "npm install failed (the npm registry must be reachable; see the output above)."

@@ -8,6 +8,9 @@
 # Installs with apt-get when it can (root, or passwordless sudo); otherwise it says how and exits
 # 0: the browser tests then skip, naming the same command.
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+# the packages: one list, which CI also reads (.ci/fresh_machine.py keeps them visible)
+PACKAGES="$(sed 's/#.*//' debian-packages.txt | xargs)"
 
 BROWSER="${CP_CHROMIUM:-/usr/bin/chromium}"
 if [ -x "$BROWSER" ] && "$BROWSER" --version >/dev/null 2>&1; then
@@ -25,7 +28,8 @@ if [ "$(id -u)" != 0 ]; then
     exit 0
   fi
 fi
-echo "installing Debian's chromium (apt-get)"
+echo "installing Debian's $PACKAGES (apt-get, from scripts/debian-packages.txt)"
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+# shellcheck disable=SC2086  # one word a package
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $PACKAGES >/dev/null
 echo "chromium: $("$BROWSER" --version 2>/dev/null) ($BROWSER)"

@@ -25,6 +25,7 @@ from controlpanel.readable import duration_text, moment_text, yaml_text
 from controlpanel.views import CHECK_LOG_BYTES, seconds_text
 from engine.models import Attempt, Check, Decision, Profile, Run, RunEvent
 
+from .conftest import navigate_by
 from .test_admin import staff  # noqa: F401  (the fixture: a client logged in as a superuser)
 
 pytestmark = pytest.mark.django_db
@@ -453,8 +454,7 @@ def test_the_pages_fit_a_390_px_wide_screen(evidence, narrow_page, django_user_m
     tab.goto("/admin/login/")
     tab.fill("#id_username", "narrow")
     tab.fill("#id_password", "pw-for-tests-only")
-    with tab.expect_navigation():
-        tab.click("#login-form input[type=submit]")
+    navigate_by(tab, lambda: tab.click("#login-form input[type=submit]"))
     too_wide = {}
     for name, url in pages.items():
         tab.goto(url)

@@ -99,15 +99,19 @@ def test_totals_sum_usage_cost_and_time_once_for_every_view(run_row):
                                profile_name="scripted", adapter="scripted", deadline_seconds=60, usage=usage)
     found = answers.totals(run)
     assert found["input_tokens"] == 105 and found["output_tokens"] == 7 and found["cached_tokens"] is None
-    assert found["cost_usd"] == pytest.approx(0.75)
+    # a simulated run's cost is never money: kept apart as simulated (the scripted adapter's own numbers)
+    assert run.simulated and found["cost_usd"] is None and found["simulated_cost_usd"] == pytest.approx(0.75)
     assert found["attempts"] == 3 and found["active_seconds"] == 12.5
     assert 29 <= found["elapsed_seconds"] < 120
-    assert operations.run_status(run)["totals"]["cost_usd"] == pytest.approx(0.75)
+    assert operations.run_status(run)["totals"]["simulated_cost_usd"] == pytest.approx(0.75)
     assert views.build_page(run)["usage"]["input_tokens"] == "105"
 
 
 def test_the_totals_line_of_the_commands_says_what_was_not_reported():
     line = answers.totals_sentence({"input_tokens": 1234, "output_tokens": None, "cached_tokens": None,
                                     "cost_usd": None, "attempts": 2, "active_seconds": 3.4, "elapsed_seconds": 9.6})
-    assert line == ("2 agent attempt(s), 1,234 input / unreported output tokens, cost unreported, active 3 s, "
+    assert line == ("2 agent attempt(s), 1,234 input / unreported output tokens, cost unknown, active 3 s, "
                     "elapsed 10 s")
+    line = answers.totals_sentence({"input_tokens": 5, "output_tokens": 1, "cached_tokens": None, "cost_usd": None,
+                                    "simulated_cost_usd": 0.75, "attempts": 1, "active_seconds": 1, "elapsed_seconds": 1})
+    assert "cost $0.7500 simulated (not money)" in line

@@ -25,6 +25,9 @@ from engine.process import MARKER_ENV, ProcessResult
 from .conftest import git, make_repo
 from .test_steps import drive
 
+# the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("stand_ins_listed")
+
 CODEX = find_executable("codex")
 needs_codex = pytest.mark.skipif(CODEX is None, reason="the pinned codex CLI is not installed: run `make agents`")
 
@@ -92,8 +95,11 @@ def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, s
     log = (Path(settings.VAR_DIR) / attempt.log_path).read_text()
     assert run.status == "succeeded", (run.stop_message, log[-3000:])
     assert attempt.adapter == "codex" and attempt.simulated and attempt.cli_version.startswith("codex-cli 0.171.0")
-    assert attempt.usage["input_tokens"] == 1003 and attempt.usage["output_tokens"] == 63
+    # the model gateway's reading of the wire (engine/model_gateway/usage.py): input at full price apart from
+    # the cached input, which OpenAI counts among its input_tokens (1003 = 602 + 401)
+    assert attempt.usage["input_tokens"] == 602 and attempt.usage["output_tokens"] == 63
     assert attempt.usage["cached_tokens"] == 401 and attempt.usage["cost_usd"] is None
+    assert attempt.gateway["cli_usage"]["input_tokens"] == 1003  # codex's own claim, kept as a claim
     assert attempt.session_id and attempt.final_message == "Done: answer() returns 42."
     assert "return 42" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:app/core.py")
     assert "SIMULATED" in log
@@ -131,8 +137,11 @@ def test_an_implementer_runs_a_command_and_reports_the_scripted_usage(tmp_path):
     result = CodexAdapter().run(request)
     assert result.exit_code == 0 and result.failure_kind is None, (result.failure_message, log_of(request)[-3000:])
     assert (Path(request.workspace) / "made-by-codex.txt").exists()
-    assert result.usage == {"input_tokens": 1003, "cached_tokens": 401, "output_tokens": 63, "reasoning_tokens": 7,
-                            "cache_creation_tokens": 0, "cost_usd": None}
+    # what the model gateway read on the wire (input at full price apart from the cached input), and codex's claim
+    assert result.usage == {"input_tokens": 602, "cached_tokens": 401, "output_tokens": 63, "reasoning_tokens": 7,
+                            "cache_creation_tokens": None, "cost_usd": None}
+    assert result.extra["gateway"]["cli_usage"] == {"input_tokens": 1003, "cached_tokens": 401, "output_tokens": 63,
+                                                    "reasoning_tokens": 7, "cache_creation_tokens": 0, "cost_usd": None}
     assert result.session_id and result.final_message == "DONE: codex scripted answer."
     assert result.cli_version.startswith("codex-cli 0.171.0")
     assert result.simulated and result.extra["commands"] == 1 and result.extra["refusals"] == []

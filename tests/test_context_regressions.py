@@ -31,8 +31,8 @@ QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "
 
 
 
-def test_a_profile_whose_executable_is_missing_is_refused_at_creation(make_pipeline, repo, tmp_path):
-    missing = tmp_path / "nowhere" / "claude"
+def test_a_profile_whose_executable_is_missing_is_refused_at_creation(make_pipeline, repo, tmp_path, listed):
+    missing = listed(tmp_path / "nowhere" / "claude")  # listed by the operator, and not there
     roles = {"implementer": "cli", "reviewer": "cli", "documenter": "cli"}
     pipeline = make_pipeline(name="cli", stages=QUICK, roles=roles,
                              profiles={"cli": {"adapter": "claude-code", "executable": str(missing)}})

@@ -25,6 +25,9 @@ from engine.agents.base import AgentRequest
 
 from .conftest import make_repo
 
+# the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("stand_ins_listed")
+
 GEMINI = find_executable("gemini")
 needs_gemini = pytest.mark.skipif(GEMINI is None, reason="the pinned gemini CLI is not installed: run `make agents`")
 
@@ -96,9 +99,14 @@ def test_an_implementer_writes_runs_a_command_and_reports_the_scripted_usage(tmp
     assert (work / "app.py").read_text() == "ANSWER = 42\n"
     assert (work / "made-by-gemini.txt").read_text() == "made\n"
     # the second turn's usage is the endpoint's default (100 in, 20 out, none cached, no thoughts)
-    assert result.usage == {"input_tokens": 701 + 100 + 702, "output_tokens": 31 + 20 + 32,
+    # what the model gateway read on the wire: input at full price apart from the cached input (which the
+    # prompt count includes), output with the thoughts; then the CLI's own claim, kept beside it
+    assert result.usage == {"input_tokens": 501 + 100 + 501, "output_tokens": 34 + 20 + 36,
                             "cached_tokens": 200 + 201, "reasoning_tokens": 3 + 4,
                             "cache_creation_tokens": None, "cost_usd": None}
+    assert result.extra["gateway"]["cli_usage"] == {"input_tokens": 701 + 100 + 702, "output_tokens": 31 + 20 + 32,
+                                                    "cached_tokens": 200 + 201, "reasoning_tokens": 3 + 4,
+                                                    "cache_creation_tokens": None, "cost_usd": None}
     assert result.final_message == "DONE: gemini scripted answer." and result.session_id
     assert result.cli_version == "0.61.0" and result.simulated
     assert result.extra["tool_calls"] == 3 and result.extra["refusals"] == [] and result.extra["truncated_lines"] == 0
@@ -187,18 +195,19 @@ def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(tmp_path):
 
 @needs_gemini
 @pytest.mark.slow
-def test_no_key_is_auth_failed_with_the_hint(tmp_path, monkeypatch):
+def test_no_key_is_auth_failed_with_the_hint(tmp_path, monkeypatch, gateway_listed):
     """A real (not scripted) attempt with no GEMINI_API_KEY: gemini exits 41 before any request."""
     with socket.socket() as probe:  # a loopback port nothing listens on: no request may be needed at all
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    request = make_request(tmp_path, "implementer", base_url=f"http://127.0.0.1:{port}")
+    request = make_request(tmp_path, "implementer", base_url=gateway_listed(f"http://127.0.0.1:{port}"))
     request.env = {k: v for k, v in os.environ.items() if k not in ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
     result = GeminiCliAdapter().run(request)
     assert result.exit_code == 41 and result.failure_kind == "auth_failed", (result.failure_message,
                                                                              log_of(request)[-2000:])
     assert "GEMINI_API_KEY" in result.failure_message
-    assert result.failure_message.endswith(GeminiCliAdapter().auth_hint({}))
+    assert result.failure_message.endswith(GeminiCliAdapter().auth_hint(request.profile))
+    assert "GATEWAY_TEST_KEY" in GeminiCliAdapter().auth_hint(request.profile)
 
 
 @needs_gemini

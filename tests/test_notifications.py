@@ -292,6 +292,10 @@ def test_a_worker_restarted_between_the_waiting_notice_and_the_end_delivers_once
         run = wait_for(run.pk, timeout=90)
         assert run.status == "waiting_approval", (run.stop_message, worker.log_text()[-3000:])
         wait_until(lambda: len(receiver.got) >= 1, 30, "the waiting notice", logs=[])
+        # the receiver has it a moment before the worker records it delivered: the restart comes after that
+        # (a worker killed in between leaves it "sending" until its claim is stale, then sends it again)
+        wait_until(lambda: Notification.objects.filter(run=run, state="delivered").exists(), 30,
+                   "the waiting notice recorded as delivered", logs=[])
         for proc in worker.procs:  # the worker dies (kill -9) and another one starts: its start's
             os.killpg(proc.pid, signal.SIGKILL)  # reconciliation finds nothing to send again
             proc.wait(timeout=10)
@@ -302,6 +306,8 @@ def test_a_worker_restarted_between_the_waiting_notice_and_the_end_delivers_once
         run = wait_for(run.pk, ("succeeded", "failed", "waiting_review"), timeout=90)
         assert run.status == "succeeded", run.stop_message
         wait_until(lambda: len(receiver.got) >= 2, 30, "the end notice", logs=[])
+        wait_until(lambda: Notification.objects.filter(run=run, state="delivered").count() == 2, 30,
+                   "both notices recorded as delivered", logs=[])
         wait_until(lambda: re.search(r"engine\.reconcile\[[^\]]+\] succeeded", worker.log_text().split(" ready.")[-1]),
                    30, "the new worker's start reconciliation")
     finally:

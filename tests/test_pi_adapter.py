@@ -22,11 +22,14 @@ from engine.agents.network import PROVIDER_HOSTS, network_allow
 from engine.agents.pi import (PROVIDERS, READ_ONLY_TOOLS, PiAdapter, build_argv, credential_env_names, models_for,
                               parse_stream, prepare_home, project_config_mask, sandboxed, settings_for, split_model,
                               usage_of)
-from engine.pipeline_schema import _refused_args
+from engine.agents.cli_options import _refused_args
 from engine.process import MARKER_ENV, ProcessResult
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import make_repo
+
+# the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
 PI = find_executable("pi")
 needs_pi = pytest.mark.skipif(PI is None, reason="the pinned pi CLI is not installed: run `make agents`")
@@ -89,8 +92,13 @@ def test_an_implementer_writes_and_runs_a_command_and_reports_the_scripted_usage
     assert (work / "app" / "core.py").read_text() == "def answer():\n    return 42\n"
     assert (work / "made-by-pi.txt").read_text() == "made\n"
     # pi's own numbers: input without the cached tokens (pi-ai's convention), summed over both messages
+    assert result.extra["gateway"]["cli_usage"] == {"input_tokens": 2103, "output_tokens": 53, "cached_tokens": 501,
+                                                    "cache_creation_tokens": 31, "reasoning_tokens": None,
+                                                    "cost_usd": 0.0}
+    # what the model gateway read on the wire (the same numbers: Anthropic's convention is the ledger's); a
+    # scripted model's cost is nobody's money
     assert result.usage == {"input_tokens": 2103, "output_tokens": 53, "cached_tokens": 501,
-                            "cache_creation_tokens": 31, "reasoning_tokens": None, "cost_usd": 0.0}
+                            "cache_creation_tokens": 31, "reasoning_tokens": None, "cost_usd": None}
     assert result.final_message == "DONE: pi scripted answer." and result.session_id
     assert result.cli_version == "0.73.1" and result.simulated and result.structured is True
     assert result.extra["tool_calls"] == 2 and result.extra["refusals"] == [] and result.extra["turns"] == 2
@@ -164,18 +172,20 @@ def test_a_401_from_the_scripted_endpoint_is_auth_failed_within_seconds(tmp_path
 
 @needs_pi
 @pytest.mark.slow
-def test_a_401_from_a_gateway_is_auth_failed_with_the_hint_and_the_key_reaches_it(tmp_path):
+def test_a_401_from_a_gateway_is_auth_failed_with_the_hint_and_the_key_reaches_it(tmp_path, gateway_listed):
     key = "sk-ant-gateway-test-" + uuid.uuid4().hex
     with ScriptedEndpoint({"turns": [{"status": 401, "message": "invalid x-api-key"}]}) as gateway:
-        request = make_request(tmp_path, "implementer", None, base_url=gateway.url, model="anthropic/claude-sonnet-4-5",
+        request = make_request(tmp_path, "implementer", None, base_url=gateway_listed(gateway.url),
+                               model="anthropic/claude-sonnet-4-5",
                                env={"PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": key, "OPENAI_API_KEY": "sk-other"})
         request.secrets = [key]
         result = PiAdapter().run(request)
         sent = [r for r in gateway.requests if r["api"] == "anthropic"]
+        url = gateway.url
     assert result.failure_kind == "auth_failed", (result.failure_message, log_of(request)[-3000:])
-    assert result.failure_message.endswith("Set ANTHROPIC_API_KEY or ANTHROPIC_OAUTH_TOKEN in the workers' "
-                                           "environment, or log in as the workers' user (`pi`, then /login: "
-                                           "~/.pi/agent/auth.json); a headless worker cannot log in by itself.")
+    assert result.failure_message.endswith(f"The gateway ({url}) refused the key of GATEWAY_TEST_KEY (listed "
+                                           "with it in CP_GATEWAYS): set GATEWAY_TEST_KEY to a key the gateway "
+                                           "accepts in the workers' environment.")
     assert sent and sent[0]["headers"].get("x-api-key") == key and sent[0]["body"]["model"] == "claude-sonnet-4-5"
     assert key not in Path(request.raw_path).read_text()
 
@@ -265,7 +275,7 @@ def test_the_argument_array_per_role(tmp_path):
     assert "bash" not in READ_ONLY_TOOLS and "write" not in READ_ONLY_TOOLS and "edit" not in READ_ONLY_TOOLS
 
 
-def test_the_environment_is_the_attempts_own(tmp_path):
+def test_the_environment_is_the_attempts_own(tmp_path, gateway_listed):
     request = make_request(tmp_path, "implementer", model="openai/gpt-5",
                            env={"PATH": "/usr/bin", "ANTHROPIC_API_KEY": "sk-ant", "OPENAI_API_KEY": "sk-oai",
                                 "GEMINI_API_KEY": "g"})
@@ -277,9 +287,9 @@ def test_the_environment_is_the_attempts_own(tmp_path):
     assert env["TMPDIR"] == f"{home}/tmp" and env["FOO"] == "bar" and "PI_PACKAGE_DIR" not in env
     # only the profile's provider's key
     assert env["OPENAI_API_KEY"] == "sk-oai" and "ANTHROPIC_API_KEY" not in env and "GEMINI_API_KEY" not in env
-    # a gateway's key (api_key_env: engine/boundary.py puts it under KEY_TARGETS["pi"]) goes where openai reads it
-    request.profile.update(api_key_env="GATEWAY_KEY", env={})
-    request.env = {"PATH": "/usr/bin", **boundary.credential_env("pi", {"GATEWAY_KEY": "gw-key", "CP_GATEWAY_KEYS": "GATEWAY_KEY"},
+    # a gateway's key (CP_GATEWAYS: engine/boundary.py puts it under KEY_TARGETS["pi"]) goes where openai reads it
+    request.profile.update(base_url=gateway_listed("https://gw.example/v1", "GATEWAY_KEY"), env={})
+    request.env = {"PATH": "/usr/bin", **boundary.credential_env("pi", {"GATEWAY_KEY": "gw-key", "OPENAI_API_KEY": "own"},
                                                                     request.profile)}
     env = PiAdapter().environment(request, home)
     assert env["OPENAI_API_KEY"] == "gw-key" and "ANTHROPIC_API_KEY" not in env

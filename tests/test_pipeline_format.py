@@ -73,9 +73,13 @@ def example():
 def test_it_loads_the_example_with_every_key(example):
     assert list(example) == [
         "format", "name", "description", "master_plan", "spec_index", "protected_paths",
-        "documentation_paths", "exclude", "baseline_checks", "budgets", "deadlines", "roles",
+        "documentation_paths", "exclude", "baseline_checks", "budgets", "deadlines", "limits", "stall", "roles",
         "profiles", "stages",
     ]
+    assert example["stall"] == {"repeated_calls": 5, "idle_turns": 20, "idle_minutes": 15.0}  # the defaults
+    # no limits in the file: the operator's apply (engine/limits.py)
+    assert example["limits"] == {"max_processes": None, "max_memory_mb": None, "max_write_mb": None,
+                                 "max_output_mb": None}
     assert example["format"] == 1
     assert example["name"] == "textstats-example"
     assert example["master_plan"] == "docs/PLAN.md"
@@ -83,8 +87,10 @@ def test_it_loads_the_example_with_every_key(example):
     assert {"tests/test_*.py", "/pytest.ini"} <= set(example["protected_paths"])
     assert example["documentation_paths"] == ["docs/**"]
     assert example["roles"] == {"implementer": "claude-code", "reviewer": "claude-code", "documenter": "claude-code"}
-    assert set(example["budgets"]) == {"max_active_seconds", "max_attempts", "max_cost_usd"}
-    assert all(v is not None and v > 0 for v in example["budgets"].values())
+    assert set(example["budgets"]) == {"max_active_seconds", "max_attempts", "max_tokens", "max_cost_usd", "stage",
+                                       "attempt"}
+    levels = [example["budgets"], example["budgets"]["stage"], example["budgets"]["attempt"]]
+    assert all(v is not None and (isinstance(v, dict) or v > 0) for level in levels for v in level.values())
     assert set(example["deadlines"]) == set(DEFAULT_DEADLINES)
     assert all(isinstance(v, float) and v > 0 for v in example["deadlines"].values())
 
@@ -165,7 +171,9 @@ def test_it_fills_defaults_of_a_minimal_pipeline():
     assert result["master_plan"] is None and result["spec_index"] == "docs/INDEX.md"
     assert result["protected_paths"] == [] and result["exclude"] == [] and result["baseline_checks"] == []
     assert result["documentation_paths"] == ["docs/**"]
-    assert result["budgets"] == {"max_active_seconds": None, "max_attempts": None, "max_cost_usd": None}
+    assert result["budgets"] == {"max_active_seconds": None, "max_attempts": None, "max_tokens": None,
+                                 "max_cost_usd": None, "stage": {"max_tokens": None, "max_cost_usd": None},
+                                 "attempt": {"max_tokens": None, "max_cost_usd": None}}
     assert result["deadlines"] == {"implement": 1800.0, "review": 600.0, "repair": 1800.0, "document": 900.0, "gate": 900.0}
     stage = result["stages"][0]
     assert stage == {"key": "one", "title": "one", "requirement": "Do one.", "scope": ["src/**"], "docs": [],

@@ -6,7 +6,11 @@ import copy
 import pytest
 
 from engine import pipeline_schema
+from engine.agents import executables
 from engine.pipeline_format import PipelineFormatError, validate, validate_scenario
+
+# the profile of ``full`` names https://example.org as its gateway: one the operator listed (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("example_gateway")
 
 
 def full():
@@ -25,7 +29,7 @@ def full():
         "deadlines": {"implement": 100, "review": 100, "repair": 100, "document": 100, "gate": 100},
         "roles": {"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
         "profiles": {
-            "claude": {"adapter": "claude-code", "model": "m", "max_turns": 5, "executable": "claude",
+            "claude": {"adapter": "claude-code", "model": "m", "max_turns": 5, "executable": str(executables.TOOLS_BIN / "claude"),
                        "extra_args": ["--verbose"], "env": {"LANG": "C"}, "base_url": "https://example.org",
                        "network_allow": ["pypi.org"], "description": "d"},
             "sim": {"adapter": "scripted", "scenario": {

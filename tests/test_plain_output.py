@@ -20,6 +20,9 @@ from .conftest import make_repo
 from .test_claude_adapter import claude_pipeline, stub_claude  # noqa: F401 - the fixture
 from .test_steps import drive
 
+# the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("stand_ins_listed")
+
 KEY = "sk-ant-api03-" + "Q" * 40
 
 

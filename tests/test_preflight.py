@@ -26,6 +26,9 @@ from .test_claude_adapter import stub_claude
 from .test_codex_adapter import make_request, write_jsonl
 from .test_steps import drive
 
+# the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("stand_ins_listed")
+
 CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "CODEX_API_KEY",
                         "OPENAI_API_KEY", "CODEX_HOME")
 QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
@@ -144,27 +147,32 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_a_gateway_that_does_not_answer_is_refused(make_pipeline, repo, tmp_path, bare, monkeypatch):
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "dummy-credential-for-tests-0000")
+def test_a_gateway_that_does_not_answer_is_refused(make_pipeline, repo, tmp_path, bare, monkeypatch, gateway_listed):
+    monkeypatch.setenv("GATEWAY_TEST_KEY", "dummy-credential-for-tests-0000")
     port = closed_port()
-    error = refused(cli_pipeline(make_pipeline, tmp_path, "claude-code", base_url=f"http://127.0.0.1:{port}/v1"),
+    url = gateway_listed(f"http://127.0.0.1:{port}")
+    error = refused(cli_pipeline(make_pipeline, tmp_path, "claude-code", base_url=f"{url}/v1"),
                     repo, "gateway_unreachable")
     assert f"127.0.0.1:{port}" in error.message and "TCP connect" in error.message
 
 
 def test_a_gateway_that_answers_is_accepted_and_one_the_proxy_refuses_is_not(make_pipeline, repo, tmp_path, bare,
-                                                                              monkeypatch):
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "dummy-credential-for-tests-0000")
+                                                                              monkeypatch, gateway_listed):
+    monkeypatch.setenv("GATEWAY_TEST_KEY", "dummy-credential-for-tests-0000")
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        profile = {"adapter": "claude-code", "env": {"ANTHROPIC_BASE_URL": f"http://user:secret@127.0.0.1:{port}"}}
+        profile = {"adapter": "claude-code", "env": {"ANTHROPIC_BASE_URL": gateway_listed(f"http://127.0.0.1:{port}")}}
         assert get_adapter("claude-code").preflight(profile) == []
         # the same address as a Control Panel service: the egress proxy never connects there
         problems = get_adapter("claude-code").preflight(profile, deny=[("127.0.0.1", port)])
         assert [p.code for p in problems] == ["gateway_not_allowed"]
-        assert "service of the Control Panel" in problems[0].message and "secret" not in problems[0].message
+        assert "service of the Control Panel" in problems[0].message
+        # a user part is never a listed gateway, and the refusal does not repeat it
+        profile["env"]["ANTHROPIC_BASE_URL"] = f"http://user:secret@127.0.0.1:{port}"
+        problems = get_adapter("claude-code").preflight(profile)
+        assert [p.code for p in problems] == ["gateway_not_allowed"] and "secret" not in problems[0].message
 
 
 # ----------------------------------------------------------------------------- auth_failed says what to set

@@ -523,7 +523,7 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
     assert text.count('class="cp-step cp-bad cp-box-step" href') == 50 and text.count('class="cp-step cp-ok cp-box-step" href') == 100
     assert text.count('class="cp-manifest"') == 50 and "<code>app/m50.py</code>" in text
     assert len(many.captured_queries) == len(few.captured_queries), [q["sql"] for q in many.captured_queries]
-    assert "50" in text and "5,000 in · 350 out · 150 cached · cost $0.5000" in text
+    assert "50" in text and "5,000 in · 350 out · 150 cached · cost $0.5000 simulated, not money" in text
     assert len(text) < 2_000_000  # the logs are links, not content
     # its time is measured in bench/run_page.py (the 300 ms target), never in a unit test
 

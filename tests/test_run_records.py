@@ -513,16 +513,23 @@ def missing_cli_pipeline(make_pipeline, executable: Path):
 
 
 @pytest.mark.skipif(not PINNED_CLAUDE.exists(), reason="run `make agents` to install the pinned claude CLI")
-def test_an_executable_that_disappears_after_creation_stops_the_run_as_missing_executable(on_solo, make_pipeline,
-                                                                                          repo, tmp_path, monkeypatch):
+def test_an_executable_that_disappears_after_creation_stops_the_run_as_missing_executable(route, make_pipeline, repo,
+                                                                                          tmp_path, monkeypatch, listed):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-dummy-for-tests-0000")  # pre-flight: a credential is there
     exe = tmp_path / "bin" / "claude"
     exe.parent.mkdir()
     exe.write_text(f'#!/bin/sh\nexec {shlex.quote(str(PINNED_CLAUDE))} "$@"\n')
     exe.chmod(0o755)
-    run = operations.create_run(missing_cli_pipeline(make_pipeline, exe), str(repo), "main")  # it exists: accepted
-    exe.unlink()
-    run = start(run)
+    listed(exe)  # the operator lists it, here and in the worker's environment
+    queue = f"gone-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    route(queue)
+    worker = Solo(tmp_path, queue, CP_AGENT_EXECUTABLES=str(exe)).start()
+    try:
+        run = operations.create_run(missing_cli_pipeline(make_pipeline, exe), str(repo), "main")  # it exists: accepted
+        exe.unlink()
+        run = start(run)
+    finally:
+        worker.stop()
     assert (run.status, run.stop_reason) == ("waiting_review", "missing_executable")
     assert str(exe) in run.stop_message
     attempt = Attempt.objects.get(run=run)

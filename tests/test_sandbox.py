@@ -355,21 +355,36 @@ def test_a_chain_of_symlinks_on_the_way_works_inside(tmp_path):
 
 @needs_user_namespace
 @pytest.mark.skipif(sandbox.bundled_bwrap() is None, reason="the pinned codex package is not installed (make agents)")
-def test_every_bwrap_codex_can_find_is_its_bundled_one(layout, role="implementer"):
-    """codex 0.171.0 takes a host's ``bwrap`` before its bundled one, and Debian's 0.8.0 (no
-    ``--argv0``) fails every command it runs with "execvp codex-linux-sandbox"; in codex's wrap each
-    ``bwrap`` on PATH and in the usual folders is the bundled file, read-only, whatever the host has."""
-    bundled = hashlib.sha256(Path(sandbox.bundled_bwrap()).read_bytes()).hexdigest()
-    host = hashlib.sha256(Path("/usr/bin/bwrap").read_bytes()).hexdigest() if os.path.exists("/usr/bin/bwrap") else None
-    out = run_codex_wrapped(layout, role, "for f in $(which -a bwrap) /usr/local/bin/bwrap /usr/bin/bwrap /bin/bwrap; "
+@pytest.mark.parametrize("host_bwrap", [False, True], ids=["machine-path", "stand-in-first-on-path"])
+def test_every_bwrap_codex_can_find_is_its_bundled_one(layout, tmp_path, host_bwrap, role="implementer"):
+    """codex 0.171.0 starts the first ``bwrap`` on PATH, else its bundled candidate; Debian's 0.8.0
+    (no ``--argv0``) fails every command it runs with "execvp codex-linux-sandbox". In codex's wrap
+    the bwrap codex would start is the bundled file, read-only, whatever the host has.
+
+    ``stand-in-first-on-path`` makes the host case here rather than taking it from the machine: a
+    stand-in for Debian's bubblewrap (it refuses ``--argv0``) in a folder first on the agent's PATH.
+    ``machine-path`` is the machine's own PATH: with no ``bwrap`` on it (a fresh machine, CI) codex
+    takes its bundled candidate; with Debian's bubblewrap installed, that file is replaced in the view."""
+    bundled_path = sandbox.bundled_bwrap()
+    bundled = hashlib.sha256(Path(bundled_path).read_bytes()).hexdigest()
+    host_bin = tmp_path / "host-bin"
+    host_bin.mkdir()
+    stand_in = host_bin / "bwrap"
+    stand_in.write_text("#!/bin/sh\necho 'bwrap: Unknown option --argv0' >&2\nexit 1\n")
+    stand_in.chmod(0o755)
+    if host_bwrap:
+        layout["env"]["PATH"] = os.pathsep.join([str(host_bin), layout["env"]["PATH"]])
+    # codex's choice: the first bwrap on PATH, else its bundled candidate (the path it was shipped at)
+    out = run_codex_wrapped(layout, role, f"chosen=$(command -v bwrap || echo '{bundled_path}'); "
+                                          f"for f in \"$chosen\" $(which -a bwrap) {stand_in}; "
                                           "do [ -e \"$f\" ] && sha256sum \"$f\"; done; "
-                                          "bwrap --argv0 named --ro-bind / / -- sh -c 'echo \"$0\"'; "
-                                          "echo x >> \"$(which bwrap)\" || echo refused")
+                                          "\"$chosen\" --argv0 named --ro-bind / / -- sh -c 'echo \"$0\"'; "
+                                          "echo x >> \"$chosen\" || echo refused")
     found = dict(reversed(line.split()) for line in out.stdout.splitlines() if line.count(" /") == 1)
     assert found and set(found.values()) == {bundled}, (found, out.stderr)  # reachable, and only the bundled one
+    assert (str(stand_in) in found) is host_bwrap, found  # the stand-in is seen only where it is on PATH
     assert "named" in out.stdout.splitlines() and "refused" in out.stdout.splitlines(), out
-    if host is not None:
-        assert hashlib.sha256(Path("/usr/bin/bwrap").read_bytes()).hexdigest() == host  # the host's untouched
+    assert "Unknown option" in stand_in.read_text()  # the host's file untouched
 
 
 def test_replace_binds_a_file_only_over_the_read_only_view(tmp_path):

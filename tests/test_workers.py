@@ -33,7 +33,7 @@ from django.utils import timezone
 from engine import answers, operations, workers
 from engine.models import Attempt, Decision, Manifest, Run, Worker
 
-from .conftest import ANSWER_STEP, wait_for, wait_until
+from .conftest import ANSWER_STEP, navigate_by, wait_for, wait_until
 from .test_run_records import route  # noqa: F401 (fixture)
 from .test_run_records import QUICK, Solo
 
@@ -474,8 +474,7 @@ def test_the_home_page_at_390_px_has_no_sideways_scroll_and_refreshes_itself(nar
     tab.goto("/admin/")
     tab.fill("#id_username", "admin")
     tab.fill("#id_password", "pw-for-browser-tests")
-    with tab.expect_navigation():
-        tab.click("#login-form input[type=submit]")
+    navigate_by(tab, lambda: tab.click("#login-form input[type=submit]"))
     tab.wait_for_selector("#cp-home-waiting")
     widths = tab.evaluate("[document.documentElement.scrollWidth, document.body.scrollWidth, window.innerWidth]")
     assert max(widths) <= 390, widths  # nothing sticks out sideways

@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .. import process, transcript
+from .. import limits, transcript
 from ..redaction import Redactor
 from .network import egress, network_record
 
@@ -20,7 +20,8 @@ USAGE_KEYS = ("input_tokens", "output_tokens", "cached_tokens", "cache_creation_
               "cost_usd")
 
 #: Failure kinds an attempt can end with (besides none).
-FAILURE_KINDS = ("missing_executable", "auth_failed", "timeout", "malformed_result", "crashed", "cancelled",
+FAILURE_KINDS = ("missing_executable", "executable_not_allowed", "gateway_not_allowed", "process_limit",
+                 "memory_limit", "write_limit", "output_too_large", "budget_reached", "stalled", "auth_failed", "timeout", "malformed_result", "crashed", "cancelled",
                  "interactive_prompt")
 
 #: What a CLI waiting for a person prints (docs/field-cases.md C10: an approval or login prompt). The
@@ -50,7 +51,12 @@ class AgentRequest:
     ``deny_addresses`` are ``(address, port)`` pairs the attempt's egress proxy never connects to
     (the database, the broker, the Control Panel: engine/boundary.py ``service_addresses``);
     ``stderr_path`` is where the CLI's stderr is kept apart from its stdout (``raw_path`` then holds
-    stdout alone, what the adapter parses); '' keeps both in ``raw_path``.
+    stdout alone, what the adapter parses); '' keeps both in ``raw_path``. ``limits``: the attempt's
+    limits (engine/limits.py ``Limits``; None: the operator's). ``spend``: the pipeline's ``budgets`` and
+    what the run and the stage spent before this attempt, for its model gateway's meter
+    (engine/agents/cli_adapter.py ``meter_parts``). ``on_usage(usage, spend)``: told, while the attempt
+    runs, what its model gateway has metered so far (at most every ``LIVE_SECONDS``, from the thread that
+    supervises the process), so that the run's pages and API show the spend live.
     """
 
     role: str
@@ -74,6 +80,9 @@ class AgentRequest:
     on_start: Callable[[int, float], None] | None = None
     deny_addresses: list = field(default_factory=list)
     stderr_path: str = ""
+    limits: object = None
+    spend: dict | None = None
+    on_usage: Callable[[dict, dict], None] | None = None
 
 
 @dataclass
@@ -113,6 +122,8 @@ class Adapter:
     name = ""
     simulated = False
     network: dict | None = None
+    #: What bounded the last attempt's process tree (engine/limits.py ``Bounds.record``), set by ``sandboxed_run``.
+    bounds: dict | None = None
     #: The format of the CLI's output that engine/transcript.py normalizes ('' for none): while the
     #: process runs, ``sandboxed_run`` keeps the attempt's ``transcript.jsonl`` beside its raw log.
     transcript_format = ""
@@ -130,16 +141,20 @@ class Adapter:
             follower = transcript.Follower(request.raw_path, self.transcript_format, request.workspace,
                                            Redactor(request.secrets))
             follower.start()
+        folders = [request.workspace, request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+        bounds = limits.Bounds(limits.operator_limits() if request.limits is None else request.limits, "attempt",
+                               folders, marker=request.marker)
         with egress(request.profile, endpoint_url, request.deny_addresses) as (proxy, policy):
             env = {**env, **policy.env()}
             try:
-                result = process.run_supervised(
+                result = bounds.run(
                     wrapper(argv, env, request, policy), cwd=request.workspace, env=env,
                     deadline_seconds=request.deadline_seconds, log_path=request.log_path, raw_path=request.raw_path,
-                    redactor=Redactor(request.secrets), marker=request.marker, should_stop=request.should_stop,
+                    redactor=Redactor(request.secrets), should_stop=request.should_stop,
                     on_start=request.on_start, grace_seconds=float(request.profile.get("grace_seconds", 5.0)),
                     stderr_path=request.stderr_path or None, **run_options)
             finally:
+                self.bounds = bounds.record()
                 self.network = network_record(proxy)
                 if follower is not None:
                     follower.finish()
@@ -179,7 +194,8 @@ class PreflightProblem:
     """One thing a profile lacks to run unattended, found before a run is created.
 
     ``code``: ``credentials_missing`` (no credential variable and no login file),
-    ``gateway_not_allowed`` (the attempt's egress proxy would refuse the gateway) or
+    ``gateway_not_allowed`` (the gateway is not one the operator listed in ``CP_GATEWAYS``, or the
+    attempt's egress proxy would refuse it) or
     ``gateway_unreachable`` (the gateway's host:port does not answer a TCP connect);
     ``message``: a sentence naming what to provide; ``provide``: the variable, file or address
     (e.g. ``ANTHROPIC_API_KEY``, ``~/.claude/.credentials.json``, ``gw.example:443``).
@@ -191,7 +207,7 @@ class PreflightProblem:
 
     #: A few words per code for a choice list (controlpanel/forms.py CreateRunForm).
     LABELS = {"credentials_missing": "no credentials: set {provide}",
-              "gateway_not_allowed": "gateway {provide} refused by the egress proxy",
+              "gateway_not_allowed": "gateway {provide} not allowed",
               "gateway_unreachable": "gateway {provide} does not answer"}
 
     def label(self) -> str:
@@ -203,6 +219,10 @@ def classify_process(result) -> tuple[str | None, str]:
     """Failure kind and sentence for a finished ``engine.process.ProcessResult`` (None when clean)."""
     if result.missing_executable:
         return "missing_executable", f"The agent command was not found: {result.error or result.argv[0]}"
+    if result.limit:
+        return result.limit, (f"The attempt was stopped: {limits.REASONS.get(result.limit, result.limit)} "
+                              f"(after {result.elapsed_seconds:.1f} s; what it wrote and printed up to the limit "
+                              "is kept).")
     if result.cancelled:
         return "cancelled", "The attempt was stopped because the run's lease was lost or the run was failed."
     if result.timed_out:

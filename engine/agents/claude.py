@@ -29,13 +29,17 @@ import os
 import shutil
 from pathlib import Path
 
-from . import sandbox
+from . import gateways, sandbox
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
                           var_dir)
 from .cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
 from .lines import JsonEvents, stderr_lines
 
+#: The Messages API's address, and the variables claude sends a key from (``x-api-key``; a token as
+#: ``Authorization: Bearer``): the model gateway (engine/model_gateway) takes the key from the first set.
+PROVIDER_URL = "https://api.anthropic.com"
+KEY_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 #: Claude Code's file-writing tools (2.1.197).
 WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
@@ -254,7 +258,7 @@ class ClaudeCodeAdapter(CliAdapter):
         person to "run /login", which a headless worker cannot do); '' for a scripted endpoint."""
         if profile.get("scripted_endpoint"):
             return ""
-        if profile.get("api_key_env"):
+        if gateways.uses_gateway(profile):
             return gateway_key_hint(profile)
         names = self.credential_names()
         return (f"Set {names[0]} (or {' or '.join(names[1:])}) in the workers' environment, or log in as the "
@@ -284,29 +288,32 @@ class ClaudeCodeAdapter(CliAdapter):
         os.makedirs(env["TMPDIR"], exist_ok=True)
         return env
 
-    def run(self, request: AgentRequest) -> AgentResult:
+    def run_attempt(self, request: AgentRequest) -> AgentResult:
         exe, missing = self.executable_or_result(request)
         if missing is not None:
             return missing
         version = cli_version(exe)
         home = request.home_dir
-        # a scripted endpoint or a gateway's key (api_key_env) is the attempt's only credential: no login copy
+        # no login copy beside a key: a scripted endpoint's, a listed gateway's (CP_GATEWAYS) or the worker's,
+        # which the model gateway holds (the login would sit in the sandbox for nothing)
+        keyed = any((request.env.get(name) or "").strip() for name in KEY_VARS)
         settings_path = prepare_home(home, request.role, with_login=not (request.profile.get("scripted_endpoint")
-                                                                         or request.profile.get("api_key_env")))
+                                                                         or gateways.uses_gateway(request.profile)
+                                                                         or keyed))
         argv = build_argv(exe, request, settings_path)
         env = self.environment(request, home)
         endpoint = self.start_endpoint(request)
-        if endpoint is not None:
-            env["ANTHROPIC_BASE_URL"] = endpoint.url
-            env["ANTHROPIC_API_KEY"] = "scripted-endpoint-key"
-            env.pop("ANTHROPIC_AUTH_TOKEN", None)
         try:
-            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
+            upstream = endpoint.url if endpoint else env.get("ANTHROPIC_BASE_URL") or PROVIDER_URL
+            if self.open_gateway(request, env, endpoint, upstream, KEY_VARS) is not None:
+                env["ANTHROPIC_BASE_URL"] = self.gateway.url
+            result = self.supervise(argv, env, request)
         finally:
+            self.close_gateway()
             if endpoint is not None:
                 endpoint.stop()
             Path(home, ".claude", ".credentials.json").unlink(missing_ok=True)  # the login copy leaves with it
-        return self._result(result, request, version)
+        return self.metered(self._result(result, request, version))
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_stream(request.raw_path, request.stderr_path)

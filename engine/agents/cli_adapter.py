@@ -12,46 +12,63 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
-from . import sandbox
+from .. import model_gateway
+from ..redaction import redact_text
+from . import executables, gateways, sandbox
 from .base import Adapter, AgentRequest, AgentResult, PreflightProblem, empty_usage
 from .netproxy import EgressProxy, split_host_port
 from .network import GATEWAY_ENV, network_allow, url_entry
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
-TOOLS_BIN = BASE_DIR / "tools" / "agents" / "node_modules" / ".bin"
+TOOLS_BIN = executables.TOOLS_BIN
 
 var_dir = sandbox.var_dir
 
 
 def find_executable(name: str, configured: str | None = None) -> str | None:
-    """The CLI to run: the profile's ``executable`` (a path or a name on PATH), else the
-    project's pinned install in tools/agents, else ``name`` on PATH; None when none exists."""
-    if configured:
-        if os.sep in configured:
-            return configured if os.access(configured, os.X_OK) else None
-        return shutil.which(configured)
-    pinned = TOOLS_BIN / name
-    if os.access(pinned, os.X_OK):
-        return str(pinned)
-    return shutil.which(name)
+    """The CLI to run: the profile's ``executable`` if the operator listed it, else the project's
+    pinned install in tools/agents, else ``name`` on PATH if listed (engine/agents/executables.py
+    ``resolve``); None when none may run or exists."""
+    return executables.resolve(name, configured)
+
+
+def probe_output(executable: str, args: tuple[str, ...], timeout: float = 30.0, env: dict | None = None) -> str:
+    """What ``executable args`` prints (stdout, then stderr), run inside the sandbox: no network, a
+    throwaway HOME and TMPDIR (its only writable folder), the worker's var directory and HOME
+    hidden, an allow-listed environment (PATH, LANG, and ``env``, where ``{home}`` in a value is that
+    HOME). '' when it cannot run (no
+    sandbox here, the file is gone, it timed out). A CLI is never probed outside the sandbox."""
+    if not sandbox.available()[0]:
+        return ""
+    with tempfile.TemporaryDirectory(prefix="cp-probe-") as scratch:
+        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": scratch,
+                       "TMPDIR": scratch, **{k: v.replace("{home}", scratch) for k, v in (env or {}).items()}}
+        try:
+            argv = sandbox.wrap([executable, *args], writable=[scratch],
+                                visible=sandbox.tool_paths(environment["PATH"], (executable,)) + [str(TOOLS_BIN.parent.parent)],
+                                hide=sandbox.private_paths(var_dir()))
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                                 env=environment, cwd=scratch)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired):
+            return ""
+        return out.stdout + out.stderr
 
 
 def cli_version(executable: str, timeout: float = 30.0) -> str:
-    """``<executable> --version``'s first line, or '' when it does not answer."""
-    try:
-        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=timeout,
-                             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    text = (out.stdout or out.stderr).strip()
+    """``<executable> --version``'s first line (run in the sandbox, ``probe_output``), or '' when it
+    does not answer."""
+    text = probe_output(executable, ("--version",), timeout).strip()
     return text.splitlines()[0][:200] if text else ""
 
 
@@ -60,21 +77,14 @@ _checked: dict[tuple, tuple[str, str]] = {}
 
 def probe(executable: str, timeout: float = 30.0, help_args: tuple[str, ...] = ("--help",)) -> tuple[str, str]:
     """``(version, help text)`` of an executable (``--version``'s first line, the output of
-    ``help_args``), cached by path, modification time and help arguments; ``("", "")`` when the
-    file cannot be read."""
+    ``help_args``, both run in the sandbox), cached by path, modification time and help arguments;
+    ``("", "")`` when the file cannot be read."""
     try:
         key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns, help_args)
     except OSError:
         return "", ""
     if key not in _checked:
-        helptext = ""
-        try:
-            out = subprocess.run([executable, *help_args], capture_output=True, text=True, timeout=timeout,
-                                 stdin=subprocess.DEVNULL)
-            helptext = out.stdout + out.stderr
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        _checked[key] = (cli_version(executable, timeout), helptext)
+        _checked[key] = (cli_version(executable, timeout), probe_output(executable, help_args, timeout))
     return _checked[key]
 
 
@@ -112,10 +122,9 @@ class CliAdapter(Adapter):
         """Problems that keep ``profile`` from playing ``role`` (empty when it can): the binary is
         missing, ``--version`` does not answer, a word the role's boundary needs is not in the
         help text (the boundary is named), or the operating-system sandbox cannot be made."""
-        exe = find_executable(self.executable_name, profile.get("executable"))
+        exe, missing = self.executable_problem(profile)
         if exe is None:
-            return [f"the {self.executable_name} executable was not found (profile executable: "
-                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
+            return [missing]
         version, helptext = probe(exe, help_args=self.help_args)
         if not version:
             return [f"{exe} --version does not answer"]
@@ -126,6 +135,18 @@ class CliAdapter(Adapter):
         if not ok:
             problems.append(f"no operating-system sandbox, so nothing {self.sandbox_boundary}: {why}")
         return problems
+
+    def executable_problem(self, profile: dict) -> tuple[str | None, str]:
+        """``(path, "")`` of the CLI the profile runs, or ``(None, why not)``: its ``executable`` is
+        not one the operator listed (engine/agents/executables.py), or none was found."""
+        refused = executables.refusal(profile.get("executable"))
+        if refused:
+            return None, f"executable {refused}"
+        exe = find_executable(self.executable_name, profile.get("executable"))
+        if exe is None:
+            return None, (f"the {self.executable_name} executable was not found (profile executable: "
+                          f"{profile.get('executable') or 'not set'}; run `make agents`)")
+        return exe, ""
 
     def version(self, profile: dict) -> str:
         exe = find_executable(self.executable_name, profile.get("executable"))
@@ -155,8 +176,19 @@ class CliAdapter(Adapter):
         return endpoint
 
     def executable_or_result(self, request: AgentRequest) -> tuple[str | None, AgentResult | None]:
-        """``(path of the CLI, None)``, or ``(None, a missing_executable result)`` when the profile's
-        ``executable``, the pinned install and PATH have none (``find_executable``)."""
+        """``(path of the CLI, None)``, or ``(None, a not-launched result)``: ``executable_not_allowed``
+        when the profile's ``executable`` is not one the operator listed, ``gateway_not_allowed`` when
+        its gateway is not (engine/agents/gateways.py; either list may have changed since the run was
+        created), ``missing_executable`` when the profile's ``executable``, the
+        pinned install and a listed PATH entry have none (``find_executable``)."""
+        refused = executables.refusal(request.profile.get("executable"))
+        if refused:
+            return None, self.not_launched(request, "executable_not_allowed", f"Not launched: executable {refused}.")
+        if not request.profile.get("scripted_endpoint"):
+            _, refused_gateway = gateways.of_profile(request.profile)
+            if refused_gateway:
+                field, why = refused_gateway[0]
+                return None, self.not_launched(request, "gateway_not_allowed", f"Not launched: {field} {why}.")
         exe = find_executable(self.executable_name, request.profile.get("executable"))
         if exe is not None:
             return exe, None
@@ -164,13 +196,104 @@ class CliAdapter(Adapter):
             f"The {self.executable_name} executable was not found (profile executable: "
             f"{request.profile.get('executable') or 'not set'}; looked in {TOOLS_BIN} and on PATH)."))
 
+    def run(self, request: AgentRequest) -> AgentResult:
+        """One attempt (the subclass's ``run_attempt``); an attempt whose spend caps its model gateway could not
+        keep (``UnmeteredCaps``) is not launched: ``budget_reached``."""
+        try:
+            return self.run_attempt(request)
+        except UnmeteredCaps as exc:
+            self.close_gateway()
+            return self.not_launched(request, "budget_reached", str(exc))
+
+    def run_attempt(self, request: AgentRequest) -> AgentResult:  # pragma: no cover - each CLI's own
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the model gateway (engine/model_gateway)
+
+    #: The attempt's model gateway (set by ``open_gateway``; None: the CLI's own login, not metered).
+    gateway: model_gateway.ModelGateway | None = None
+
+    def open_gateway(self, request: AgentRequest, env: dict, endpoint, upstream: str, key_vars: tuple[str, ...],
+                     scripted_key_var: str = "") -> model_gateway.ModelGateway | None:
+        """Start the attempt's model gateway in front of ``upstream`` (the provider's or listed gateway's
+        base URL; for a simulated attempt, ``endpoint``, the scripted endpoint, whose URL ``upstream`` then
+        extends) and move the key out of the CLI's environment ``env``: the first of ``key_vars`` that holds
+        one gives the gateway its key and then holds the attempt's placeholder; the others are removed.
+        A simulated attempt's placeholder goes to ``scripted_key_var`` (the endpoint's key stays with the
+        gateway). Returns the gateway, or None when no key is there (the CLI's own login: its calls
+        are not metered, docs/agents.md "The model gateway")."""
+        self.gateway = None
+        if endpoint is not None:
+            key, holder = "scripted-endpoint-key", scripted_key_var or key_vars[0]
+        else:
+            holder = next((name for name in key_vars if (env.get(name) or "").strip()), "")
+            if not holder:
+                capped = capped_by((request.spend or {}).get("budgets"))
+                if capped:
+                    raise UnmeteredCaps(
+                        f"Not launched: the pipeline caps the model spend ({', '.join(capped)}), and this attempt's "
+                        f"{self.executable_name} has no key, only its own login, whose calls the model gateway cannot "
+                        f"hold or meter: a cap would fail open. Give the workers a key ({', '.join(key_vars)}) or "
+                        "continue the run without those caps.")
+                return None
+            key = env[holder]
+        meter = model_gateway.Meter(**meter_parts(request.spend))
+        ledger = os.path.join(request.control_dir, "model-calls.jsonl") if request.control_dir else ""
+        stall = (request.spend or {}).get("stall") or {}
+        watch = model_gateway.LoopWatch(stall.get("repeated_calls", model_gateway.meter.DEFAULT_REPEATED_CALLS))
+        idle = model_gateway.IdleWatch(request.workspace, stall.get("idle_turns", model_gateway.meter.DEFAULT_IDLE_TURNS),
+                                       stall.get("idle_minutes", model_gateway.meter.DEFAULT_IDLE_MINUTES))
+        said = None
+        if request.raw_path:  # what the model was sent and answered, beside the CLI's own account
+            said = model_gateway.conversation.WireConversation(
+                model_gateway.conversation.conversation_path(request.raw_path), request.workspace, request.secrets)
+        secrets = list(request.secrets or [])
+        gateway = model_gateway.ModelGateway(upstream, key, meter, ledger_path=ledger, simulated=endpoint is not None,
+                                             watch=watch, idle=idle, conversation=said,
+                                             redact=lambda text: redact_text(text, secrets)[0]).start()
+        for name in key_vars:
+            env.pop(name, None)
+        env[holder] = gateway.placeholder
+        self.gateway = gateway
+        with open(request.log_path, "a", encoding="utf-8") as log:
+            log.write(f"[run-engine] the model gateway of this attempt forwards the CLI's model calls to "
+                      f"{model_gateway.server._shown(upstream)}, holding the key; the CLI has a placeholder\n")
+        return gateway
+
+    def close_gateway(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+
+    def metered(self, result: AgentResult) -> AgentResult:
+        """``result`` with what the gateway saw: its usage replaces the CLI's claim (kept in
+        ``extra["cli_usage"]``), its ledger joins ``extra["gateway"]``, and a call it refused or an
+        upstream it did not trust becomes the failure (``budget_reached``, ``stalled``, ``gateway_not_allowed``)."""
+        gateway = self.gateway
+        if gateway is None:
+            result.extra = {**result.extra, "gateway": None}
+            return result
+        record = {**gateway.record(), "cli_usage": result.usage}
+        result.extra = {**result.extra, "gateway": record}
+        result.usage = record["usage"]
+        if gateway.stop_kind:
+            result.failure_kind, result.failure_message = gateway.stop_kind, gateway.stop_message
+        return result
+
     #: The adapter's sandbox builder, ``(argv, env, request, network) -> argv``: each subclass sets
     #: its own (engine/agents/claude.py and engine/agents/codex.py ``sandboxed``).
     wrapper: Callable[..., list[str]]
 
     def supervise(self, argv: list[str], env: dict, request: AgentRequest, endpoint_url: str | None = None):
         """Run ``argv`` for the attempt in its sandbox with its egress proxy (``Adapter.sandboxed_run``),
-        the prompt file on stdin; ``endpoint_url``: the scripted endpoint of a simulated attempt."""
+        the prompt file on stdin; ``endpoint_url``: the scripted endpoint of a simulated attempt. With the
+        attempt's model gateway open (``open_gateway``), its address is the only model address the sandbox
+        reaches, and a gateway that ended the attempt (a cap, an untrusted upstream) stops the tree."""
+        gateway = self.gateway
+        if gateway is not None:
+            endpoint_url = gateway.origin
+            asked, live = request.should_stop, LiveMeter(gateway, request.on_usage)
+            request = dataclasses.replace(request, should_stop=lambda: live() or bool(gateway.stop_kind)
+                                          or bool(asked and asked()))
         return self.sandboxed_run(argv, env, request, self.wrapper, endpoint_url, stdin_path=request.prompt_path)
 
     # ------------------------------------------------------------------ pre-flight (at run creation)
@@ -213,20 +336,14 @@ class CliAdapter(Adapter):
             return []
         environ = os.environ if environ is None else environ
         problems = []
-        key_env = profile.get("api_key_env")
-        if key_env:  # a gateway's key: the named variable is the only credential the attempt gets
-            from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
-
-            if key_env not in boundary.gateway_keys(environ):
-                missing = PreflightProblem(
-                    "credentials_missing", f"the profile's api_key_env names {key_env}, which the workers' "
-                    f"{boundary.GATEWAY_KEYS_ENV} does not list: the operator lists there (comma-separated) the "
-                    f"variables that hold gateway keys, e.g. {boundary.GATEWAY_KEYS_ENV}={key_env}", key_env)
-            else:
-                missing = None if (environ.get(key_env) or "").strip() else PreflightProblem(
-                    "credentials_missing", f"the profile's api_key_env names {key_env}, which is not set in the "
-                    f"workers' environment: set {key_env} to the gateway's key there (and here, where the run is "
-                    "created)", key_env)
+        if gateways.uses_gateway(profile):  # the key the operator listed with the gateway is the only credential
+            gateway, refused = gateways.of_profile(profile)
+            if refused:
+                return [PreflightProblem("gateway_not_allowed", f"{field}: {why}", field) for field, why in refused]
+            missing = None if (environ.get(gateway.key_env) or "").strip() else PreflightProblem(
+                "credentials_missing", f"its gateway {gateway.url} takes the key in {gateway.key_env} (the workers' "
+                f"{gateways.SETTING}), which is not set in the workers' environment: set {gateway.key_env} to the "
+                "gateway's key there (and here, where the run is created)", gateway.key_env)
         else:
             missing = self.credential_problem(profile, environ)
         if missing is not None:
@@ -238,12 +355,59 @@ class CliAdapter(Adapter):
         return problems + gateway_problems(profile, deny)
 
 
+#: Seconds between two live reports of an attempt's metered spend (``AgentRequest.on_usage``).
+LIVE_SECONDS = 2.0
+
+
+class LiveMeter:
+    """Tells ``on_usage`` what the gateway has metered, when it changed and at most every LIVE_SECONDS;
+    called where the process's supervisor polls (it returns False: it never stops anything)."""
+
+    def __init__(self, gateway, on_usage):
+        self.gateway, self.on_usage = gateway, on_usage
+        self.told, self.at = -1, 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self.on_usage is None or now - self.at < LIVE_SECONDS or self.gateway.call_count == self.told:
+            return False
+        self.told, self.at = self.gateway.call_count, now
+        spent = self.gateway.meter.summary()["attempt"]
+        self.on_usage(self.gateway.usage(), {key: spent[key] for key in ("tokens", "cost_usd", "unpriced_calls")})
+        return False
+
+
+class UnmeteredCaps(Exception):
+    """A pipeline with spend caps, and an attempt whose CLI would run on its own login, unmetered."""
+
+
+def capped_by(budgets: dict | None) -> list[str]:
+    """The spend caps a pipeline's ``budgets`` sets (``budgets.max_tokens``, ``budgets.stage.max_cost_usd``...)."""
+    found = []
+    for level, caps in model_gateway.caps_of(budgets).items():
+        for key, value in caps.items():
+            if value is not None:
+                found.append(model_gateway.meter.name_of(level, key))
+    return found
+
+
+def meter_parts(spend: dict | None) -> dict:
+    """The ``Meter`` arguments of an attempt's ``AgentRequest.spend`` (``{"budgets": the pipeline's,
+    "before": {"run": {"tokens", "cost_usd", "unpriced_calls"}, "stage": {...}}}``, engine/steps/attempts.py)."""
+    spend = spend or {}
+    before = {name: model_gateway.Spent(**found) for name, found in (spend.get("before") or {}).items()}
+    return {"caps": model_gateway.caps_of(spend.get("budgets")), "before": before}
+
+
 def gateway_key_hint(profile: dict) -> str:
-    """The sentence an ``auth_failed`` message of a gateway profile ends with (``api_key_env``):
-    the gateway refused the key of the variable it names, not the CLI's usual credential."""
-    return (f"The gateway ({profile.get('base_url') or 'the profile base_url'}) refused the key of "
-            f"{profile['api_key_env']} (the profile's api_key_env): set {profile['api_key_env']} to a key the gateway "
-            f"accepts in the workers' environment (listed in CP_GATEWAY_KEYS).")
+    """The sentence an ``auth_failed`` message of a gateway profile ends with: the gateway refused
+    the key of the variable the operator listed with it (engine/agents/gateways.py), not the CLI's
+    usual credential."""
+    gateway, _ = gateways.of_profile(profile)
+    name = gateway.key_env if gateway is not None else (profile.get("api_key_env") or "its key variable")
+    return (f"The gateway ({profile.get('base_url') or 'the profile base_url'}) refused the key of {name} "
+            f"(listed with it in {gateways.SETTING}): set {name} to a key the gateway accepts in the workers' "
+            "environment.")
 
 
 def login_present(path: Path) -> bool:

@@ -80,7 +80,7 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import sandbox
+from . import gateways, sandbox
 from .. import transcript
 from ..redaction import redact_text
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
@@ -94,6 +94,10 @@ WRITE_ROLES = ("implementer", "documenter")
 WORKSPACE_WRITE_OVERRIDES = ("sandbox_workspace_write.exclude_slash_tmp=true",
                              "sandbox_workspace_write.exclude_tmpdir_env_var=true",
                              "sandbox_workspace_write.network_access=false")
+#: The Responses API's base URL, and the variables codex exec sends a key from (as ``Authorization:
+#: Bearer``; the adapter copies OPENAI_API_KEY into CODEX_API_KEY): the model gateway takes it.
+PROVIDER_URL = "https://api.openai.com/v1"
+KEY_VARS = ("CODEX_API_KEY", "OPENAI_API_KEY")
 #: Name of the provider the adapter defines for the scripted endpoint, and the variable holding its key.
 SCRIPTED_PROVIDER = "scripted"
 SCRIPTED_KEY_ENV = "CP_SCRIPTED_KEY"
@@ -198,12 +202,14 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
                         network=network, replace=replace)
 
 
-def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None) -> list[str]:
+def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None,
+               base_url: str | None = None) -> list[str]:
     """The argument array of one attempt; the prompt comes on stdin (the final ``-``).
 
     ``endpoint_url`` (``http://127.0.0.1:PORT``) selects the scripted provider; then ``-m`` is
-    the profile's model or ``gpt-scripted``. Else a profile's ``base_url`` (a gateway) becomes
-    ``-c openai_base_url=...``, the built-in provider's base URL in codex 0.171.0's configuration.
+    the profile's model or ``gpt-scripted``. Else ``base_url`` (the attempt's model gateway), or
+    else a profile's ``base_url`` (a gateway), becomes ``-c openai_base_url=...``, the built-in
+    provider's base URL in codex 0.171.0's configuration.
     """
     profile = request.profile
     argv = [executable, "exec", "--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules",
@@ -215,8 +221,8 @@ def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None 
         argv += ["-m", model]
     if endpoint_url:
         argv += provider_args(endpoint_url)
-    elif profile.get("base_url"):  # a gateway in front of the Responses API: the built-in provider's base URL
-        argv += ["-c", f"openai_base_url={json.dumps(str(profile['base_url']))}"]
+    elif base_url or profile.get("base_url"):  # a gateway in front of the Responses API: the built-in provider's
+        argv += ["-c", f"openai_base_url={json.dumps(str(base_url or profile['base_url']))}"]
     argv += list(profile.get("extra_args") or [])
     argv.append("-")
     return argv
@@ -494,35 +500,37 @@ class CodexAdapter(CliAdapter):
         (its failure message already names the scripted key variable)."""
         if profile.get("scripted_endpoint"):
             return ""
-        if profile.get("api_key_env"):
+        if gateways.uses_gateway(profile):
             return gateway_key_hint(profile)
         return ("Set CODEX_API_KEY (or OPENAI_API_KEY, which the adapter copies into CODEX_API_KEY) in the "
                 "workers' environment, or run `codex login` as the "
                 "workers' user (auth.json in its CODEX_HOME); a headless worker cannot log in by itself.")
 
-    def run(self, request: AgentRequest) -> AgentResult:
+    def run_attempt(self, request: AgentRequest) -> AgentResult:
         exe, missing = self.executable_or_result(request)
         if missing is not None:
             return missing
         version = cli_version(exe)
         home = request.home_dir
-        # the worker's login (its CODEX_HOME), never the run's environment; none beside a gateway's key (api_key_env)
-        prepare_home(home, os.environ, with_login=not request.profile.get("api_key_env"))
+        # the worker's login (its CODEX_HOME), never the run's environment; none beside a gateway's key (CP_GATEWAYS)
+        prepare_home(home, os.environ, with_login=not gateways.uses_gateway(request.profile))
         env = self.environment(request, home)
         for stale in (last_message_path(request), kept_message_path(request)):
             Path(stale).unlink(missing_ok=True)
         endpoint = self.start_endpoint(request, "/v1")
-        if endpoint is not None:
-            env[SCRIPTED_KEY_ENV] = "dummy"
-            for key in ("CODEX_API_KEY", "OPENAI_API_KEY"):
-                env.pop(key, None)
-        argv = build_argv(exe, request, endpoint.url if endpoint else None)
         try:
-            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
+            upstream = endpoint.url + "/v1" if endpoint else str(request.profile.get("base_url") or PROVIDER_URL)
+            gateway = self.open_gateway(request, env, endpoint, upstream, KEY_VARS, SCRIPTED_KEY_ENV)
+            if endpoint is not None:
+                argv = build_argv(exe, request, gateway.origin)
+            else:
+                argv = build_argv(exe, request, base_url=gateway.url if gateway else None)
+            result = self.supervise(argv, env, request)
         finally:
+            self.close_gateway()
             if endpoint is not None:
                 endpoint.stop()
-        return self._result(result, request, version)  # reads the -o file before the engine removes HOME
+        return self.metered(self._result(result, request, version))  # reads the -o file before the engine removes HOME
 
     wrapper = staticmethod(sandboxed)
 

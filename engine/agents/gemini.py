@@ -77,7 +77,7 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import sandbox
+from . import gateways, sandbox
 from ..redaction import redact_text
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, var_dir
@@ -87,6 +87,9 @@ from .lines import BoundedLines, JsonEvents, stderr_lines
 WRITE_ROLES = ("implementer", "documenter")
 #: The model of a scripted attempt when the profile names none: a name the CLI knows (no router call).
 SCRIPTED_MODEL = "gemini-2.5-pro"
+#: The variables the CLI sends a key from (``x-goog-api-key``; GOOGLE_API_KEY is copied into
+#: GEMINI_API_KEY): the model gateway takes it.
+KEY_VARS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 #: The Gemini API's own address (what the CLI uses when GOOGLE_GEMINI_BASE_URL is not set).
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 #: Tools no role gets (settings ``tools.exclude``; names as the 0.61.0 request declares them).
@@ -418,12 +421,12 @@ class GeminiCliAdapter(CliAdapter):
         """What to set after an ``auth_failed`` attempt of a real model; '' for a scripted endpoint."""
         if profile.get("scripted_endpoint"):
             return ""
-        if profile.get("api_key_env"):
+        if gateways.uses_gateway(profile):
             return gateway_key_hint(profile)
         return ("Set GEMINI_API_KEY (or GOOGLE_API_KEY, which the adapter copies into GEMINI_API_KEY) in the "
                 "workers' environment; a headless worker cannot log in to Google by itself.")
 
-    def run(self, request: AgentRequest) -> AgentResult:
+    def run_attempt(self, request: AgentRequest) -> AgentResult:
         exe, missing = self.executable_or_result(request)
         if missing is not None:
             return missing
@@ -431,17 +434,17 @@ class GeminiCliAdapter(CliAdapter):
         prepare_home(request)
         env = self.environment(request, request.home_dir)
         endpoint = self.start_endpoint(request)
-        if endpoint is not None:
-            env["GOOGLE_GEMINI_BASE_URL"] = endpoint.url
-            env["GEMINI_API_KEY"] = "scripted-endpoint-key"
-            env.pop("GOOGLE_API_KEY", None)
-        argv = build_argv(exe, request, endpoint.url if endpoint else None)
         try:
-            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
+            upstream = endpoint.url if endpoint else env["GOOGLE_GEMINI_BASE_URL"]
+            if self.open_gateway(request, env, endpoint, upstream, KEY_VARS) is not None:
+                env["GOOGLE_GEMINI_BASE_URL"] = self.gateway.url
+            argv = build_argv(exe, request, endpoint.url if endpoint else None)
+            result = self.supervise(argv, env, request)
         finally:
+            self.close_gateway()
             if endpoint is not None:
                 endpoint.stop()
-        return self._result(result, request, version)  # reads the session record before the engine removes HOME
+        return self.metered(self._result(result, request, version))  # reads the session record before the engine removes HOME
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         if result.signal == signal.SIGCHLD and not (result.timed_out or result.cancelled):

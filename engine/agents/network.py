@@ -6,9 +6,11 @@ endpoint_url)`` is what that proxy lets through:
 
 * the provider hosts of the profile's adapter (PROVIDER_HOSTS), unless the attempt talks to the
   scripted model endpoint (a simulated run reaches that endpoint only);
-* the profile's gateway: ``base_url``, or ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` / ``GOOGLE_GEMINI_BASE_URL`` in its
-  ``env`` (GATEWAY_ENV), as ``host:port``;
-* the scripted endpoint (``http://127.0.0.1:PORT``) of a simulated attempt;
+* the engine's model gateway of the attempt (engine/model_gateway, ``http://127.0.0.1:PORT``), or the
+  scripted endpoint of a simulated attempt: ``endpoint_url``; then nothing else of the model's;
+* without it (a CLI's own login, not metered): the profile's gateway: ``base_url``, or
+  ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` / ``GOOGLE_GEMINI_BASE_URL`` in its ``env`` (GATEWAY_ENV),
+  as ``host:port``;
 * the profile's ``network_allow`` entries (``host``, ``*.suffix``, ``host:port``).
 
 Whatever the list says, the proxy never connects to the ``deny`` addresses the engine gives it
@@ -71,8 +73,10 @@ def provider_hosts(profile: dict) -> tuple[str, ...]:
 def network_allow(profile: dict, endpoint_url: str | None = None) -> list[str]:
     """The attempt's allow-list (entries as ``EgressProxy`` takes them), without duplicates."""
     entries = [] if endpoint_url else list(provider_hosts(profile))
-    urls = [profile.get("base_url")] + [(profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
-    urls.append(endpoint_url)
+    # with the engine's model gateway (or the scripted endpoint) in front, the profile's upstream is the
+    # gateway's to reach, from the worker: the sandbox reaches the engine's address only
+    urls = [endpoint_url] if endpoint_url else [profile.get("base_url")] + [
+        (profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
     for url in urls:
         entry = url_entry(url) if url else None
         if entry:

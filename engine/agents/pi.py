@@ -87,15 +87,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import tempfile
 from collections import deque
 from pathlib import Path
 
-from . import sandbox
+from . import gateways, sandbox
 from ..redaction import redact_text
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, find_executable, var_dir
+from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, probe_output, var_dir
 from .lines import JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
@@ -111,10 +109,16 @@ WRITER_TOOLS = "read,bash,edit,write"
 #: first) and the hosts its built-in models use (``models.generated.js``). engine/boundary.py
 #: CREDENTIALS["pi"] and engine/agents/network.py PROVIDER_HOSTS["pi"] list them all.
 PROVIDERS = {
-    "anthropic": {"keys": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN"), "hosts": ("api.anthropic.com",)},
-    "openai": {"keys": ("OPENAI_API_KEY",), "hosts": ("api.openai.com",)},
-    "google": {"keys": ("GEMINI_API_KEY",), "hosts": ("generativelanguage.googleapis.com",)},
+    "anthropic": {"keys": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN"), "hosts": ("api.anthropic.com",),
+                  "base": "https://api.anthropic.com"},
+    "openai": {"keys": ("OPENAI_API_KEY",), "hosts": ("api.openai.com",), "base": "https://api.openai.com/v1"},
+    "google": {"keys": ("GEMINI_API_KEY",), "hosts": ("generativelanguage.googleapis.com",),
+               "base": "https://generativelanguage.googleapis.com/v1beta"},
 }
+#: Keys the model gateway takes from pi's environment (``base``: the provider's built-in base URL, which
+#: the gateway forwards to). Not ANTHROPIC_OAUTH_TOKEN: pi picks its header style by the token's own
+#: prefix, which a placeholder does not have; with only that token, pi's calls are not metered.
+GATEWAY_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY")
 DEFAULT_PROVIDER = "anthropic"
 #: The provider the adapter defines for the scripted endpoint (Anthropic Messages API, which
 #: engine/scripted_endpoint.py speaks), its model and the variable holding its key.
@@ -203,24 +207,25 @@ def settings_for(profile: dict) -> dict:
             "retry": {"enabled": True, "maxRetries": int(profile.get("max_retries", 2)), "provider": {"maxRetries": 0}}}
 
 
-def models_for(profile: dict, endpoint_url: str | None = None) -> dict:
+def models_for(profile: dict, endpoint_url: str | None = None, base_url: str | None = None) -> dict:
     """The attempt's ``models.json``: the scripted provider at ``endpoint_url`` (Anthropic Messages
-    API, key from SCRIPTED_KEY_ENV), else the profile's ``base_url`` as its provider's ``baseUrl``
-    (pi's override of a built-in provider: its models and keys stay), else no provider."""
+    API, key from SCRIPTED_KEY_ENV), else ``base_url`` (the attempt's model gateway) or the profile's
+    ``base_url`` as its provider's ``baseUrl`` (pi's override of a built-in provider: its models and
+    keys stay), else no provider."""
     if endpoint_url:
         _, model = split_model(profile, scripted=True)
         return {"providers": {SCRIPTED_PROVIDER: {
             "baseUrl": endpoint_url, "api": "anthropic-messages", "apiKey": SCRIPTED_KEY_ENV,
             "models": [{"id": model, "contextWindow": 200000, "maxTokens": 16384,
                         "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}]}}}
-    if profile.get("base_url"):
+    if base_url or profile.get("base_url"):
         provider, _ = split_model(profile)
-        return {"providers": {provider: {"baseUrl": str(profile["base_url"])}}}
+        return {"providers": {provider: {"baseUrl": str(base_url or profile["base_url"])}}}
     return {"providers": {}}
 
 
 def prepare_home(home: str, profile: dict, endpoint_url: str | None = None, environ=None,
-                 with_login: bool = True) -> Path:
+                 with_login: bool = True, base_url: str | None = None) -> Path:
     """A fresh HOME for the attempt with ``HOME/.pi/agent`` holding our settings.json and
     models.json and, for a real model and ``with_login``, the worker's ``auth.json`` (of
     ``worker_agent_dir(environ)``, default this process's environment) when it has a login for the
@@ -232,7 +237,8 @@ def prepare_home(home: str, profile: dict, endpoint_url: str | None = None, envi
     folder.mkdir(parents=True)
     (home_path / "tmp").mkdir()
     (folder / "settings.json").write_text(json.dumps(settings_for(profile), indent=2), encoding="utf-8")
-    (folder / "models.json").write_text(json.dumps(models_for(profile, endpoint_url), indent=2), encoding="utf-8")
+    (folder / "models.json").write_text(json.dumps(models_for(profile, endpoint_url, base_url), indent=2),
+                                        encoding="utf-8")
     if endpoint_url is None and with_login:
         login = worker_agent_dir(os.environ if environ is None else environ) / "auth.json"
         if login_for(login, split_model(profile)[0]):
@@ -434,24 +440,16 @@ _probed: dict[tuple, tuple[str, str]] = {}
 
 
 def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
-    """``(version, help text)`` of a pi executable, as cli_adapter.probe, but with a throwaway
-    HOME and ``PI_CODING_AGENT_DIR`` (``pi --help`` 0.73.1 writes auth.json and sessions/ there)."""
+    """``(version, help text)`` of a pi executable, as cli_adapter.probe (in the sandbox, with a
+    throwaway HOME), with ``PI_CODING_AGENT_DIR`` inside that HOME (``pi --help`` 0.73.1 writes
+    auth.json and sessions/ there) and ``PI_OFFLINE``."""
     try:
         key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns)
     except OSError:
         return "", ""
     if key not in _probed:
-        helptext = ""
-        with tempfile.TemporaryDirectory(prefix="cp-pi-probe-") as scratch:
-            env = {**os.environ, "HOME": scratch, "PI_CODING_AGENT_DIR": os.path.join(scratch, "agent"),
-                   "PI_OFFLINE": "1"}
-            try:
-                out = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=timeout,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=scratch)
-                helptext = out.stdout + out.stderr
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        _probed[key] = (cli_version(executable, timeout), helptext)
+        env = {"PI_OFFLINE": "1", "PI_CODING_AGENT_DIR": "{home}/agent"}
+        _probed[key] = (cli_version(executable, timeout), probe_output(executable, ("--help",), timeout, env))
     return _probed[key]
 
 
@@ -476,10 +474,9 @@ class PiAdapter(CliAdapter):
         """As ``CliAdapter.check`` (binary, ``--version``, the help words of the role's boundary, the
         sandbox), with pi's help read in a throwaway folder (``probe``), and the profile's provider
         one this adapter runs (PROVIDERS; its key would not reach the attempt otherwise)."""
-        exe = find_executable(self.executable_name, profile.get("executable"))
+        exe, missing = self.executable_problem(profile)
         if exe is None:
-            return [f"the {self.executable_name} executable was not found (profile executable: "
-                    f"{profile.get('executable') or 'not set'}; run `make agents`)"]
+            return [missing]
         version, helptext = probe(exe)
         if not version:
             return [f"{exe} --version does not answer"]
@@ -510,7 +507,7 @@ class PiAdapter(CliAdapter):
         provider, _ = split_model(request.profile)
         wanted = PROVIDERS.get(provider, {}).get("keys", ())
         target = boundary.KEY_TARGETS.get(self.name)
-        if request.profile.get("api_key_env") and target and wanted and target not in wanted and env.get(target):
+        if gateways.uses_gateway(request.profile) and target and wanted and target not in wanted and env.get(target):
             env[wanted[0]] = env.pop(target)
         for name in credential_env_names():
             if name not in wanted:
@@ -544,7 +541,7 @@ class PiAdapter(CliAdapter):
         """What to set after an ``auth_failed`` attempt of a real model; '' for a scripted endpoint."""
         if profile.get("scripted_endpoint"):
             return ""
-        if profile.get("api_key_env"):
+        if gateways.uses_gateway(profile):
             return gateway_key_hint(profile)
         provider, _ = split_model(profile)
         names = PROVIDERS.get(provider, {}).get("keys", ())
@@ -552,7 +549,7 @@ class PiAdapter(CliAdapter):
         return (f"Set {wanted} in the workers' environment, or log in as the workers' user (`pi`, then /login: "
                 f"~/.pi/agent/auth.json); a headless worker cannot log in by itself.")
 
-    def run(self, request: AgentRequest) -> AgentResult:
+    def run_attempt(self, request: AgentRequest) -> AgentResult:
         exe, missing = self.executable_or_result(request)
         if missing is not None:
             return missing
@@ -568,22 +565,31 @@ class PiAdapter(CliAdapter):
         home = request.home_dir
         endpoint = self.start_endpoint(request)
         try:
-            # a scripted endpoint or a gateway's key (api_key_env) is the attempt's only credential: no login copy
-            prepare_home(home, request.profile, endpoint.url if endpoint else None,
-                         with_login=not request.profile.get("api_key_env"))
             env = self.environment(request, home)
-            if endpoint is not None:
-                env[SCRIPTED_KEY_ENV] = "scripted-endpoint-key"
+            provider, _ = split_model(request.profile)
+            upstream = endpoint.url if endpoint else str(request.profile.get("base_url")
+                                                         or PROVIDERS.get(provider, {}).get("base") or "")
+            gateway = None
+            if endpoint is not None or upstream:
+                gateway = self.open_gateway(request, env, endpoint, upstream, GATEWAY_KEYS, SCRIPTED_KEY_ENV)
+            if gateway is not None:  # the placeholder is the attempt's one credential variable
                 for info in PROVIDERS.values():
                     for key in info["keys"]:
-                        env.pop(key, None)
+                        if env.get(key) != gateway.placeholder:
+                            env.pop(key, None)
+            # a scripted endpoint, a gateway's key (CP_GATEWAYS) or a key the model gateway holds is the
+            # attempt's only credential: no login copy
+            prepare_home(home, request.profile, gateway.url if endpoint is not None else None,
+                         with_login=not (gateways.uses_gateway(request.profile) or gateway is not None),
+                         base_url=gateway.url if gateway is not None and endpoint is None else None)
             argv = build_argv(exe, request, scripted=endpoint is not None)
-            result = self.supervise(argv, env, request, endpoint.url if endpoint else None)
+            result = self.supervise(argv, env, request)
         finally:
+            self.close_gateway()
             if endpoint is not None:
                 endpoint.stop()
             (agent_dir(home) / "auth.json").unlink(missing_ok=True)  # the login copy leaves with the attempt
-        return self._result(result, request, version)
+        return self.metered(self._result(result, request, version))
 
     def _result(self, result, request: AgentRequest, version: str) -> AgentResult:
         parsed = parse_stream(request.raw_path, request.stderr_path)

@@ -37,8 +37,9 @@ The environment is allow-listed by the engine (engine/boundary.py ``agent_env``)
 engine's own git never runs on what an agent made before checking it (engine/workspace.py
 ``find_nested_repositories``). What remains is listed in docs/agents.md, "Known limits".
 
-Which bubblewrap: ``bwrap`` on PATH (Debian package ``bubblewrap``), else the one the pinned
-codex package ships in tools/agents. ``available()`` runs it once to be sure the kernel lets it.
+Which bubblewrap: the one the pinned codex package ships in tools/agents (``make agents``), so
+every machine runs the same version, whatever it has installed; only without it a ``bwrap`` on
+PATH (Debian package ``bubblewrap``). ``available()`` runs it once to be sure the kernel lets it.
 """
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def bundled_bwrap() -> str | None:
 
 @lru_cache(maxsize=1)
 def bwrap_path() -> str | None:
-    """The bubblewrap executable, or None."""
-    return shutil.which("bwrap") or bundled_bwrap()
+    """The bubblewrap executable (the pinned one first, see above), or None."""
+    return bundled_bwrap() or shutil.which("bwrap")
 
 
 @lru_cache(maxsize=1)
@@ -83,7 +84,7 @@ def available() -> tuple[bool, str]:
     """``(True, path)`` when bubblewrap runs here with a read-only root; ``(False, why)`` otherwise."""
     path = bwrap_path()
     if path is None:
-        return False, "no bubblewrap (install the Debian package bubblewrap, or run `make agents`)"
+        return False, "no bubblewrap: run `make agents` (the pinned codex package ships it)"
     try:
         probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
                                 "--unshare-net", "--proc", "/proc", "--cap-drop", "ALL", "--tmpfs", "/mnt",

@@ -16,8 +16,10 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import boundary, context, globs, hosts, machine, protected, workspace
+from .. import boundary, context, globs, hosts, limits, machine, protected, workspace
 from ..agents import AgentRequest, get_adapter
+from ..budgets import spent_by
+from ..model_gateway import spend_of
 from ..models import Attempt, AttemptStatus, Decision, Run, StageRun
 from ..redaction import redact_text, secret_env_values
 from ..simulation import simulation
@@ -183,6 +185,9 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
         Attempt.objects.filter(pk=attempt.pk).update(pid=pid, pid_create_time=create_time)
         guard(pid, create_time)
 
+    def on_usage(usage: dict, spend: dict) -> None:  # the model gateway's meter, live on the run's pages
+        Attempt.objects.filter(pk=attempt.pk, ended_at=None).update(usage=usage, spend=spend)
+
     adapter = get_adapter(plan["profile"]["adapter"])
     control_dir = str(var_path(control_path(run, plan["folder"], "adapter")).parent)
     request = AgentRequest(
@@ -191,14 +196,19 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
         log_path=str(var_path(attempt.log_path)), raw_path=str(var_path(attempt.raw_path)), env=env,
         stage_key=stage.key, attempt_number=attempt.number, control_dir=control_dir,
         operation_attempt=plan["operation_attempt"], marker=attempt.marker, secrets=secrets,
-        should_stop=should_stop, on_start=on_start, prompt_path=str(var_path(prompt_rel)),
+        should_stop=should_stop, on_start=on_start, on_usage=on_usage, prompt_path=str(var_path(prompt_rel)),
         home_dir=home_dir, deny_addresses=boundary.service_addresses(),
         stderr_path=str(var_path(attempt.stderr_path)) if attempt.stderr_path else "",
+        limits=limits.effective(run.definition["pipeline"].get("limits")),
+        spend={"budgets": run.definition["pipeline"].get("budgets") or {},
+               "before": spent_before(run, stage, attempt), "stall": run.definition["pipeline"].get("stall") or {}},
     )
     git_file = Path(run.worktree, ".git")
     git_link = git_file.read_bytes() if git_file.is_file() else None
     try:
         result = adapter.run(request)
+        if adapter.bounds is not None:  # what bounded the process tree (engine/limits.py)
+            result.extra = {**result.extra, "limits": adapter.bounds}
     finally:
         # the CLI's own transcripts and session state hold its output unredacted: our redacted
         # logs are the evidence, this folder is not kept
@@ -222,6 +232,21 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
     outcome["tamper"] = tamper_report(run, after, plan["folder"], secrets)
     outcome["outward"] = workspace.outward_symlinks(run.worktree, after["changes"])
     return outcome
+
+
+def spent_before(run: Run, stage: StageRun, attempt: Attempt) -> dict:
+    """What the run and ``stage`` spent in their attempts before ``attempt`` (``spent_by`` each, summed), for
+    the meter of its model gateway (engine/model_gateway/meter.py)."""
+    totals = {"run": {"tokens": 0, "cost_usd": 0.0, "unpriced_calls": 0},
+              "stage": {"tokens": 0, "cost_usd": 0.0, "unpriced_calls": 0}}
+    for key, value in ((run.carried or {}).get("spent") or {}).items():  # the runs this one continues
+        totals["run"][key] = totals["run"].get(key, 0) + (value or 0)
+    for earlier in run.attempts.exclude(pk=attempt.pk).only("usage", "spend", "stage_id", "simulated"):
+        spent = spent_by(earlier)
+        for level in (("run", "stage") if earlier.stage_id == stage.pk else ("run",)):
+            for key, value in spent.items():
+                totals[level][key] += value
+    return totals
 
 
 def tamper_report(run: Run, current: dict, folder: str, secrets: list[str]) -> Tamper | None:
@@ -274,6 +299,9 @@ def apply_attempt_result(attempt: Attempt, outcome: AgentOutcome) -> None:
     attempt.patch_path = outcome["patch_path"]
     attempt.patch_sha256 = outcome["patch"]["sha256"]
     attempt.network = (result.get("extra") or {}).get("network")
+    attempt.limits = (result.get("extra") or {}).get("limits")
+    attempt.gateway = (result.get("extra") or {}).get("gateway")
+    attempt.spend = spend_of(attempt.gateway, attempt.usage, attempt.simulated)
     machine.end_attempt_for(attempt, result["failure_kind"])
     refused = (attempt.network or {}).get("refused") or []
     if refused:
@@ -356,6 +384,17 @@ def finish_attempt(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOut
         attempt.result_manifest = manifest
         attempt.save(update_fields=["result_manifest"])
     evidence = {"attempt": attempt.pk}
+    if attempt.failure_kind == "budget_reached":  # the model gateway kept a call from crossing a cap
+        meter = (attempt.gateway or {}).get("meter") or {}
+        said = (f"was stopped by its model gateway: {attempt.failure_message.removeprefix('A model call was not sent: ').rstrip('.')}. "
+                "That call was not sent. Its patch and conversation are kept" if outcome.get("launched") else
+                f"was not launched: {attempt.failure_message.removeprefix('Not launched: ').rstrip('.')}")
+        machine.stop(run, "budget_reached",
+                     f"Attempt {attempt.number} ({attempt.operation}) {said}. An exhausted budget needs a new run with a "
+                     f"raised budget (Continue with a raised budget), or fail this one.",
+                     stage=stage, evidence={**evidence, "meter": meter,
+                                            "budgets": run.definition["pipeline"].get("budgets") or {}})
+        return None
     if attempt.status == AttemptStatus.TIMEOUT and plan.get("budget_cut"):
         budgets = run.definition["pipeline"].get("budgets") or {}
         machine.stop(run, "budget_exhausted",

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import boundary, machine, process
+from .. import boundary, limits, machine
 from ..agents import sandbox
 from ..agents.network import egress, network_record
 from ..models import Check, Run, StageRun
@@ -75,21 +75,28 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
     check.log_path = log_rel  # recorded before it runs: a running gate's log can be followed
     check.save(update_fields=["log_path"])
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
+    # the code a gate runs is the agent's: bounded as an attempt is (engine/limits.py)
+    bounds = limits.Bounds(limits.effective(run.definition["pipeline"].get("limits")), "check",
+                           [cwd, env.get("HOME", ""), env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")],
+                           marker=f"{process_marker_prefix(run)}check-{check.pk}")
     try:
-        result = process.run_supervised(
+        result = bounds.run(
             launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
-            redactor=Redactor(secret_env_values(env)), marker=f"{process_marker_prefix(run)}check-{check.pk}",
-            should_stop=should_stop, grace_seconds=5.0, on_start=lease_guard(run.pk, lease) if lease else None,
+            redactor=Redactor(secret_env_values(env)), should_stop=should_stop, grace_seconds=5.0,
+            on_start=lease_guard(run.pk, lease) if lease else None,
         )
     except LeaseLost:
         Check.objects.filter(pk=check.pk).update(failure_kind="cancelled", ended_at=timezone.now())
         raise
+    check.limits = bounds.record()
     if launch is not argv and result.signal is None and result.exit_code is not None and result.exit_code > 128:
         # bubblewrap reports a command killed by signal N as exit 128 + N
         result.signal, result.exit_code = result.exit_code - 128, None
     failure = ""
     if result.missing_executable:
         failure = "missing_executable"
+    elif result.limit:  # process_limit, memory_limit, write_limit, output_too_large
+        failure = result.limit
     elif result.timed_out:
         failure = "timeout"
     elif result.cancelled:
@@ -105,7 +112,7 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
     check.elapsed_seconds = result.elapsed_seconds
     check.exit_code = result.exit_code
     check.signal = result.signal
-    check.passed = result.exit_code == 0 and not result.timed_out and not result.cancelled
+    check.passed = result.exit_code == 0 and not result.timed_out and not result.cancelled and not result.limit
     check.failure_kind = failure
     check.save()
     return check

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import machine
 from ..models import AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
+from .common import defect
 from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
@@ -30,6 +31,9 @@ def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) ->
     if attempt is None:
         return
     evidence = {"attempt": attempt.pk}
+    if attempt.failure_kind == "stalled":
+        _stalled(run, stage, attempt, outcome)
+        return
     if attempt.status != AttemptStatus.SUCCEEDED:
         what = {"workspace_branch_in_use": "the run's branch is checked out in another worktree",
                 "missing_executable": "the agent's executable was not found"}.get(attempt.failure_kind, "")
@@ -57,3 +61,22 @@ def finish(run: Run, stage: StageRun, plan: AgentPlan, outcome: AgentOutcome) ->
     else:
         machine.implemented(stage)
 
+
+
+def _stalled(run: Run, stage: StageRun, attempt, outcome: AgentOutcome) -> None:
+    """The model gateway stopped the implementer in a loop (engine/model_gateway/meter.py ``LoopWatch``): a
+    defect for the stage's repair allowance (a fresh session is told of the loop and starts from the files
+    as the looping one left them), else a stop (``stalled``)."""
+    loop = next((call.get("stalled") or call.get("why") for call in reversed((attempt.gateway or {}).get("ledger") or [])
+                 if call.get("stalled") or (call.get("refused") == "stalled" and call.get("why"))),
+                attempt.failure_message)
+    message = (f"Attempt {attempt.number} ({attempt.operation}) was stopped in a loop: {loop}. Do not repeat that "
+               f"call; find what keeps it from making progress.")
+    machine.event(run, "attempt_failed", f"Attempt {attempt.number} ({attempt.operation}) of stage '{stage.key}' "
+                  f"looped and was stopped (stalled).", stage=stage, attempt=attempt)
+    evidence = {"attempt": attempt.pk, "loop": loop}
+    if int(stage.spec.get("repair_allowance", 0)) == 0:
+        machine.stop(run, "stalled", f"{message} The stage allows no repairs (repair_allowance: 0).", stage=stage,
+                     evidence=evidence)
+        return
+    defect(run, stage, "stalled", attempt.profile_name, outcome["manifest"]["digest"], message, evidence)

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from .. import context, globs, machine, process, workspace
 from .. import review as verdicts
-from ..models import AttemptStatus, Check, Manifest, Run, RunEvent, StageRun
+from ..models import Attempt, AttemptStatus, Check, Manifest, Run, RunEvent, StageRun
 from ..redaction import redact_text
 from .common import fenced
 from .paths import control_path, var_path
@@ -37,6 +37,8 @@ def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str
                                    spec_index_text=_initial_spec_index(run, stage, plan),
                                    changed=frozenset(c["path"] for c in start.get("changes") or []))
     text += people_section(run, stage)
+    if plan["operation"] == "implement" and plan.get("operation_attempt") == 1:
+        text += carried_section(run, stage)
     if plan["operation"] == "repair":
         text += _repair_section(run, stage, plan, start)
     elif plan["operation"] == "document":
@@ -212,6 +214,36 @@ def _knowledge_base(worktree: str, pipeline: dict, paths: list[str], limit: int 
 def _tracked_and_new(worktree: str) -> list[str]:
     out = workspace.git(["ls-files", "-z", "--cached", "--others", "--exclude-standard"], worktree).stdout
     return [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
+
+
+def carried_section(run: Run, stage: StageRun) -> str:
+    """What the first attempt of a stage is told when its run continues one its budget stopped on that stage
+    (``Run.carried``, engine/runs_again.py): why it stopped, the stopped attempt's last model calls (its
+    gateway's ledger) and final message (a claim), and its patch. '' for any other stage or run."""
+    carried = run.carried or {}
+    if carried.get("stage") != stage.key or not carried.get("attempt"):
+        return ""
+    attempt = Attempt.objects.filter(pk=carried["attempt"]).first()
+    if attempt is None:
+        return ""
+    lines = ["", f"## Where run {carried['run']} stopped", f"This run continues run {carried['run']}, which stopped on "
+             f"this stage at its budget ({carried.get('stop_reason')}): {carried.get('stop_message', '')}",
+             f"Its attempt {attempt.number} ({attempt.operation}) was working; what it did is below as evidence, "
+             "not as a result: nothing of it was verified, and its files are not in this worktree."]
+    calls = [call for entry in ((attempt.gateway or {}).get("ledger") or [])
+             for call in entry.get("tool_calls") or []][-20:]
+    if calls:
+        lines += ["", "### Its last tool calls (as its model gateway saw them)"]
+        lines += [f"- {call.get('name')} {str(call.get('input'))[:300]}" for call in calls]
+    if attempt.final_message:
+        lines += ["", "### Its last message (its own claim)", attempt.final_message[:4000]]
+    patch = var_path(attempt.patch_path) if attempt.patch_path else None
+    if patch is not None and patch.is_file():
+        text = patch.read_text(encoding="utf-8", errors="replace")
+        if len(text) > 100_000:
+            text = text[:100_000] + "\n[... cut]\n"
+        lines += ["", "### Its patch (against its stage's start)", "```diff", text.rstrip() or "(empty)", "```"]
+    return "\n".join(lines) + "\n"
 
 
 def _repair_section(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str:

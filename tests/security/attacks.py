@@ -37,9 +37,11 @@ def bash_turns(*commands: str, final: str = "Done.") -> dict:
     return {"turns": [*turns, {"text": final}]}
 
 
-def claude_attack_pipeline(make_pipeline, commands: list[str], *, stages=None, profile_extra=None, name="attack"):
+def claude_attack_pipeline(make_pipeline, commands: list[str], *, stages=None, profile_extra=None, name="attack",
+                           **extra):
     """A saved pipeline: the real claude implementer runs ``commands`` with its Bash tool; a
-    scripted reviewer passes and a scripted documenter changes nothing."""
+    scripted reviewer passes and a scripted documenter changes nothing. ``extra``: more top-level
+    fields of the pipeline (e.g. ``limits``)."""
     stages = stages or [QUICK_STAGE]
     endpoint = {"stages": {stage["key"]: {"implement": bash_turns(*commands)} for stage in stages}}
     scenario = {"stages": {stage["key"]: {"review": [PASS_REVIEW]} for stage in stages}}
@@ -49,7 +51,7 @@ def claude_attack_pipeline(make_pipeline, commands: list[str], *, stages=None, p
         profiles={"claude": {"adapter": "claude-code", "max_turns": 10, "scripted_endpoint": endpoint,
                              **(profile_extra or {})},
                   "scripted": {"adapter": "scripted", "scenario": scenario}},
-        deadlines={"implement": 120, "gate": 60})
+        deadlines={"implement": 120, "gate": 60}, **extra)
 
 
 def start_and_drive(pipeline, repo, sent) -> Run:
@@ -106,7 +108,11 @@ class Listener:
             except OSError:
                 return
             self.accepted += 1
-            conn.close()
+            with conn:
+                self.handle(conn)
+
+    def handle(self, conn: socket.socket) -> None:
+        """What is done with an accepted connection before it is closed (subclasses: more)."""
 
     def close(self) -> None:
         self.sock.close()

@@ -41,14 +41,23 @@ def test_codex_reaches_the_scripted_endpoint_and_nothing_else(tmp_path):
     assert all("not on the attempt's network allow-list" in item["why"] for item in network["refused"])
 
 
-def test_codex_reaches_a_gateway_base_url_through_the_proxy(tmp_path, monkeypatch):
+def test_codex_reaches_a_listed_gateway_through_its_model_gateway(tmp_path, monkeypatch, gateway_listed):
+    """codex's calls go to the attempt's model gateway (engine/model_gateway), the only model address its
+    sandbox reaches; the model gateway forwards them to the listed gateway from the worker, with the key."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-gateway-test-0000000000000000000000")
     with ScriptedEndpoint({"turns": [{"text": "Done through the gateway."}]}) as gateway:
-        request = make_request(tmp_path, "implementer", None, base_url=gateway.url + "/v1")
+        request = make_request(tmp_path, "implementer", None, base_url=gateway_listed(gateway.url) + "/v1")
         result = CodexAdapter().run(request)
         paths = [r["path"] for r in gateway.requests]
         port = int(gateway.url.rsplit(":", 1)[1])
+        upstream = gateway.url + "/v1"
     assert result.final_message == "Done through the gateway.", (result.failure_message, log_of(request)[-3000:])
     assert any(path.startswith("/v1/responses") for path in paths), paths
-    assert f"127.0.0.1:{port}" in result.extra["network"]["allow"]
-    assert any(item["port"] == port for item in result.extra["network"]["connected"])
+    assert f"127.0.0.1:{port}" not in result.extra["network"]["allow"] and len(result.extra["network"]["allow"]) == 1
+    assert not any(item["port"] == port for item in result.extra["network"]["connected"])
+    forwarded = [call["path"] for call in result.extra["gateway"]["ledger"] if not call.get("refused")]
+    assert forwarded == paths and result.extra["gateway"]["upstream"] == upstream
+    # codex 0.171.0 first asks for the Responses API over a WebSocket (GET with an upgrade); the gateway, which
+    # forwards only model calls it can read, answers 404, and codex goes on over HTTP
+    refused = {call["method"] for call in result.extra["gateway"]["ledger"] if call.get("refused")}
+    assert refused <= {"GET"}

@@ -1,7 +1,7 @@
 """A hostile pipeline author's (or an injected edit's) extra_args cannot loosen a Gemini CLI role:
 gemini 0.61.0 parses options with yargs, which also takes them in camelCase, negated, with
 underscores and as grouped short flags, and has hidden options that replay a file as the model
-(engine/pipeline_schema.py ``_spellings``, ``_GEMINI_FAKE_MODEL``)."""
+(engine/agents/cli_options.py ``_spellings``, ``_GEMINI_FAKE_MODEL``)."""
 import pytest
 
 from engine.pipeline_format import PipelineFormatError, validate

@@ -106,11 +106,16 @@ def test_the_agent_reaches_no_service_of_the_host_directly_or_through_its_proxy(
 
 @needs_claude
 @pytest.mark.slow
-def test_a_gateway_base_url_is_reached_through_the_proxy(make_pipeline, repo, sent, monkeypatch):
-    """A profile pointed at a gateway (``base_url``) reaches it through its egress proxy, with the
-    credential variable of the worker; nothing marks the attempt simulated but the run's endpoint."""
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-gateway-test-key-0000000000000000")
+def test_a_listed_gateway_is_reached_by_the_model_gateway_and_never_from_the_sandbox(make_pipeline, repo, sent,
+                                                                                    monkeypatch, gateway_listed):
+    """A profile pointed at a gateway the operator listed (``base_url``, CP_GATEWAYS) reaches it through the
+    attempt's model gateway (engine/model_gateway), with the key of the variable listed with it and never the
+    worker's own key; the sandbox's egress proxy reaches the model gateway only: neither the listed gateway
+    nor the provider is on its allow-list."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-worker-own-key-never-sent-000000")
+    monkeypatch.setenv("GATEWAY_TEST_KEY", "sk-ant-gateway-test-key-0000000000000000")
     with ScriptedEndpoint({"turns": [{"text": "Done through the gateway."}]}) as gateway:
+        gateway_listed(gateway.url)
         port = int(gateway.url.rsplit(":", 1)[1])
         pipeline = make_pipeline(
             name="gateway", stages=[QUICK_STAGE], reviews=False,
@@ -123,9 +128,13 @@ def test_a_gateway_base_url_is_reached_through_the_proxy(make_pipeline, repo, se
         attempt = Attempt.objects.get(run=run, operation="implement")
         assert attempt.final_message == "Done through the gateway.", attempt.failure_message
         assert any(r["path"].startswith("/v1/messages") for r in gateway.requests)
-        assert gateway.requests[-1]["headers"].get("x-api-key") == "sk-ant-gateway-test-key-0000000000000000"
-    assert {"host": "127.0.0.1", "port": port} in [{k: i[k] for k in ("host", "port")} for i in attempt.network["connected"]]
-    assert f"127.0.0.1:{port}" in attempt.network["allow"] and "api.anthropic.com" in attempt.network["allow"]
+        assert {r["headers"].get("x-api-key") for r in gateway.requests} == {"sk-ant-gateway-test-key-0000000000000000"}
+        upstream, received = gateway.url, len(gateway.requests)
+    connected = {(i["host"], i["port"]) for i in attempt.network["connected"]}
+    model_gateway = attempt.gateway["ledger"] and f"127.0.0.1:{port}" not in attempt.network["allow"]
+    assert model_gateway and ("127.0.0.1", port) not in connected and len(attempt.network["allow"]) == 1
+    assert "api.anthropic.com" not in attempt.network["allow"] and attempt.gateway["upstream"] == upstream
+    assert attempt.gateway["calls"] == received and not attempt.gateway["simulated"]
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ def worker_pi(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("role", ["reviewer", "implementer"])
-def test_a_planted_pi_configuration_loads_nothing_into_the_attempt(tmp_path, worker_pi, role):
+def test_a_planted_pi_configuration_loads_nothing_into_the_attempt(tmp_path, worker_pi, role, gateway_listed):
     tag = uuid.uuid4().hex[:10]
     plant(tmp_path / "work", tag)
     turns = [{"tools": [{"tool": "sneak", "input": {}},
@@ -80,7 +80,7 @@ def test_a_planted_pi_configuration_loads_nothing_into_the_attempt(tmp_path, wor
              {"text": '{"verdict": "pass", "findings": []}'}]
     key = "sk-ant-test-" + uuid.uuid4().hex
     with ScriptedEndpoint({"turns": turns}) as provider:
-        request = make_request(tmp_path, role, None, base_url=provider.url, model="anthropic/claude-sonnet-4-5",
+        request = make_request(tmp_path, role, None, base_url=gateway_listed(provider.url), model="anthropic/claude-sonnet-4-5",
                                env={"PATH": os.environ["PATH"], "ANTHROPIC_API_KEY": key, "CP_MARK_TAG": tag})
         request.secrets = [key]
         result = PiAdapter().run(request)

@@ -18,7 +18,13 @@ class Command(EngineCommand):
         try:
             results = operations.load_pipelines(options["files"])
         except PipelineFormatError as exc:
-            raise CommandError(f"nothing was loaded:\n{exc}") from None
+            # several problems: one line each (printed escaped, engine/terminal.py), the first again in the
+            # error; a single one only in the error
+            problems = [f"{file}: {field}: {problem}" for file, field, problem in exc.errors]
+            for line in problems if len(problems) > 1 else ():
+                self.stderr.write(line)
+            more = f" (and {len(problems) - 1} more, listed above)" if len(problems) > 1 else ""
+            raise CommandError(f"nothing was loaded: {problems[0] if problems else exc}{more}") from None
         for pipeline, outcome in results:
             self.stdout.write(f"{outcome}: pipeline {pipeline.name!r} (id {pipeline.pk}, v{pipeline.version}, "
                               f"{len(pipeline.definition['stages'])} stage{'s' if len(pipeline.definition['stages']) != 1 else ''})")

@@ -63,6 +63,8 @@ def check_outcome(check: dict) -> str:
     kind = check["failure_kind"]
     if kind in ("interrupted", "cancelled", "timeout"):
         return kind.upper()
+    if kind in ("process_limit", "memory_limit", "write_limit", "output_too_large"):  # engine/limits.py
+        return f"FAIL ({kind}: stopped at its limit)"
     if check["exit_code"] is None and check["signal"] is not None:
         return f"killed by signal {check['signal']}"
     return f"FAIL (exit {check['exit_code']}" + (f", {kind})" if kind and kind != "nonzero_exit" else ")")
@@ -149,5 +151,6 @@ class Command(EngineCommand):
                              + (f", {len(a['refusals'])} tool call(s) refused" if a["refusals"] else ""))
             for c in stage["checks"]:
                 lines.append(f"    check {c['name']}: {check_outcome(c)} `{c['command']}`" + (" [stale]" if c["stale"] else ""))
-        self.stdout.write("\n".join(lines))
+        for line in lines:
+            self.stdout.write(line)
 
