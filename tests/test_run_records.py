@@ -429,18 +429,19 @@ def test_c08_a_tree_that_ignores_sigterm_past_its_deadline_is_gone_and_the_worke
     assert "child-ended" not in log.splitlines()  # sh never got to it
     assert f"deadline of {deadline:g} s reached; the process tree was stopped" in log
     # ...and yet, after the attempt, nothing of the tree is alive: SIGKILL after the grace
-    assert gone(child, str(stub)) and gone(grandchild, str(stub))
-    assert attempt.pid and gone(attempt.pid, "scripted_agent")
+    assert gone(child, str(stub)) and gone(grandchild, str(stub)), (child, grandchild, log)
+    assert attempt.pid and gone(attempt.pid, "scripted_agent"), (attempt.pid, log)
     assert find_marked(attempt.marker) == []
     # the recorded time runs until the tree was stopped: within the grace. The agent's own process
     # obeys SIGINT; when it ends, its sandbox (a PID namespace) ends, and the stubborn processes in it
     # with it, whatever they ignore
-    assert deadline <= attempt.elapsed_seconds < deadline + GRACE + 2
+    assert deadline <= attempt.elapsed_seconds < deadline + GRACE + 2, (attempt.elapsed_seconds, log)
     took = (attempt.ended_at - attempt.started_at).total_seconds()
     assert took < deadline + GRACE + 2 + 2, took  # deadline + grace + 2 s, plus 2 s for manifest and patch
-    # the same worker (the only one on this queue) takes the next run at once, and finishes it
+    # the same worker (the only one on this queue) takes the next run, and finishes it: it does not wait on
+    # the stubborn tree, which would never end by itself (15 s leaves room for a loaded CI machine)
     nxt = operations.create_run(make_pipeline(name="next", stages=QUICK), str(repo), "main")
-    assert claimed_within(nxt, 5.0) < 5.0
+    assert claimed_within(nxt, 15.0) < 15.0
     assert wait_for(nxt.pk).status == "succeeded"
 
 

@@ -65,11 +65,26 @@ def probe_output(executable: str, args: tuple[str, ...], timeout: float = 30.0, 
         return out.stdout + out.stderr
 
 
+_versions: dict[tuple, str] = {}
+
+
 def cli_version(executable: str, timeout: float = 30.0) -> str:
     """``<executable> --version``'s first line (run in the sandbox, ``probe_output``), or '' when it
-    does not answer."""
+    does not answer. A version is a fact of the file: once read, it is kept by path, inode, size and
+    modification time, so that an attempt does not start the CLI once more only to ask it (a probe
+    that timed out on a loaded machine is tried again next time)."""
+    try:
+        found = os.stat(executable)
+        key = (os.path.realpath(executable), found.st_ino, found.st_size, found.st_mtime_ns)
+    except (OSError, TypeError, ValueError):
+        key = None
+    if key is not None and key in _versions:
+        return _versions[key]
     text = probe_output(executable, ("--version",), timeout).strip()
-    return text.splitlines()[0][:200] if text else ""
+    version = text.splitlines()[0][:200] if text else ""
+    if version and key is not None:
+        _versions[key] = version
+    return version
 
 
 _checked: dict[tuple, tuple[str, str]] = {}

@@ -87,13 +87,17 @@ def test_a_model_that_keeps_working_is_stopped_at_its_cap_continued_with_a_raise
     assert run.status == "waiting_review" and run.stop_reason == "budget_reached", (run.stop_message, log)
     assert attempt.failure_kind == "budget_reached" and not attempt.simulated
     ledger = attempt.gateway["ledger"]
-    # the model calls the gateway forwarded (not a token count, which claude sometimes asks for, and which the
-    # scripted endpoint does not keep), against what the endpoint received: the crossing call never reached it
-    forwarded = [call for call in ledger if not call.get("refused") and call.get("format")]
+    # every call the upstream answered (model calls, and the token counts and model lists the gateway also lets
+    # through) against every request the endpoint received: the crossing call never reached it. A call the
+    # upstream never answered (an unreachable upstream; the CLI retries it) is in the ledger with its error.
+    answered = [call for call in ledger if call.get("http_status") is not None]
     refused = [call for call in ledger if call.get("refused") == "budget_reached"]
-    received = [request for request in received if request.get("api")]
-    assert len(received) == len(forwarded) and refused, (len(received), ledger)
-    main = [call for call in forwarded if call["usage"]["output_tokens"] == 20]
+    assert len(received) == len(answered) and refused and all(not call.get("http_status") for call in refused), (
+        [(r["method"], r["path"], r["kind"], r["turn"], r["headers"].get("Content-Length"), round(r["time"], 3))
+         for r in received],
+        [{k: call.get(k) for k in ("at", "method", "path", "format", "bytes_up", "http_status", "refused", "error")}
+         for call in ledger])
+    main = [call for call in answered if (call.get("usage") or {}).get("output_tokens") == 20]
     assert 1 <= len(main) <= 3 and attempt.gateway["meter"]["attempt"]["tokens"] <= 95000
     assert "budgets.attempt.max_tokens: 95000" in run.stop_message and "not sent" in run.stop_message
     # the key went upstream on every call, and nowhere the agent could read it
