@@ -60,7 +60,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from engine import answers, hosts, operations, process, transcript, workers
+from engine import answers, hosts, operations, process, test_reports, transcript, workers
 from engine.model_gateway import conversation as model_conversation
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
@@ -555,8 +555,17 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
         ("check", format_html("<b>{}</b> · {}", check.name, check.get_kind_display())),
         ("outcome", outcome),
         ("exit status", exit_text(check.exit_code, check.signal)),
-        ("command", format_html('<pre class="cp-command-text">{}</pre>', check.command)),
     ]
+    if not running:  # what the test runner itself recorded (engine/test_reports), or that only the status decided
+        tests = test_reports.sentence(check.tests)
+        if (check.tests or {}).get("why"):
+            tests += f" The gate failed: {check.tests['why']}."
+        record = ""
+        if (check.tests or {}).get("record_path"):
+            record = format_html(' <a href="{}">Its record</a>.',
+                                 reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?tests=1")
+        facts.append(("tests", format_html("{}{}", tests, record)))
+    facts.append(("command", format_html('<pre class="cp-command-text">{}</pre>', check.command)))
     if executed:
         facts.append(("executed as", executed))
     facts += [
@@ -1214,9 +1223,18 @@ class RunPages:
         then the end of its log (at most CHECK_LOG_BYTES, read from the end; the page says when it is cut).
 
         ``?raw=1``: the whole log as text, only from its recorded path inside the run's control records
-        (``stored_file``; 404 when there is none)."""
+        (``stored_file``; 404 when there is none). ``?tests=1``: the record its test runner wrote
+        (engine/test_reports), as text, the same way."""
         run = self._viewable_run(request, object_id)
         check = Check.objects.select_related("stage", "manifest").filter(pk=check_id, run_id=run.pk).first()
+        if request.GET.get("tests") == "1":
+            record = (check.tests or {}).get("record_path") if check is not None else None
+            found = stored_file(run, record) if isinstance(record, str) and record else None
+            if found is None:
+                raise Http404("This check has no test runner record in its run's control records.")
+            response = FileResponse(open(found, "rb"), content_type="text/plain; charset=utf-8")
+            response["Content-Disposition"] = f'inline; filename="check-{check.pk}-tests.jsonl"'
+            return response
         found = stored_file(run, check.log_path) if check is not None else None
         if request.GET.get("raw") == "1":
             if found is None:

@@ -33,11 +33,12 @@ _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "then", "do", "else", "exec"
                          "(", "{", "!"})
 MAX_DEPTH = 4
 MAX_BYTES = 1_000_000
-_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _TARGET = re.compile(r"^([^\s:=#][^:=#]*?)\s*::?(?!=)\s*(.*)$")
 
 
-def _words(line: str) -> list[str]:
+def shell_words(line: str) -> list[str]:
+    """The words of a shell line (quotes removed, ``;&|()`` apart, a comment dropped)."""
     try:
         lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
         lexer.whitespace_split = True
@@ -53,14 +54,14 @@ def _norm(base: str, word: str) -> str:
 
 def programs(line: str, files: set[str], base: str = "") -> list[str]:
     """Files of ``files`` a shell ``line`` (run in folder ``base``) runs as programs."""
-    words = _words(line)
+    words = shell_words(line)
     found = []
     start = True
     for i, word in enumerate(words):
         if word in _SEPARATORS:
             start = True
             continue
-        if start and _ASSIGNMENT.match(word):
+        if start and ASSIGNMENT.match(word):
             continue  # VAR=value before a command
         candidate = _norm(base, word.lstrip("@-+") if start else word)
         previous = posixpath.basename(words[i - 1]) if i else ""
@@ -94,7 +95,7 @@ def _make_invocations(words: list[str]) -> list[tuple[str, list[str], str | None
                 elif arg in ("-f", "--file", "--makefile") and j + 1 < len(words):
                     makefile, j = words[j + 1], j + 2
                     continue
-                elif not arg.startswith("-") and not _ASSIGNMENT.match(arg):
+                elif not arg.startswith("-") and not ASSIGNMENT.match(arg):
                     targets.append(arg)
                 j += 1
             out.append((where, targets, makefile))
@@ -156,7 +157,7 @@ def gate_files(commands: list[str], files: set[str], read: Callable[[str], bytes
 
     makes: list[tuple[str, list[str], str | None, str]] = []
     for command in commands:
-        words = _words(command)
+        words = shell_words(command)
         folders = [""] + [_norm("", words[i + 1]) for i, w in enumerate(words[:-1]) if w == "cd"]
         for word in words:
             for base in folders:
@@ -206,7 +207,7 @@ def gate_files(commands: list[str], files: set[str], read: Callable[[str], bytes
             for line in recipe:
                 for program in programs(line, files, where):
                     add(program, f"run by the recipe of `{target}` in {path}", depth + 1)
-                for sub_where, sub_targets, sub_makefile in _make_invocations(_words(line)):
+                for sub_where, sub_targets, sub_makefile in _make_invocations(shell_words(line)):
                     key = f"{_norm(where, sub_where)}|{sub_makefile}|{','.join(sub_targets)}"
                     if key not in makefiles_done:
                         makefiles_done.add(key)

@@ -389,6 +389,9 @@ class Check(models.Model):
     limits = models.JSONField(null=True, blank=True,
                               help_text="what bounded its command (engine/limits.py): {limits, mechanism, reached, "
                                         "written_bytes, peak_processes}")
+    tests = models.JSONField(null=True, blank=True,
+                             help_text="what its test runner recorded (engine/test_reports): sessions, counts, failed "
+                                       "and unreported ids, record_path; null: no runner record (an exit-status gate)")
 
     class Meta:
         ordering = ["id"]

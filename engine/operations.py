@@ -861,7 +861,7 @@ def run_status(run) -> dict:
                 "stale": c.stale, "log": ref(c.log_path), "manifest": c.manifest_digest or None,
                 "started_at": c.started_at.isoformat() if c.started_at else None,
                 "ended_at": c.ended_at.isoformat() if c.ended_at else None,
-                "elapsed_seconds": c.elapsed_seconds, "network": c.network,
+                "elapsed_seconds": c.elapsed_seconds, "network": c.network, "tests": _tests_shown(c.tests, ref),
             }
             for c in stage_checks
         ]
@@ -899,6 +899,16 @@ def run_status(run) -> dict:
         "totals": answers.totals(run),
         "stages": stages,
     }
+
+
+def _tests_shown(tests: dict | None, ref) -> dict | None:
+    """A check's test runner record as the run's record shows it (engine/test_reports): counts and
+    ids, its file as a reference; None for an exit-status gate."""
+    if not tests:
+        return None
+    shown = {key: value for key, value in tests.items() if key != "record_path"}
+    shown["record"] = ref(tests["record_path"]) if tests.get("record_path") else None
+    return shown
 
 
 def _iso(moment) -> str | None:

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import boundary, limits, machine
+from .. import boundary, limits, machine, test_reports
 from ..agents import sandbox
 from ..agents.network import egress, network_record
 from ..models import Check, Run, StageRun
@@ -57,16 +57,20 @@ def run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: st
 def _run_gate_in(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str], cwd: str,
                  env: dict, should_stop, lease: str | None, network) -> Check:
     """``run_gate`` inside the sandbox, with ``network`` (a NetworkPolicy) or none."""
-    env, launch = _gate_sandbox(run, argv, cwd, env, network)
+    env, launch, reporter = _gate_sandbox(run, argv, cwd, env, network)
     try:
-        return _run_gate_process(run, stage, gate, kind, digest_before, argv, cwd, env, launch, should_stop, lease)
+        return _run_gate_process(run, stage, gate, kind, digest_before, argv, cwd, env, launch, should_stop, lease,
+                                 reporter)
     finally:
         shutil.rmtree(env["HOME"], ignore_errors=True)
+        reporter.remove()
 
 
 def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str],
-                      cwd: str, env: dict, launch: list[str], should_stop, lease: str | None) -> Check:
-    """Record the Check, run ``launch`` under supervision, and fill the Check in."""
+                      cwd: str, env: dict, launch: list[str], should_stop, lease: str | None,
+                      reporter: test_reports.Reporter) -> Check:
+    """Record the Check, run ``launch`` under supervision, and fill the Check in: its exit status,
+    then what the test runner recorded against it (engine/test_reports)."""
     check = Check.objects.create(
         run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
         started_at=timezone.now(), manifest_digest=digest_before,
@@ -107,18 +111,42 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
         failure = "command_not_found"
     elif result.exit_code != 0:
         failure = "nonzero_exit"
+    check.tests = _tests_of(run, check, reporter, log_rel)
+    why = ""
+    if not failure and not result.timed_out and not result.cancelled:
+        failure, why = test_reports.judge(gate["command"], result.exit_code, check.tests)
+    if why:  # said in the check's log too, where people read what the gate printed
+        check.tests = {**(check.tests or {}), "why": why}
+        with contextlib.suppress(OSError), open(var_path(log_rel), "a", encoding="utf-8") as log:
+            log.write(f"\n[control panel] The gate failed ({failure}): {why}; only a finished test session "
+                      "whose record agrees with the exit status passes.\n")
     check.log_path = log_rel
     check.ended_at = timezone.now()
     check.elapsed_seconds = result.elapsed_seconds
     check.exit_code = result.exit_code
     check.signal = result.signal
-    check.passed = result.exit_code == 0 and not result.timed_out and not result.cancelled and not result.limit
+    check.passed = (result.exit_code == 0 and not result.timed_out and not result.cancelled and not result.limit
+                    and not failure)
     check.failure_kind = failure
     check.save()
     return check
 
 
-def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) -> tuple[dict, list[str]]:
+def _tests_of(run: Run, check: Check, reporter: test_reports.Reporter, log_rel: str) -> dict | None:
+    """What the gate's test runner recorded (engine/test_reports ``read``), its record kept beside the
+    check's log as evidence (``record_path``)."""
+    summary = test_reports.read(reporter.record)
+    if summary is not None and reporter.record.is_file():
+        kept = log_rel[:-len(".log")] + ".tests.jsonl" if log_rel.endswith(".log") else log_rel + ".tests.jsonl"
+        with contextlib.suppress(OSError):
+            if reporter.record.stat().st_size <= test_reports.MAX_RECORD_BYTES:
+                shutil.copyfile(reporter.record, var_path(kept))
+                summary["record_path"] = kept
+    return summary
+
+
+def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict,
+                  network=None) -> tuple[dict, list[str], test_reports.Reporter]:
     """The environment and argument array of a gate: inside the agents' bubblewrap sandbox.
 
     A gate runs code an agent wrote, so it gets what an agent gets (engine/agents/sandbox.py):
@@ -134,14 +162,17 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None) 
     Control Panel service reachable from inside: a gate never runs unguarded.
     """
     boundary.self_check()
-    home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=Path(scratch_dirs(run.pk)["tmp"]).parent))
+    scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
+    home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=scratch))
+    reporter = test_reports.prepare(scratch, home)
     remove_bytecode(cwd)
-    env = {**env, "HOME": str(home), **(network.env() if network is not None else {})}
+    env = reporter.env({**env, "HOME": str(home), **(network.env() if network is not None else {})})
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
-    visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH"))
+    visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH")) + [str(reporter.folder)]
     read_only = [os.path.join(cwd, ".git"), *_protected_in(run, cwd)]
     return env, sandbox.wrap(argv, writable=writable, read_only=read_only,
-                             hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible, network=network)
+                             hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible,
+                             network=network), reporter
 
 
 #: Protected files bound read-only one by one while a gate runs, at most (each is three bwrap
@@ -220,6 +251,13 @@ def check_sentence(check: Check) -> str:
         "timeout": f"`{check.command}` passed its deadline and was killed",
         "killed": f"`{check.command}` was killed by signal {check.signal}",
         "cancelled": f"`{check.command}` was stopped because the run stopped",
+        "runner_incomplete": f"`{check.command}` did not finish its tests (runner_incomplete): "
+                             f"{(check.tests or {}).get('why') or 'its runner recorded no finished session'}",
+        "tests_failed": f"`{check.command}` had failing tests (tests_failed): "
+                        f"{(check.tests or {}).get('why') or 'its runner recorded failures'}",
     }
     why = reasons.get(check.failure_kind, f"`{check.command}` exited {check.exit_code}")
+    if check.failure_kind in ("runner_incomplete", "tests_failed"):
+        return (f"{label} '{check.name}' failed: {why}; only an exit status of 0 from a test session that its "
+                f"runner recorded to the end, every test passing, passes.")
     return f"{label} '{check.name}' failed: {why}; only an exit status of 0 passes."

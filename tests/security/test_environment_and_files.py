@@ -46,7 +46,9 @@ def test_the_agent_and_the_gates_see_none_of_the_workers_variables(make_pipeline
     # what they do get: the documented allow-list and the run's own variables
     names = {line.split("=", 1)[0] for line in gate_env.splitlines() if "=" in line}
     allowed = set(boundary.ENV_NAMES) | {"HOME", "TMPDIR", "PWD", "SHLVL", "_", "OLDPWD", "CP_PROCESS_MARKER",
-                                         "GIT_TERMINAL_PROMPT", "GIT_ASKPASS", "PYTHONDONTWRITEBYTECODE"}
+                                         "GIT_TERMINAL_PROMPT", "GIT_ASKPASS", "PYTHONDONTWRITEBYTECODE",
+                                         "PYTHONPATH", "PYTEST_PLUGINS"}  # the engine's pytest reporter
+    assert "gate-reporter-" in gate_env.split("PYTHONPATH=", 1)[1].split("\n", 1)[0]
     stray = {name for name in names - allowed if not name.startswith(("CP_", "LC_"))}
     assert stray == set(), stray
 
@@ -121,6 +123,7 @@ def test_what_one_gates_code_leaves_in_its_home_never_reaches_the_next_gate(make
         assert check.passed, (kind, name, (Path(settings.VAR_DIR) / check.log_path).read_text())
     scratch = Path(settings.VAR_DIR) / "scratch" / f"run-{run.pk}"
     assert not list(scratch.glob("gate-home-*"))  # every check's HOME was removed
+    assert not list(scratch.glob("gate-reporter-*"))  # and the folder of its test reporter
     homes = (scratch / "data" / "homes").read_text().split()  # the worktree's gate wrote it; final had its own
     assert len(homes) == 1 and "gate-home-" in homes[0]
     assert (scratch / "tmp" / "from-a-gate").exists()  # the run's own TMPDIR kept it: final never saw it

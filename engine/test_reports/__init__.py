@@ -1,0 +1,248 @@
+"""A gate's tests, as the test runner itself recorded them: the engine's reporter, loaded from
+outside the worktree, and what its record says against the gate's exit status.
+
+An exit status of 0 is a claim of the process under test: ``os._exit(0)`` at collection, in a
+test or in the code a test imports, an ``atexit`` handler that rewrites the status, or
+``pytest.exit(returncode=0)`` all end a gate with 0 while tests failed or never ran. So every gate
+runs with the engine's pytest reporter (engine/test_reports/pytest_plugin.py) loaded into any
+pytest it starts (``PYTEST_PLUGINS``), from a folder of its own that the sandbox shows read-only,
+under a module name made up for that gate (no file of the repository can stand in for it). It
+writes each session's start, the ids it collected, each test's outcome and the session's end to a
+file in the gate's HOME (``record``), read by the engine after the gate (``read``) and kept beside
+the gate's log.
+
+``judge`` fails a gate that exited 0 when its record says otherwise:
+
+* ``runner_incomplete``: a session began and never finished (its process ended first), was
+  interrupted (``pytest.exit``, Ctrl-C), or a test it collected never reported an outcome; or the
+  gate's command runs pytest (``runs_pytest``) and no session was recorded at all (the reporter
+  was kept out, or the process ended before pytest began);
+* ``tests_failed``: a session finished with a non-zero status (the exit status was changed after
+  it), or a test failed or errored.
+
+A gate whose command does not name pytest and that recorded no session (``make lint``, a shell
+script, another runner) stays an exit-status gate, and its check says so (``summary``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..gate_files import ASSIGNMENT, shell_words
+
+PLUGIN_SOURCE = Path(__file__).with_name("pytest_plugin.py")
+#: A record larger than this is not read (a gate's code could write one to slow the worker); the
+#: gate then fails ``runner_incomplete``: the engine could not read what its runner said.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+#: How many test ids of each kind a check's summary names (the whole record is kept as a file).
+NAMED = 20
+#: Words that start pytest in a gate command (``python -m pytest`` is found by ``-m``).
+PYTEST_WORDS = ("pytest", "py.test")
+
+
+@dataclass
+class Reporter:
+    """One gate's reporter: ``folder`` (holds the plugin module ``module``, shown read-only) and
+    ``record`` (the file it writes, in the gate's HOME)."""
+
+    folder: Path
+    module: str
+    record: Path
+
+    def env(self, env: dict) -> dict:
+        """``env`` with the reporter loaded into any pytest the gate starts."""
+        path = [str(self.folder)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        plugins = [self.module] + ([env["PYTEST_PLUGINS"]] if env.get("PYTEST_PLUGINS") else [])
+        return {**env, "PYTHONPATH": os.pathsep.join(path), "PYTEST_PLUGINS": ",".join(plugins),
+                "CP_TEST_RECORD": str(self.record)}
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def prepare(parent: Path, home: Path) -> Reporter:
+    """A reporter for one gate: its module under a fresh name in a new folder under ``parent``,
+    its record in ``home``."""
+    module = f"cp_tests_{secrets.token_hex(8)}"
+    folder = Path(tempfile.mkdtemp(prefix="gate-reporter-", dir=parent))
+    shutil.copyfile(PLUGIN_SOURCE, folder / f"{module}.py")
+    os.chmod(folder / f"{module}.py", 0o444)
+    return Reporter(folder=folder, module=module, record=home / f".cp-tests-{secrets.token_hex(8)}.jsonl")
+
+
+#: Words after which the next word is a command (a shell's separators, and what runs a command).
+_COMMAND_BEFORE = frozenset({";", "&&", "||", "|", "&", "(", "{", "!", "then", "do", "else", "exec", "env", "time",
+                             "nice", "nohup", "xvfb-run", "run", "-m", "-x"})
+
+
+def runs_pytest(command: str) -> bool:
+    """Whether a gate command starts pytest by name: ``pytest`` or ``py.test`` (any folder) where
+    a command begins, after ``-m`` (``python -m pytest``) or ``run`` (``uv run pytest``), not
+    as another program's argument (``pip show pytest``)."""
+    words = shell_words(command)
+    for index, word in enumerate(words):
+        if os.path.basename(word) not in PYTEST_WORDS:
+            continue
+        before = words[:index]
+        while before and ASSIGNMENT.match(before[-1]):  # VAR=value pytest
+            before.pop()
+        if not before or before[-1] in _COMMAND_BEFORE or (len(before) >= 2 and before[-2] == "timeout"):
+            return True
+    return False
+
+
+def read(path: Path) -> dict | None:
+    """What the record at ``path`` says, summed up (``summary``); None when no session was recorded."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size > MAX_RECORD_BYTES:
+        return {"runner": "pytest", "unreadable": f"the record is {size} bytes, more than the engine reads"}
+    sessions: dict[int, dict] = {}
+    outcomes: dict[str, str] = {}
+    collected: list[str] = []
+    collect_errors: list[str] = []
+    unreadable = 0
+    with open(path, "rb") as lines:
+        for raw in lines:
+            try:
+                entry = json.loads(raw)
+                kind = entry["e"]
+            except (ValueError, KeyError, TypeError):
+                unreadable += 1
+                continue
+            if kind in ("start", "finish", "interrupted", "collected"):
+                session = sessions.setdefault(_int(entry.get("pid")), {"started": False, "finished": False,
+                                                                      "status": None, "interrupted": False})
+                if kind == "start":
+                    session["started"] = True
+                elif kind == "finish":
+                    session["finished"], session["status"] = True, _int(entry.get("status"))
+                elif kind == "interrupted":
+                    session["interrupted"] = True
+                elif not entry.get("only"):  # --collect-only: nothing is to run
+                    collected.extend(str(one) for one in entry.get("ids") or [] if isinstance(one, str))
+            elif kind == "report":
+                _outcome(outcomes, str(entry.get("id")), entry.get("when"), entry.get("outcome"), entry.get("xfail"))
+            elif kind == "collect_error":
+                collect_errors.append(str(entry.get("id")))
+            else:
+                unreadable += 1
+    if not sessions and not outcomes and not unreadable:
+        return None
+    return _summary(sessions, outcomes, collected, collect_errors, unreadable)
+
+
+def _int(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _outcome(outcomes: dict, test: str, when, outcome, xfail) -> None:
+    """Fold one report into a test's outcome: a failed setup or teardown is an error, a skip at
+    setup a skip, the call's outcome the test's (an expected failure ``xfailed``, an unexpected
+    pass ``xpassed``); an error or failure is never overwritten by a later phase's pass."""
+    before = outcomes.get(test)
+    if outcome == "rerun":  # pytest-rerunfailures: the next run of the same test decides
+        return
+    if outcome == "failed":
+        now = "failed" if when == "call" else "error"
+    elif outcome == "skipped":
+        now = "xfailed" if xfail else "skipped"
+    elif outcome == "passed":
+        now = ("xpassed" if xfail else "passed") if when == "call" else None
+    else:
+        now = "error"
+    if now is None:  # a setup or teardown that passed says nothing of the test
+        return
+    if before in ("failed", "error"):
+        return
+    outcomes[test] = now
+
+
+def _summary(sessions: dict, outcomes: dict, collected: list[str], collect_errors: list[str], unreadable: int) -> dict:
+    counts = {name: 0 for name in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
+    for outcome in outcomes.values():
+        counts[outcome] += 1
+    unreported = sorted(set(collected) - set(outcomes))
+    return {
+        "runner": "pytest",
+        "sessions": len(sessions),
+        "finished": sum(1 for s in sessions.values() if s["finished"]),
+        "unfinished": sum(1 for s in sessions.values() if s["started"] and not s["finished"]),
+        "interrupted": sum(1 for s in sessions.values() if s["interrupted"]),
+        "statuses": sorted({s["status"] for s in sessions.values() if s["status"] is not None}),
+        "collected": len(set(collected)),
+        "counts": counts,
+        "failed_ids": sorted(t for t, o in outcomes.items() if o in ("failed", "error"))[:NAMED],
+        "unreported": len(unreported),
+        "unreported_ids": unreported[:NAMED],
+        "collect_errors": collect_errors[:NAMED],
+        "unreadable_lines": unreadable,
+    }
+
+
+def judge(command: str, exit_code: int | None, summary: dict | None) -> tuple[str, str]:
+    """``(failure kind, why)`` for a gate that exited ``exit_code`` with ``summary`` recorded, or
+    ``("", "")`` when the record agrees with a pass (or the gate did not exit 0: its status decides)."""
+    if exit_code != 0:
+        return "", ""
+    if summary is None:
+        if runs_pytest(command):
+            return "runner_incomplete", ("it exited 0, but pytest recorded no session: the process ended before "
+                                         "pytest began, or the engine's reporter was kept out")
+        return "", ""
+    if summary.get("unreadable"):
+        return "runner_incomplete", f"it exited 0, but {summary['unreadable']}"
+    if summary["unreadable_lines"]:
+        return "runner_incomplete", (f"it exited 0, but its runner's record holds {summary['unreadable_lines']} "
+                                     "line(s) the engine's reporter did not write")
+    if summary["unfinished"]:
+        return "runner_incomplete", ("it exited 0, but pytest's session never finished: its process ended during "
+                                     "the session (os._exit, a crash)" + _named(summary, "unreported_ids",
+                                                                                 " before these tests reported"))
+    if summary["interrupted"]:
+        return "runner_incomplete", ("it exited 0, but pytest's session was interrupted (pytest.exit or an "
+                                     "interrupt) before it ran its tests to the end")
+    if summary["unreported"]:
+        return "runner_incomplete", (f"it exited 0, but {summary['unreported']} collected test(s) never reported "
+                                     "an outcome" + _named(summary, "unreported_ids", ""))
+    failed = summary["counts"]["failed"] + summary["counts"]["error"]
+    if failed:
+        return "tests_failed", (f"it exited 0, but pytest recorded {failed} failed test(s)"
+                                + _named(summary, "failed_ids", ""))
+    bad = [status for status in summary["statuses"] if status != 0]
+    if bad or summary["collect_errors"]:
+        return "tests_failed", (f"it exited 0, but pytest's session ended with status {bad[0] if bad else 2}"
+                                + (f" ({len(summary['collect_errors'])} file(s) could not be collected)"
+                                   if summary["collect_errors"] else "") + ": the exit status was changed after it")
+    return "", ""
+
+
+def _named(summary: dict, key: str, lead: str) -> str:
+    ids = summary.get(key) or []
+    return f"{lead}: {', '.join(ids[:5])}" + (" ..." if len(ids) > 5 else "") if ids else ""
+
+
+def sentence(summary: dict | None) -> str:
+    """What a check page says of a gate's tests: the runner's counts, or that only the exit status decided."""
+    if summary is None:
+        return ("No test runner record: an exit-status gate (the engine's reporter records pytest sessions; this "
+                "gate ran none), so only its exit status decided.")
+    if summary.get("unreadable"):
+        return f"pytest's record could not be read: {summary['unreadable']}."
+    counts = summary["counts"]
+    shown = ", ".join(f"{counts[name]} {name}" for name in ("passed", "failed", "error", "skipped", "xfailed",
+                                                             "xpassed") if counts[name] or name == "passed")
+    sessions = summary["sessions"]
+    ended = ("finished" if summary["finished"] == sessions and not summary["interrupted"]
+             else f"{summary['finished']} of {sessions} finished")
+    return (f"pytest recorded {summary['collected']} collected test(s): {shown}; "
+            f"{sessions} session(s), {ended}" + (f", status {', '.join(map(str, summary['statuses']))}"
+                                                 if summary["statuses"] else "")
+            + (f"; {summary['unreported']} never reported" if summary["unreported"] else "") + ".")

@@ -1,0 +1,80 @@
+"""The engine's pytest reporter: loaded into a gate's pytest from outside the worktree, it records
+what pytest itself saw, one JSON line at a time, to the file ``CP_TEST_RECORD`` names.
+
+Not imported by the engine: engine/test_reports/__init__.py copies this file, under a module name
+made up for each gate (so that no file of the repository can stand in for it), into a folder the
+sandbox shows read-only, and names it in ``PYTEST_PLUGINS``. Runs inside the gate's Python, which
+may be any Python 3.8 or later with any pytest from 7 on: the standard library and pytest only.
+
+Lines (``e`` is the event):
+
+* ``{"e": "start", "pid"}``: the session began (before collection);
+* ``{"e": "collected", "pid", "ids", "only"}``: the test ids pytest will run, after deselection
+  (``only``: ``--collect-only``, none will run; with pytest-xdist, ``"worker"`` names the worker
+  that collected them);
+* ``{"e": "report", "id", "when", "outcome", "xfail"}``: a test's setup, call or teardown ended;
+* ``{"e": "collect_error", "id"}``: a file or folder could not be collected;
+* ``{"e": "interrupted", "pid", "status"}``: ``pytest.exit()`` or Ctrl-C ended the session early;
+* ``{"e": "finish", "pid", "status"}``: the session ended, with the exit status pytest returns.
+
+A session whose process ends without its ``finish`` line (``os._exit`` in a test, in the code it
+imports, at collection) is incomplete; so is a session whose collected tests did not each report.
+What is recorded here is still written by the process under test: the engine takes it as the
+runner's own record, checked against the exit status, never as proof beyond that.
+"""
+import json
+import os
+
+import pytest
+
+_PATH = os.environ.pop("CP_TEST_RECORD", "")
+# a test that runs pytest itself (pytester, a subprocess) does not write into the gate's record
+_OTHERS = [name for name in os.environ.get("PYTEST_PLUGINS", "").split(",")
+           if name.strip() and name.strip() != __name__]
+if _OTHERS:
+    os.environ["PYTEST_PLUGINS"] = ",".join(_OTHERS)
+else:
+    os.environ.pop("PYTEST_PLUGINS", None)
+_FD = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600) if _PATH else None
+
+
+def _write(entry):
+    if _FD is None:
+        return
+    data = (json.dumps(entry, separators=(",", ":")) + "\n").encode("utf-8", "backslashreplace")
+    while data:  # O_APPEND: each line lands whole after the last one
+        data = data[os.write(_FD, data):]
+
+
+def pytest_sessionstart(session):
+    _write({"e": "start", "pid": os.getpid()})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    _write({"e": "collected", "pid": os.getpid(), "ids": [item.nodeid for item in session.items],
+            "only": bool(session.config.getoption("collectonly", False))})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    _write({"e": "collected", "pid": os.getpid(), "ids": list(ids), "worker": str(getattr(node, "gateway", node))})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _write({"e": "collect_error", "id": report.nodeid})
+
+
+def pytest_runtest_logreport(report):
+    _write({"e": "report", "id": report.nodeid, "when": report.when, "outcome": report.outcome,
+            "xfail": hasattr(report, "wasxfail")})
+
+
+def pytest_keyboard_interrupt(excinfo):
+    _write({"e": "interrupted", "pid": os.getpid(), "status": getattr(excinfo.value, "returncode", None)})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    _write({"e": "finish", "pid": os.getpid(), "status": int(exitstatus)})
