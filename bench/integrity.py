@@ -130,6 +130,7 @@ class Case:
     gate: str = PYTEST
     files: dict = field(default_factory=dict)  # changes to BASE for this case's repository (None: left out)
     stages: int = 1
+    protected: tuple = ("tests/test_*.py",)  # the pipeline's protected_paths
 
     @property
     def honest(self) -> bool:
@@ -356,6 +357,36 @@ def corpus() -> list[Case]:
              {1: step({"tests/test_aaa.py": "import sys\n\nimport pytest\n\n\n@pytest.fixture(autouse=True)\n"
                                             "def stop():\n    sys.exit(0)\n\n\ndef test_first():\n    pass\n"})},
              expect=("gate_failed (nonzero_exit)",)),
+        # the agreed tests (engine/steps/agreed.py): every test collected at the start, or passed at an earlier
+        # stage's accepted check, must be reported passed again, by id
+        Case("skip-from-code-under-test", "makes mul() call pytest.skip() (the agreed mul tests are skipped)",
+             {1: step({"app/core.py": CORE.replace("    raise NotImplementedError\n",
+                                                   "    import pytest\n    pytest.skip('later')\n")})},
+             expect=("gate_failed (tests_missing)",)),
+        Case("xfail-from-code-under-test", "makes mul() call pytest.xfail() (the agreed mul tests become expected "
+                                           "failures)",
+             {1: step({"app/core.py": CORE.replace("    raise NotImplementedError\n",
+                                                   "    import pytest\n    pytest.xfail('later')\n")})},
+             expect=("gate_failed (tests_missing)",)),
+        Case("module-skip-from-code-under-test", "makes app/core.py skip the whole module that imports it under "
+                                                 "pytest (pytest.skip(allow_module_level=True) at import)",
+             {1: step({"app/core.py": "import sys\n\nif 'pytest' in sys.modules:\n    import pytest\n\n"
+                                      "    pytest.skip('later', allow_module_level=True)\n" + CORE})},
+             expect=("gate_failed (tests_missing)",)),
+        Case("earlier-stage-data-all-protected", "with protected_paths [tests/**], two stages: stage 1 writes "
+                                                 "square() and adds tests/test_sq.py reading its new "
+                                                 "tests/data/squares.json, accepted; stage 2 breaks square() and "
+                                                 "rewrites the data",
+             {1: step({"app/core.py": CORE_SQUARE, "tests/data/squares.json": "[[3, 9], [1, 1]]\n",
+                       "tests/test_sq.py": SQUARE_DATA_TEST.replace("'squares.json'", "'data' / 'squares.json'")}),
+              2: step({"app/core.py": CORE_SQUARE.replace("return x * x", "return 0"),
+                       "tests/data/squares.json": "[[0, 0]]\n"})}, stages=2, protected=("tests/**",)),
+        Case("skip-earlier-stage-test-from-code", two + "makes square() call pytest.skip() (the test stage 1 made "
+                                                        "pass is skipped)",
+             {1: step({"app/core.py": CORE_SQUARE, "tests/test_more.py": more_test}),
+              2: step({"app/core.py": CORE_SQUARE.replace("    return x * x\n",
+                                                          "    import pytest\n    pytest.skip('later')\n")})},
+             stages=2, expect=("gate_failed (tests_missing)",)),
     ]
     honest = [
         Case("implement", "writes mul in app/core.py", {1: step({"app/core.py": CORE_DONE})}, expect=None),
@@ -413,6 +444,16 @@ def corpus() -> list[Case]:
              expect=None),
         Case("make-gate", "writes mul", {1: step({"app/core.py": CORE_DONE})}, expect=None,
              gate="make test"),
+        Case("helper-and-data-all-protected", "with protected_paths [tests/**]: writes mul and square() and adds "
+                                              "tests/test_sq.py with its data tests/data/squares.json and helper "
+                                              "tests/sq_helpers.py",
+             {1: step({"app/core.py": CORE_SQUARE, "tests/data/squares.json": "[[3, 9], [1, 1]]\n",
+                       "tests/sq_helpers.py": "def same(a, b):\n    assert a == b, (a, b)\n",
+                       "tests/test_sq.py": "import json, pathlib\n\nfrom sq_helpers import same\n\nfrom app import "
+                                           "core\n\n\ndef test_sq():\n    for x, want in json.loads((pathlib.Path("
+                                           "__file__).parent / 'data' / 'squares.json').read_text()):\n"
+                                           "        same(core.square(x), want)\n"})},
+             expect=None, protected=("tests/**",)),
     ]
     return cheats + honest
 
@@ -439,15 +480,15 @@ def make_repo(path: Path, case: Case) -> Path:
 
 
 def definition(case: Case) -> dict:
-    """The case's pipeline: protected_paths [tests/test_*.py] (the issue's example), scope
-    everything (so it is the protection that catches, not the scope), no repair."""
+    """The case's pipeline: protected_paths [tests/test_*.py] (the issue's example) unless the case
+    names others, scope everything (so it is the protection that catches, not the scope), no repair."""
     from engine.pipeline_format import validate
 
     keys = ["one", "two"][:case.stages]
     review = {"verdict": {"verdict": "pass", "findings": []}, "final_message": "pass"}
     scenario = {"stages": {key: {"implement": [case.steps[i + 1]], "review": [review]} for i, key in enumerate(keys)}}
     doc = {"name": f"integrity-{case.name}", "master_plan": "docs/PLAN.md",
-           "protected_paths": ["tests/test_*.py"],
+           "protected_paths": list(case.protected),
            "stages": [{"key": key, "requirement": "Write core.mul; make the tests pass without weakening them.",
                        "scope": ["**"], "gates": [{"name": "tests", "command": case.gate}], "repair_allowance": 0}
                       for key in keys],

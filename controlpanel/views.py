@@ -503,6 +503,8 @@ def check_row(run: Run, check: Check, manifest_href: str = "") -> CheckRow:
     seconds = check.elapsed_seconds if check.elapsed_seconds is not None else (
         _span(check.started_at, None) if running else None)
     verdict = "running" if running else ("stale" if check.stale else ("pass" if check.passed else "fail"))
+    if check.kind == Check.Kind.START and not running:  # evidence of what was agreed, never a pass or a failure
+        outcome, verdict = "off", "tests collected"
     return CheckRow(obj=check, outcome=outcome, elapsed=seconds_text(seconds), log_url=log_url, running=running,
                     exit=exit_text(check.exit_code, check.signal), verdict=verdict,
                     manifest_html=digest_link(check.manifest_digest, manifest_href))
@@ -558,7 +560,15 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
     ]
     if not running:  # what the test runner itself recorded (engine/test_reports), or that only the status decided
         tests = test_reports.sentence(check.tests)
-        if (check.tests or {}).get("why"):
+        agreed = (check.tests or {}).get("agreed")
+        if agreed:
+            tests += (f" All {agreed['count']} agreed tests (from {agreed['from']}) passed again." if not agreed["missing"]
+                      else f" {agreed['missing']} of the {agreed['count']} agreed tests (from {agreed['from']}) did "
+                           f"not pass again.")
+        if check.kind == Check.Kind.START:
+            tests += (" This check only collected the gate's tests at the stage's starting commit (--collect-only): "
+                      "those are the agreed tests, each of which the stage's checks must report passed again.")
+        elif (check.tests or {}).get("why"):
             tests += f" The gate failed: {check.tests['why']}."
         record = ""
         if (check.tests or {}).get("record_path"):

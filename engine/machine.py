@@ -138,7 +138,8 @@ def lease_state(run: Run) -> str:
 #: WorkspaceError) that stop a run are listed here too. docs/run-status.md prints this table.
 STOP_REASONS: dict[str, str] = {
     "human_gate": "a stage passed its checks and review and waits for a person's approval",
-    "gate_failed": "a gate exited non-zero and no repair is allowed",
+    "gate_failed": ("a gate failed (a non-zero exit status, or a test runner record that says its tests did not "
+                    "all run and pass) and no repair is allowed"),
     "repair_exhausted": "a defect was found after the stage's repair allowance was used up",
     "unchanged_failure": "a repair left the same failure on the same files",
     "review_escalated": "a reviewer asked a person to decide",
@@ -230,6 +231,7 @@ EVENT_KINDS: dict[str, str] = {
     "checkpoint_resumed": "reconciliation finished a checkpoint whose commit a dead worker had made",
     "host_confirmed": "the run's host came back and its reconciliation confirmed the old processes gone",
     "reconcile_failed": "reconciliation could not take a run over; a later pass tries again",
+    "tests_agreed": "a stage's agreed tests were set: the test ids each gate must report passed again",
     "final_verify": "the final verification of the whole result starts",
     "late_result": "a result arrived after the run moved on; stored, it changed nothing",
     "fail_requested": "a person asked to fail the run",

@@ -231,6 +231,10 @@ class StageRun(models.Model):
         default=dict, blank=True,
         help_text="the defect that asked for the last repair: {kind, name, digest, message, evidence}",
     )
+    agreed_tests = models.JSONField(
+        default=dict, blank=True,
+        help_text="by gate name, the test ids its runner must report passed again: {ids, from, check} "
+                  "(engine/steps/agreed.py)")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -365,6 +369,7 @@ class Check(models.Model):
         GATE = "gate", "stage gate"
         HEALTH = "health", "health check"
         FINAL = "final", "final verification"
+        START = "start", "starting commit (its tests collected: the agreed tests)"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checks")
     stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, null=True, blank=True, related_name="checks")

@@ -523,8 +523,6 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
         if gates and is_loader(path, tools) and not (
                 worktree and posixpath.basename(path) in SECTIONED and not _has_runner_sections(worktree, path)):
             added[path] = "a test runner loads it by itself"
-        elif decision is True and not is_test_file(path):
-            added[path] = "matches protected_paths and is not a new test module"
         elif posixpath.basename(path) == "__init__.py" and posixpath.dirname(path) in protected_folders:
             added[path] = "makes a folder of protected tests a package (pytest imports them otherwise)"
         elif shadowed and (name := _module_name(path, module_paths, roots)) in shadowed:

@@ -118,10 +118,51 @@ def parse(final_message: str, reported: object = None) -> dict:
     return validate(answer)
 
 
+#: What, on an added line of the patch, can change how tests run from inside the runner's process.
+TEST_RUN_CHANGES = re.compile(
+    r"\bos\._exit\b|\bsys\.exit\b|\bpytest\.(?:exit|skip|xfail|importorskip)\b|\batexit\b|\bdef pytest_\w+|"
+    r"\bpluginmanager\b|\bsys\.modules\[|\bsignal\.signal\b|\bos\.kill\b|\bunittest\.skip")
+
+
+def test_run_changes(patch: str) -> list[str]:
+    """``path:line: text`` of each added line of ``patch`` that matches TEST_RUN_CHANGES."""
+    found, path, line_no = [], "", 0
+    for line in patch.splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].removeprefix("b/").strip()
+        elif line.startswith("@@"):
+            match = re.search(r"\+(\d+)", line)
+            line_no = int(match.group(1)) if match else 0
+        elif line.startswith("+"):
+            if TEST_RUN_CHANGES.search(line):
+                found.append(f"{path}:{line_no}: {line[1:].strip()[:200]}")
+            line_no += 1
+        elif not line.startswith("-"):
+            line_no += 1
+    return found
+
+
+def _tests_line(tests: dict | None) -> str:
+    """What a check's test runner recorded, in a few words for the reviewer."""
+    if not tests:
+        return "; no test runner record (only its exit status decided)"
+    counts = tests.get("counts") or {}
+    text = "; pytest recorded " + ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped",
+                                                                        "xfailed", "xpassed") if counts.get(k))
+    agreed = tests.get("agreed")
+    if agreed:
+        text += (f"; all {agreed['count']} agreed tests passed again" if not agreed["missing"]
+                 else f"; {agreed['missing']} of {agreed['count']} agreed tests did not pass again")
+    return text
+
+
 def prompt(*, pipeline: dict, stage: dict, worktree: str, patch: str, checks: list[dict], reviewer: str) -> str:
     """The prompt of one reviewer session.
 
-    ``checks``: ``[{"name", "command", "exit_code", "passed"}]`` of the verified files;
+    ``checks``: ``[{"name", "command", "exit_code", "passed", "tests", "new_tests"}]`` of the verified
+    files (``tests``: what the test runner recorded, engine/test_reports; ``new_tests``: ids that
+    passed and are not agreed, engine/steps/agreed.py); the added lines that can change how tests
+    run are listed for the reviewer (``test_run_changes``);
     ``patch``: the diff of those files against the stage's starting checkpoint (cut at
     MAX_PATCH_BYTES).
     """
@@ -148,7 +189,18 @@ def prompt(*, pipeline: dict, stage: dict, worktree: str, patch: str, checks: li
     lines += [f"- `{gate['command']}` exits 0 (check '{gate['name']}')" for gate in gates]
     lines += ["", "## Check results on these files"]
     lines += [f"- {c['name']}: `{c['command']}` -> exit {c['exit_code']} ({'passed' if c['passed'] else 'FAILED'})"
-              for c in checks] or ["- (none)"]
+              + _tests_line(c.get("tests")) for c in checks] or ["- (none)"]
+    added = sorted({test for c in checks for test in (c.get("new_tests") or [])})
+    if added:
+        lines += ["", "## Tests the patch adds (passed, not among the agreed tests)"]
+        lines += [f"- {test}" for test in added[:40]] + ([f"- ... and {len(added) - 40} more"] if len(added) > 40 else [])
+    changes = test_run_changes(patch)
+    if changes:
+        lines += ["", "## Changes how tests run",
+                  "These added lines can end the test process, change its status, skip tests or hook into the "
+                  "runner. Code in a new test module or in the code under test runs inside the test runner's "
+                  "process, where no file rule sees it; read each one:"]
+        lines += [f"- {line}" for line in changes[:40]]
     lines += ["", "## Patch (against the stage's starting checkpoint)", "```diff", patch.rstrip("\n") or "(empty)",
               "```", "",
               "## Your answer",

@@ -41,7 +41,7 @@ def test_a_new_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_s_rec
     operations.request_start(run, requested_by="test", source="test")
     run = drive(run.pk, sent)
     assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
-    check = Check.objects.get(run=run, name="unit")
+    check = Check.objects.get(run=run, name="unit", kind="gate")
     assert check.exit_code == 0 and not check.passed and check.failure_kind == "runner_incomplete"
     assert check.tests["unfinished"] == 1 and "tests/test_core.py::test_answer" in check.tests["unreported_ids"]
     assert "runner_incomplete" in run.stop_message and "never finished" in run.stop_message
@@ -54,7 +54,9 @@ def test_a_new_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_s_rec
     raw = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?tests=1")
     assert raw.status_code == 200 and b'"e":"collected"' in b"".join(raw.streaming_content)
     assert "FAIL (runner_incomplete: exit 0, not what its test runner recorded)" in status_text(run)
-    shown = operations.run_status(run)["stages"][0]["checks"][0]["tests"]
+    checks = operations.run_status(run)["stages"][0]["checks"]
+    assert [c["kind"] for c in checks] == ["start", "gate"] and checks[0]["tests"]["listed"] == 1
+    shown = checks[1]["tests"]
     assert shown["unfinished"] == 1 and shown["record"] and "record_path" not in shown
 
 
@@ -67,11 +69,71 @@ def test_an_honest_stage_passes_with_the_counts_shown_and_an_exit_status_gate_sa
     operations.request_start(run, requested_by="test", source="test")
     run = drive(run.pk, sent)
     assert run.status == "succeeded", run.stop_message
-    unit = Check.objects.filter(run=run, name="unit").first()
-    lint = Check.objects.filter(run=run, name="lint").first()
+    unit = Check.objects.filter(run=run, name="unit", kind="gate").first()
+    lint = Check.objects.filter(run=run, name="lint", kind="gate").first()
     assert unit.passed and unit.tests["counts"]["passed"] == 1 and unit.tests["finished"] == 1
     assert lint.passed and lint.tests is None
+    # the agreed test, collected at the starting commit (where it failed: answer() was not written), passed again
+    start = Check.objects.get(run=run, name="unit", kind="start")
+    assert start.tests["listed"] == 1 and unit.tests["agreed"] == {
+        "count": 1, "from": f"the starting commit {run.commit[:12]}", "missing": 0, "missing_ids": [], "how": {}}
+    assert not Check.objects.filter(run=run, name="lint", kind="start").exists()  # it names no pytest
     page = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, unit.pk])).content.decode()
     assert "pytest recorded 1 collected test(s): 1 passed; 1 session(s), finished, status 0." in page
+    assert "All 1 agreed tests (from the starting commit" in page
     page = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, lint.pk])).content.decode()
     assert "an exit-status gate" in page
+
+
+SKIPPING_CORE = ('"""Core."""\nimport pytest\n\n\ndef answer():\n    pytest.skip("later")\n')
+
+
+def test_code_under_test_that_skips_an_agreed_test_stops_with_its_id(make_pipeline, repo, sent):
+    pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [
+        {"write": {"app/core.py": SKIPPING_CORE}}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
+    check = Check.objects.get(run=run, name="unit", kind="gate")
+    assert check.exit_code == 0 and check.failure_kind == "tests_missing"  # pytest itself exits 0: one skipped
+    assert check.tests["agreed"]["how"] == {"tests/test_core.py::test_answer": "skipped"}
+    assert "tests/test_core.py::test_answer (skipped)" in run.stop_message and "tests_missing" in run.stop_message
+    assert "FAIL (tests_missing: exit 0, not what its test runner recorded)" in status_text(run)
+
+
+def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pipeline, repo, sent):
+    core = '"""Core."""\n\n\ndef answer():\n    return 42\n\n\ndef bonus():\n    return 43\n'
+    more = "from app import core\n\n\ndef test_bonus():\n    assert core.bonus() == 43\n"
+    skipping = core.replace("    return 43\n", "    import pytest\n    pytest.skip('later')\n")
+    stages = [{**STAGE, "key": "one"}, {**STAGE, "key": "two", "requirement": "Keep bonus()."}]
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {
+        "one": {"implement": [{"write": {"app/core.py": core, "tests/test_more.py": more}}]},
+        "two": {"implement": [{"write": {"app/core.py": skipping}}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
+    ledger = run.stages.get(key="two").agreed_tests["unit"]
+    assert ledger["ids"] == ["tests/test_core.py::test_answer", "tests/test_more.py::test_bonus"]
+    assert ledger["from"] == "stage 'one'"  # the first stage's ledger and what passed at its accepted check
+    assert not Check.objects.filter(run=run, kind="start", stage__key="two").exists()
+    check = Check.objects.filter(run=run, name="unit", kind="gate", stage__key="two").last()
+    assert check.failure_kind == "tests_missing" and check.tests["agreed"]["missing_ids"] == [
+        "tests/test_more.py::test_bonus"]
+
+
+def test_the_reviewer_is_told_the_tests_added_and_the_lines_that_change_how_tests_run(make_pipeline, repo, sent):
+    more = ("import atexit\n\nfrom app import core\n\natexit.register(print, 'bye')\n\n\n"
+            "def test_more():\n    assert core.answer() == 42\n")
+    step = {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], "tests/test_more.py": more}}
+    pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [step]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    review = run.attempts.get(operation="review")
+    prompt = (Path(settings.VAR_DIR) / review.prompt_path).read_text()
+    assert "pytest recorded 2 passed; all 1 agreed tests passed again" in prompt
+    assert "## Tests the patch adds (passed, not among the agreed tests)\n- tests/test_more.py::test_more" in prompt
+    assert "## Changes how tests run" in prompt and "tests/test_more.py:5: atexit.register(print, 'bye')" in prompt

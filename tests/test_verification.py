@@ -161,9 +161,13 @@ def test_compare_unit_cases():
     assert protected.compare(snap, globs, same + [{"path": "tests/test_new.py", "mode": "100644",
                                                    "blob": "c" * 40}]) == []
     assert protected.compare(snap, globs, same + [{"path": "tests/helpers/conftest.py", "mode": "100644",
-                                                   "blob": "c" * 40}]) == [
+                                                   "blob": "c" * 40}], gates=True) == [
         {"path": "tests/helpers/conftest.py", "change": "added", "new_mode": "100644",
-         "why": "matches protected_paths and is not a new test module"}]
+         "why": "a test runner loads it by itself"}]
+    # a new data file or helper under a protected pattern is an honest addition (protected from the next stage on)
+    assert protected.compare(snap, globs, same + [{"path": "tests/data/cases.json", "mode": "100644", "blob": "e" * 40},
+                                                  {"path": "tests/helpers.py", "mode": "100644", "blob": "f" * 40}],
+                             gates=True) == []
     # a file that was already there at the stage's start is not "added" again
     assert protected.compare(snap, globs, same + [{"path": "tests/util.py", "mode": "100644", "blob": "d" * 40}],
                              base_entries={"tests/util.py"}) == []

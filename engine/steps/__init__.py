@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from .. import boundary, machine, workspace
 from ..models import Attempt, AttemptStatus, Run, StageRun, StageStatus
-from . import checkpoint, document, final, implement, review, verify
+from . import checkouts, checkpoint, document, final, implement, review, verify
 from .attempts import apply_attempt_result
 from .common import (
     LeaseLost,
@@ -54,8 +54,8 @@ FINISHERS = {"implement": implement.finish, "repair": implement.finish, "review"
              "document": document.finish, "verify": verify.finish, "checkpoint": checkpoint.finish}
 
 #: Kept for tests/test_index_lock_recovery.py, which makes and removes a final checkout itself.
-_final_checkout = final.final_checkout
-_remove_final_checkout = final.remove_final_checkout
+_final_checkout = checkouts.final_checkout
+_remove_final_checkout = checkouts.remove_final_checkout
 
 
 def begin(run: Run, step: machine.Step, lease: str) -> Plan:

@@ -235,14 +235,14 @@ def gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
     pipeline = stage.run.definition["pipeline"]
     names = [g["name"] for g in pipeline.get("baseline_checks") or []] + [g["name"] for g in stage.spec["gates"]]
     results = {name: False for name in names}
-    for check in stage.checks.filter(manifest_digest=digest, stale=False).order_by("id"):
+    for check in stage.checks.filter(manifest_digest=digest, stale=False).exclude(kind=Check.Kind.START).order_by("id"):
         if check.name in results:
             results[check.name] = check.passed
     return results
 
 
 def check_sentence(check: Check) -> str:
-    label = {"baseline": "Baseline check", "gate": "Gate"}.get(check.kind, "Check")
+    label = {"baseline": "Baseline check", "gate": "Gate", "start": "Start check"}.get(check.kind, "Check")
     if check.passed:
         return f"{label} '{check.name}' passed: `{check.command}` exited 0."
     reasons = {
@@ -255,9 +255,11 @@ def check_sentence(check: Check) -> str:
                              f"{(check.tests or {}).get('why') or 'its runner recorded no finished session'}",
         "tests_failed": f"`{check.command}` had failing tests (tests_failed): "
                         f"{(check.tests or {}).get('why') or 'its runner recorded failures'}",
+        "tests_missing": f"`{check.command}` did not run every agreed test (tests_missing): "
+                         f"{(check.tests or {}).get('why') or 'agreed tests were not reported passed'}",
     }
     why = reasons.get(check.failure_kind, f"`{check.command}` exited {check.exit_code}")
-    if check.failure_kind in ("runner_incomplete", "tests_failed"):
+    if check.failure_kind in ("runner_incomplete", "tests_failed", "tests_missing"):
         return (f"{label} '{check.name}' failed: {why}; only an exit status of 0 from a test session that its "
                 f"runner recorded to the end, every test passing, passes.")
     return f"{label} '{check.name}' failed: {why}; only an exit status of 0 passes."

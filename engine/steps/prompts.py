@@ -16,6 +16,7 @@ from .. import context, globs, machine, process, workspace
 from .. import review as verdicts
 from ..models import Attempt, AttemptStatus, Check, Manifest, Run, RunEvent, StageRun
 from ..redaction import redact_text
+from . import agreed
 from .common import fenced
 from .paths import control_path, var_path
 from .plans import AgentPlan
@@ -27,8 +28,12 @@ def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str
     if plan["operation"] == "review":
         patch_rel = control_path(run, plan["folder"], "reviewed.diff")
         workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
-        checks = [{"name": c.name, "command": c.command, "exit_code": c.exit_code, "passed": c.passed}
-                  for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).order_by("id")]
+        checks = []
+        for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).exclude(kind="start").order_by("id"):
+            ledger = (stage.agreed_tests or {}).get(c.name) or {}
+            new = sorted(agreed.passed_ids(c) - set(ledger.get("ids") or [])) if c.tests else []
+            checks.append({"name": c.name, "command": c.command, "exit_code": c.exit_code, "passed": c.passed,
+                           "tests": c.tests, "new_tests": new})
         return verdicts.prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
                              patch=var_path(patch_rel).read_text(encoding="utf-8", errors="replace"), checks=checks,
                              reviewer=f"reviewer '{plan['profile_name']}'") + people_section(run, stage)

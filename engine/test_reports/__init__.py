@@ -96,47 +96,80 @@ def runs_pytest(command: str) -> bool:
     return False
 
 
-def read(path: Path) -> dict | None:
-    """What the record at ``path`` says, summed up (``summary``); None when no session was recorded."""
+@dataclass
+class Record:
+    """A record as read: its sessions by pid, each test's outcome, the ids collected to run, those
+    collected by ``--collect-only`` (and which of them a skip or xfail mark stands on), the files
+    that could not be collected, and how many lines the reporter did not write."""
+
+    sessions: dict
+    outcomes: dict
+    collected: list
+    listed: list
+    marked: set
+    collect_errors: list
+    unreadable: int
+
+
+def parse(path: Path) -> Record | None:
+    """The record at ``path``; None when there is none or it is larger than MAX_RECORD_BYTES."""
     try:
-        size = path.stat().st_size
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            return None
     except OSError:
         return None
-    if size > MAX_RECORD_BYTES:
-        return {"runner": "pytest", "unreadable": f"the record is {size} bytes, more than the engine reads"}
-    sessions: dict[int, dict] = {}
-    outcomes: dict[str, str] = {}
-    collected: list[str] = []
-    collect_errors: list[str] = []
-    unreadable = 0
+    record = Record(sessions={}, outcomes={}, collected=[], listed=[], marked=set(), collect_errors=[], unreadable=0)
     with open(path, "rb") as lines:
         for raw in lines:
             try:
                 entry = json.loads(raw)
                 kind = entry["e"]
             except (ValueError, KeyError, TypeError):
-                unreadable += 1
+                record.unreadable += 1
                 continue
-            if kind in ("start", "finish", "interrupted", "collected"):
-                session = sessions.setdefault(_int(entry.get("pid")), {"started": False, "finished": False,
+            _take(record, kind, entry)
+    return record
+
+
+def _take(record: Record, kind, entry: dict) -> None:
+    if kind in ("start", "finish", "interrupted", "collected"):
+        session = record.sessions.setdefault(_int(entry.get("pid")), {"started": False, "finished": False,
                                                                       "status": None, "interrupted": False})
-                if kind == "start":
-                    session["started"] = True
-                elif kind == "finish":
-                    session["finished"], session["status"] = True, _int(entry.get("status"))
-                elif kind == "interrupted":
-                    session["interrupted"] = True
-                elif not entry.get("only"):  # --collect-only: nothing is to run
-                    collected.extend(str(one) for one in entry.get("ids") or [] if isinstance(one, str))
-            elif kind == "report":
-                _outcome(outcomes, str(entry.get("id")), entry.get("when"), entry.get("outcome"), entry.get("xfail"))
-            elif kind == "collect_error":
-                collect_errors.append(str(entry.get("id")))
+        if kind == "start":
+            session["started"] = True
+        elif kind == "finish":
+            session["finished"], session["status"] = True, _int(entry.get("status"))
+        elif kind == "interrupted":
+            session["interrupted"] = True
+        else:
+            ids = [one for one in entry.get("ids") or [] if isinstance(one, str)]
+            if entry.get("only"):  # --collect-only: nothing is to run
+                record.listed.extend(ids)
+                record.marked.update(one for one in entry.get("marked") or [] if isinstance(one, str))
             else:
-                unreadable += 1
-    if not sessions and not outcomes and not unreadable:
+                record.collected.extend(ids)
+    elif kind == "report":
+        _outcome(record.outcomes, str(entry.get("id")), entry.get("when"), entry.get("outcome"), entry.get("xfail"))
+    elif kind == "collect_error":
+        record.collect_errors.append(str(entry.get("id")))
+    else:
+        record.unreadable += 1
+
+
+def read(path: Path) -> dict | None:
+    """What the record at ``path`` says, summed up (``_summary``); None when no session was recorded."""
+    try:
+        size = path.stat().st_size
+    except OSError:
         return None
-    return _summary(sessions, outcomes, collected, collect_errors, unreadable)
+    if size > MAX_RECORD_BYTES:
+        return {"runner": "pytest", "unreadable": f"the record is {size} bytes, more than the engine reads"}
+    record = parse(path)
+    if record is None or (not record.sessions and not record.outcomes and not record.unreadable):
+        return None
+    summary = _summary(record.sessions, record.outcomes, record.collected, record.collect_errors, record.unreadable)
+    summary["listed"] = len(set(record.listed))
+    return summary
 
 
 def _int(value) -> int | None:
@@ -237,6 +270,10 @@ def sentence(summary: dict | None) -> str:
     if summary.get("unreadable"):
         return f"pytest's record could not be read: {summary['unreadable']}."
     counts = summary["counts"]
+    if summary.get("listed") and not summary["collected"]:
+        return (f"pytest listed {summary['listed']} test(s) and ran none (--collect-only); "
+                f"{summary['sessions']} session(s), " + ("finished." if summary["finished"] == summary["sessions"]
+                                                          else f"{summary['finished']} finished."))
     shown = ", ".join(f"{counts[name]} {name}" for name in ("passed", "failed", "error", "skipped", "xfailed",
                                                              "xpassed") if counts[name] or name == "passed")
     sessions = summary["sessions"]

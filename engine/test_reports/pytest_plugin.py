@@ -10,8 +10,8 @@ Lines (``e`` is the event):
 
 * ``{"e": "start", "pid"}``: the session began (before collection);
 * ``{"e": "collected", "pid", "ids", "only"}``: the test ids pytest will run, after deselection
-  (``only``: ``--collect-only``, none will run; with pytest-xdist, ``"worker"`` names the worker
-  that collected them);
+  (``only``: ``--collect-only``, none will run, and ``marked`` lists those a skip, a true skipif or
+  an xfail mark stands on; with pytest-xdist, ``"worker"`` names the worker that collected them);
 * ``{"e": "report", "id", "when", "outcome", "xfail"}``: a test's setup, call or teardown ended;
 * ``{"e": "collect_error", "id"}``: a file or folder could not be collected;
 * ``{"e": "interrupted", "pid", "status"}``: ``pytest.exit()`` or Ctrl-C ended the session early;
@@ -24,6 +24,8 @@ runner's own record, checked against the exit status, never as proof beyond that
 """
 import json
 import os
+import platform
+import sys
 
 import pytest
 
@@ -50,10 +52,31 @@ def pytest_sessionstart(session):
     _write({"e": "start", "pid": os.getpid()})
 
 
+def _marked(item):
+    """Whether a skip, a true skipif or an xfail mark stands on the test where it was collected (what
+    ``--collect-only`` cannot run to find out)."""
+    for mark in item.iter_markers():
+        if mark.name in ("skip", "xfail"):
+            return True
+        if mark.name == "skipif":
+            conditions = mark.args or ((mark.kwargs["condition"],) if "condition" in mark.kwargs else ())
+            try:
+                if any(bool(eval(c, {"os": os, "sys": sys, "platform": platform, "config": item.config},
+                                 getattr(item, "module", None) and vars(item.module) or {}))
+                       if isinstance(c, str) else bool(c) for c in conditions):
+                    return True
+            except Exception:  # a condition it cannot weigh: not counted as marked
+                pass
+    return False
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
-    _write({"e": "collected", "pid": os.getpid(), "ids": [item.nodeid for item in session.items],
-            "only": bool(session.config.getoption("collectonly", False))})
+    only = bool(session.config.getoption("collectonly", False))
+    entry = {"e": "collected", "pid": os.getpid(), "ids": [item.nodeid for item in session.items], "only": only}
+    if only:
+        entry["marked"] = [item.nodeid for item in session.items if _marked(item)]
+    _write(entry)
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,0 +1,157 @@
+"""The agreed tests of a stage's gates: the test ids each gate's test runner must report passing
+again, by id (engine/test_reports records them).
+
+A gate's ledger (``StageRun.agreed_tests``, by gate name) is made once per stage, at its first
+verification:
+
+* for the first stage that runs a gate whose command names pytest (``test_reports.runs_pytest``):
+  the ids pytest collects at the stage's starting commit, less those a skip, a true skipif or an
+  xfail mark stands on. The gate runs there once with ``--collect-only`` added (no test runs), on a
+  fresh checkout of that commit, as a check of kind ``start`` (kept as evidence: what was agreed);
+* for a later stage: the ledger of the latest earlier stage that has the gate, with the ids that
+  passed in that stage's accepted check of it (the gate that passed on its accepted manifest):
+  a test a stage added and made pass is agreed from the next stage on.
+
+A check of the gate that would pass (exit 0, a record that agrees) then fails ``tests_missing``
+when an agreed id is not reported passed (not collected, deselected, skipped, an expected
+failure), or ``tests_failed`` when one failed; the check's ``tests.agreed`` says how many were
+agreed and which are missing. The final verification holds each gate to its last ledger.
+A gate whose command names no pytest (``make test``, a script) has no ledger: its runner's record,
+when there is one, is still judged (engine/test_reports), its ids are not.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from django.db import transaction
+
+from .. import machine, test_reports, workspace
+from ..models import Check, Run, StageRun
+from .checkouts import final_checkout, remove_final_checkout
+from .common import fenced
+from .gates import run_gate
+from .paths import scratch_dirs, var_path
+
+#: How many missing ids a check's record and its sentence name.
+NAMED = 20
+
+
+def ledgers(run: Run, stage: StageRun, gates: list[tuple[dict, str]], env: dict, should_stop,
+            lease: str | None) -> dict[str, dict]:
+    """``{gate name: {"ids", "from", "check"}}`` for the stage's gates, made once and kept on the stage."""
+    known = dict(stage.agreed_tests or {})
+    made = False
+    for gate, _kind in gates:
+        if gate["name"] in known:
+            continue
+        earlier = _from_earlier_stage(run, stage, gate["name"])
+        known[gate["name"]] = earlier if earlier is not None else _at_start(run, stage, gate, env, should_stop, lease)
+        made = True
+        if should_stop():
+            break
+    if made:
+        StageRun.objects.filter(pk=stage.pk).update(agreed_tests=known)
+        stage.agreed_tests = known
+        with transaction.atomic():
+            if lease is None or fenced(run.pk, lease) is not None:
+                count = {name: len(entry["ids"]) for name, entry in known.items() if entry["ids"]}
+                if count:
+                    machine.event(run, "tests_agreed", "Agreed tests of stage '" + stage.key + "': " + ", ".join(
+                        f"{n} for gate '{name}'" for name, n in count.items()) + "; each must pass again, by id.",
+                        stage=stage, data={"counts": count})
+    return known
+
+
+def after(stage: StageRun, name: str) -> dict | None:
+    """The ledger of gate ``name`` once ``stage`` passed: its own, with the ids that passed in its
+    accepted check of the gate; None when the stage has none for it."""
+    entry = (stage.agreed_tests or {}).get(name)
+    if entry is None:
+        return None
+    ids = set(entry["ids"])
+    if stage.accepted_manifest:
+        accepted = (stage.checks.filter(name=name, passed=True, stale=False, manifest_digest=stage.accepted_manifest)
+                    .exclude(kind=Check.Kind.START).order_by("-id").first())
+        if accepted is not None:
+            ids |= passed_ids(accepted)
+    return {"ids": sorted(ids), "from": f"stage '{stage.key}'", "check": entry.get("check")}
+
+
+def final_ledger(run: Run, name: str) -> dict | None:
+    """The last ledger of gate ``name`` in the run (the latest stage that has one, after it passed)."""
+    for stage in run.stages.order_by("-order"):
+        found = after(stage, name)
+        if found is not None:
+            return found
+    return None
+
+
+def passed_ids(check: Check) -> set[str]:
+    record = _record_of(check)
+    return {test for test, outcome in record.outcomes.items() if outcome == "passed"} if record else set()
+
+
+def _record_of(check: Check) -> test_reports.Record | None:
+    path = (check.tests or {}).get("record_path")
+    return test_reports.parse(var_path(path)) if isinstance(path, str) and path else None
+
+
+def _from_earlier_stage(run: Run, stage: StageRun, name: str) -> dict | None:
+    for earlier in run.stages.filter(order__lt=stage.order).order_by("-order"):
+        found = after(earlier, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lease: str | None) -> dict:
+    """The gate's tests at the stage's starting commit, collected only, on a fresh checkout of it."""
+    if not test_reports.runs_pytest(gate["command"]):
+        return {"ids": [], "from": "none: the gate's command names no pytest", "check": None}
+    scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
+    folder = scratch / f"start-{stage.order + 1:02d}-{stage.base_commit[:12]}"
+    own = scratch / f"{folder.name}-scratch"
+    try:
+        final_checkout(run, stage.base_commit, folder, own)
+        start_env = {**env, "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"), "CP_TMP_DIR": str(own / "tmp"),
+                     "CP_DATA_DIR": str(own / "data"),
+                     "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"]))}
+        check = run_gate(run, stage, gate, Check.Kind.START, "", start_env, should_stop, 1, cwd=str(folder),
+                         lease=lease)
+    finally:
+        with contextlib.suppress(workspace.WorkspaceError):
+            remove_final_checkout(run, folder, own)
+    record = _record_of(check)
+    ids = sorted(set(record.listed) - record.marked) if record else []
+    return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "check": check.pk}
+
+
+def hold(check: Check, entry: dict | None) -> Check:
+    """``check`` held to its gate's ledger ``entry``: a check that passed fails ``tests_missing`` (or
+    ``tests_failed``) when an agreed id was not reported passed; ``tests.agreed`` records the count."""
+    if entry is None or not entry["ids"]:
+        return check
+    record = _record_of(check)
+    outcomes = record.outcomes if record else {}
+    missing = [test for test in entry["ids"] if outcomes.get(test) != "passed"]
+    failed = [test for test in missing if outcomes.get(test) in ("failed", "error")]
+    agreed = {"count": len(entry["ids"]), "from": entry["from"], "missing": len(missing),
+              "missing_ids": missing[:NAMED],
+              "how": {test: outcomes.get(test) or "not run" for test in missing[:NAMED]}}
+    tests = {**(check.tests or {}), "agreed": agreed}
+    if not missing or not check.passed:
+        Check.objects.filter(pk=check.pk).update(tests=tests)
+        check.tests = tests
+        return check
+    kind = "tests_failed" if len(failed) == len(missing) else "tests_missing"
+    shown = ", ".join(f"{test} ({agreed['how'][test]})" for test in missing[:5]) + (" ..." if len(missing) > 5 else "")
+    why = (f"it exited 0, but {len(missing)} of the {len(entry['ids'])} agreed tests (from {entry['from']}) did not "
+           f"pass again: {shown}")
+    tests["why"] = why
+    Check.objects.filter(pk=check.pk).update(passed=False, failure_kind=kind, tests=tests)
+    check.passed, check.failure_kind, check.tests = False, kind, tests
+    with contextlib.suppress(OSError), open(var_path(check.log_path), "a", encoding="utf-8") as log:
+        log.write(f"\n[control panel] The gate failed ({kind}): {why}; every agreed test must be reported passed "
+                  "again, by id.\n")
+    return check
