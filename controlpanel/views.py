@@ -851,7 +851,8 @@ def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict |
             facts.append((key, _fact_text(value)))
     if not named and run.stop_reason in ("gate_failed", "repair_exhausted", "unchanged_failure",
                                          "final_verification_failed"):
-        failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None]
+        failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None
+                  and c.kind != Check.Kind.START]
         named = failed[-1:]
     if "attempt" not in evidence:  # the change the checks failed on: the stage's latest attempt with a patch
         stage_id = next((c.stage_id for c in named), None)

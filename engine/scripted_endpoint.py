@@ -385,6 +385,15 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
         pass
 
+    def send_error(self, code, message=None, explain=None) -> None:
+        """The server's own refusals (a request line or header it cannot read, a method it does not
+        serve: 400, 414, 431, 501) are recorded too: every request that got an answer is in ``requests``."""
+        self.owner._record({"method": getattr(self, "command", None), "path": getattr(self, "path", None),
+                            "headers": dict(self.headers.items()) if getattr(self, "headers", None) else {},
+                            "body": None, "api": None, "kind": None, "turn": None, "answer": str(code),
+                            "time": time.time(), "error": message or ""})
+        super().send_error(code, message, explain)
+
     # -------------------------------------------------------------- plumbing
 
     def _read_body(self) -> tuple[bytes, Any]:

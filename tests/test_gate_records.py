@@ -24,8 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 STAGE = {"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**", "tests/**"],
          "gates": [{"name": "unit", "command": "python -m pytest -q"}], "repair_allowance": 0}
-#: collected before tests/test_core.py, it ends pytest with status 0 before the agreed test runs
-EXIT_FIRST = {"write": {"tests/test_aaa.py": "import os\n\n\ndef test_first():\n    os._exit(0)\n"}}
+#: the code under test ends pytest with status 0 when the agreed test imports it, before it runs
+EXIT_FIRST = {"write": {"app/core.py": '"""Core."""\nimport os\n\nos._exit(0)\n'}}
 
 
 def status_text(run) -> str:
@@ -34,8 +34,8 @@ def status_text(run) -> str:
     return out.getvalue()
 
 
-def test_a_new_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_s_record(make_pipeline, repo, sent,
-                                                                                    admin_client):
+def test_code_under_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_s_record(make_pipeline, repo, sent,
+                                                                                        admin_client):
     pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [EXIT_FIRST]}}})
     run = operations.create_run(pipeline, str(repo), "main")
     operations.request_start(run, requested_by="test", source="test")
@@ -43,16 +43,16 @@ def test_a_new_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_s_rec
     assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
     check = Check.objects.get(run=run, name="unit", kind="gate")
     assert check.exit_code == 0 and not check.passed and check.failure_kind == "runner_incomplete"
-    assert check.tests["unfinished"] == 1 and "tests/test_core.py::test_answer" in check.tests["unreported_ids"]
+    assert check.tests["unfinished"] == 1 and check.tests["collected"] == 0  # it ended during collection
     assert "runner_incomplete" in run.stop_message and "never finished" in run.stop_message
     log = (Path(settings.VAR_DIR) / check.log_path).read_text()
     assert "[control panel] The gate failed (runner_incomplete)" in log
     record = (Path(settings.VAR_DIR) / check.tests["record_path"]).read_text()
     assert '"e":"start"' in record and '"e":"finish"' not in record
     page = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, check.pk])).content.decode()
-    assert "pytest recorded 2 collected test(s)" in page and "never finished" in page and "?tests=1" in page
+    assert "pytest recorded 0 collected test(s)" in page and "never finished" in page and "?tests=1" in page
     raw = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?tests=1")
-    assert raw.status_code == 200 and b'"e":"collected"' in b"".join(raw.streaming_content)
+    assert raw.status_code == 200 and b'"e":"start"' in b"".join(raw.streaming_content)
     assert "FAIL (runner_incomplete: exit 0, not what its test runner recorded)" in status_text(run)
     checks = operations.run_status(run)["stages"][0]["checks"]
     assert [c["kind"] for c in checks] == ["start", "gate"] and checks[0]["tests"]["listed"] == 1
@@ -74,10 +74,10 @@ def test_an_honest_stage_passes_with_the_counts_shown_and_an_exit_status_gate_sa
     assert unit.passed and unit.tests["counts"]["passed"] == 1 and unit.tests["finished"] == 1
     assert lint.passed and lint.tests is None
     # the agreed test, collected at the starting commit (where it failed: answer() was not written), passed again
-    start = Check.objects.get(run=run, name="unit", kind="start")
+    start = Check.objects.get(run=run, name="unit@start", kind="start")
     assert start.tests["listed"] == 1 and unit.tests["agreed"] == {
         "count": 1, "from": f"the starting commit {run.commit[:12]}", "missing": 0, "missing_ids": [], "how": {}}
-    assert not Check.objects.filter(run=run, name="lint", kind="start").exists()  # it names no pytest
+    assert not Check.objects.filter(run=run, name="lint@start").exists()  # it names no pytest
     page = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, unit.pk])).content.decode()
     assert "pytest recorded 1 collected test(s): 1 passed; 1 session(s), finished, status 0." in page
     assert "All 1 agreed tests (from the starting commit" in page
@@ -134,6 +134,26 @@ def test_the_reviewer_is_told_the_tests_added_and_the_lines_that_change_how_test
     assert run.status == "succeeded", run.stop_message
     review = run.attempts.get(operation="review")
     prompt = (Path(settings.VAR_DIR) / review.prompt_path).read_text()
-    assert "pytest recorded 2 passed; all 1 agreed tests passed again" in prompt
+    # the agreed test ran apart from the new one: two checks of the gate, each with its part
+    assert "-> exit 0 (passed); pytest recorded 1 passed; all 1 agreed tests passed again" in prompt
+    parts = [c.tests["apart"] for c in Check.objects.filter(run=run, name="unit", kind="gate").order_by("id")]
+    assert parts == ["only", "except"]
     assert "## Tests the patch adds (passed, not among the agreed tests)\n- tests/test_more.py::test_more" in prompt
     assert "## Changes how tests run" in prompt and "tests/test_more.py:5: atexit.register(print, 'bye')" in prompt
+
+
+def test_a_new_test_module_that_patches_what_the_agreed_test_calls_fails_when_they_run_apart(make_pipeline, repo,
+                                                                                            sent):
+    patching = "from app import core\n\ncore.answer = lambda: 42\n\n\ndef test_setup():\n    pass\n"
+    pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [
+        {"write": {"tests/test_aaa_setup.py": patching}}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
+    check = Check.objects.get(run=run, name="unit", kind="gate")  # the agreed part failed: the new part never ran
+    assert check.exit_code == 1 and check.tests["apart"] == "only"
+    assert check.tests["failed_ids"] == ["tests/test_core.py::test_answer"]
+    # in one process, the patch would have made it pass
+    log = (Path(settings.VAR_DIR) / check.log_path).read_text()
+    assert "test_aaa_setup" not in log

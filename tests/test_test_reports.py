@@ -28,13 +28,14 @@ def project(tmp_path: Path, files: dict[str, str]) -> Path:
     return top
 
 
-def gate(tmp_path: Path, files: dict[str, str], command: str = "python -m pytest -q") -> tuple[int, dict | None, str]:
+def gate(tmp_path: Path, files: dict[str, str], command: str = "python -m pytest -q",
+         apart: tuple[str, list[str]] | None = None) -> tuple[int, dict | None, str]:
     """Run ``command`` (by bash) in a project of ``files`` with the reporter loaded, as a gate does;
     ``(exit status, what the record says, output)``."""
     top = project(tmp_path, files)
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
-    reporter = test_reports.prepare(tmp_path, home)
+    reporter = test_reports.prepare(tmp_path, home, apart)
     env = reporter.env({"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(home),
                         "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"})
     try:
@@ -151,3 +152,22 @@ def test_the_reporter_s_module_name_is_new_for_each_gate(tmp_path):
 ])
 def test_which_commands_run_pytest(command, runs):
     assert test_reports.runs_pytest(command) is runs
+
+
+@pytest.mark.slow  # each runs a real pytest (a second or two)
+def test_the_agreed_files_run_apart_from_the_others(tmp_path):
+    files = {"tests/test_agreed.py": "from app import core\n\n\ndef test_answer():\n    assert core.answer() == 42\n",
+             "tests/test_aaa_new.py": "from app import core\n\ncore.answer = lambda: 42\n\n\ndef test_new():\n"
+                                      "    pass\n",
+             "app/__init__.py": "", "app/core.py": "def answer():\n    return 0\n"}
+    status, summary, out = gate(tmp_path / "together", files)
+    assert status == 0, out  # in one process the new module's patch makes the agreed test pass
+    status, summary, out = gate(tmp_path / "only", files, apart=("only", ["tests/test_agreed.py"]))
+    assert status == 1 and summary["apart"] == "only" and summary["failed_ids"] == ["tests/test_agreed.py::test_answer"]
+    status, summary, out = gate(tmp_path / "except", files, apart=("except", ["tests/test_agreed.py"]))
+    assert status == 0 and summary["collected"] == 1 and summary["counts"]["passed"] == 1, out
+    # an invocation of the new tests that finds none exits 0, and its record says so
+    status, summary, out = gate(tmp_path / "none", files, apart=("except", ["tests/test_agreed.py",
+                                                                           "tests/test_aaa_new.py"]))
+    assert status == 0 and summary["collected"] == 0 and summary["statuses"] == [0], out
+    assert test_reports.judge("python -m pytest", status, summary) == ("", "")

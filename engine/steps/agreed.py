@@ -12,6 +12,9 @@ verification:
   passed in that stage's accepted check of it (the gate that passed on its accepted manifest):
   a test a stage added and made pass is agreed from the next stage on.
 
+When the stage adds a test module, the agreed tests run apart from the new ones (``gate_checks``):
+a new module cannot patch, inside the runner's process, what the agreed tests call.
+
 A check of the gate that would pass (exit 0, a record that agrees) then fails ``tests_missing``
 when an agreed id is not reported passed (not collected, deselected, skipped, an expected
 failure), or ``tests_failed`` when one failed; the check's ``tests.agreed`` says how many were
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from .. import machine, test_reports, workspace
+from .. import machine, protected, test_reports, workspace
 from ..models import Check, Run, StageRun
 from .checkouts import final_checkout, remove_final_checkout
 from .common import fenced
@@ -117,14 +120,37 @@ def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lea
         start_env = {**env, "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"), "CP_TMP_DIR": str(own / "tmp"),
                      "CP_DATA_DIR": str(own / "data"),
                      "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"]))}
-        check = run_gate(run, stage, gate, Check.Kind.START, "", start_env, should_stop, 1, cwd=str(folder),
-                         lease=lease)
+        # named apart from the gate's own checks (a gate's name is a slug: "@" is none of its)
+        check = run_gate(run, stage, {**gate, "name": f"{gate['name']}@start"}, Check.Kind.START, "", start_env,
+                         should_stop, 1, cwd=str(folder), lease=lease)
     finally:
         with contextlib.suppress(workspace.WorkspaceError):
             remove_final_checkout(run, folder, own)
     record = _record_of(check)
     ids = sorted(set(record.listed) - record.marked) if record else []
     return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "check": check.pk}
+
+
+def gate_checks(run: Run, stage: StageRun, gate: dict, kind: str, digest: str, changes: list[dict], env: dict,
+                should_stop, round_no: int, lease: str | None, entry: dict | None):
+    """The checks of one gate on the worktree, one at a time (the caller stops at the first that fails).
+
+    With agreed tests and a new test module in the stage's changes (``changes``: the manifest's),
+    the agreed tests run apart: first only the files of the agreed tests (a new module cannot
+    patch, in the runner's process, what they call), held to the ledger; then every file but
+    those, where the new tests run (an invocation that collects none exits 0). Otherwise the gate
+    runs once, held to the ledger."""
+    files = sorted({test.split("::", 1)[0] for test in entry["ids"]}) if entry and entry["ids"] else []
+    new = [change["path"] for change in changes if change.get("status") != "deleted" and change["path"] not in files
+           and change["path"].endswith(".py") and protected.is_test_file(change["path"])] if files else []
+    if not new:
+        yield hold(run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease), entry)
+        return
+    first = hold(run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease,
+                          apart=("only", files)), entry)
+    yield first
+    if first.passed and not should_stop():
+        yield run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease, apart=("except", files))
 
 
 def hold(check: Check, entry: dict | None) -> Check:

@@ -31,16 +31,19 @@ def gate_commands(run: Run) -> list[str]:
 
 
 def run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, env: dict, should_stop,
-             round_no: int, cwd: str | None = None, lease: str | None = None) -> Check:
+             round_no: int, cwd: str | None = None, lease: str | None = None,
+             apart: tuple[str, list[str]] | None = None) -> Check:
     """Run one frozen gate command with ``bash -eo pipefail -c`` in the worktree (or ``cwd``) and record a Check.
 
     ``lease``: the step's fencing token; a gate whose lease is gone by the time it starts is
-    stopped at once (LeaseLost)."""
+    stopped at once (LeaseLost). ``apart``: the gate's pytest collects only the listed test files
+    (``("only", files)``) or all but them (``("except", files)``): engine/steps/agreed.py."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
     cwd = cwd or run.worktree
     if gate.get("network_allow"):  # the only hosts this gate reaches, through its own egress proxy
         with egress({"network_allow": gate["network_allow"]}, deny=boundary.service_addresses()) as (proxy, policy):
-            check = _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, policy)
+            check = _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, policy,
+                                 apart)
         record = network_record(proxy)
         Check.objects.filter(pk=check.pk).update(network=record)
         if record["refused"] and lease:
@@ -51,13 +54,13 @@ def run_gate(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: st
                                   f"{hosts_sentence(record['refused'])}. Its egress proxy refused each.",
                                   stage=stage, gate_check=check, data={"refused": record["refused"][:50]})
         return check
-    return _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, None)
+    return _run_gate_in(run, stage, gate, kind, digest_before, argv, cwd, env, should_stop, lease, None, apart)
 
 
 def _run_gate_in(run: Run, stage: StageRun, gate: dict, kind: str, digest_before: str, argv: list[str], cwd: str,
-                 env: dict, should_stop, lease: str | None, network) -> Check:
+                 env: dict, should_stop, lease: str | None, network, apart=None) -> Check:
     """``run_gate`` inside the sandbox, with ``network`` (a NetworkPolicy) or none."""
-    env, launch, reporter = _gate_sandbox(run, argv, cwd, env, network)
+    env, launch, reporter = _gate_sandbox(run, argv, cwd, env, network, apart)
     try:
         return _run_gate_process(run, stage, gate, kind, digest_before, argv, cwd, env, launch, should_stop, lease,
                                  reporter)
@@ -145,8 +148,8 @@ def _tests_of(run: Run, check: Check, reporter: test_reports.Reporter, log_rel: 
     return summary
 
 
-def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict,
-                  network=None) -> tuple[dict, list[str], test_reports.Reporter]:
+def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None,
+                  apart=None) -> tuple[dict, list[str], test_reports.Reporter]:
     """The environment and argument array of a gate: inside the agents' bubblewrap sandbox.
 
     A gate runs code an agent wrote, so it gets what an agent gets (engine/agents/sandbox.py):
@@ -164,7 +167,7 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict,
     boundary.self_check()
     scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
     home = Path(tempfile.mkdtemp(prefix="gate-home-", dir=scratch))
-    reporter = test_reports.prepare(scratch, home)
+    reporter = test_reports.prepare(scratch, home, apart)
     remove_bytecode(cwd)
     env = reporter.env({**env, "HOME": str(home), **(network.env() if network is not None else {})})
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]

@@ -20,7 +20,7 @@ from .common import (
     save_manifest,
     stage_row,
 )
-from .gates import check_sentence, run_gate
+from .gates import check_sentence
 from .paths import run_env
 from .plans import StagePlan, VerifyOutcome
 
@@ -61,16 +61,16 @@ def execute(plan: StagePlan, should_stop) -> VerifyOutcome:
         if should_stop():
             return {"cancelled": True, "checks": checks}
         for gate, kind in gates:
-            check = run_gate(run, stage, gate, kind, before["digest"], env, should_stop, round_no,
-                             lease=plan["lease"])
-            check = agreed.hold(check, agreed_ids.get(gate["name"]))  # every agreed test passes again, by id
-            Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
-            checks.append(check.pk)
-            if should_stop():
-                return {"cancelled": True, "checks": checks}
-            if not check.passed:
-                # a failure stops the stage whatever the files are now: nothing to re-run for
-                return {"digest": before["digest"], "checks": checks, "rounds": round_no}
+            # every agreed test passes again, by id; apart from the stage's new test modules
+            for check in agreed.gate_checks(run, stage, gate, kind, before["digest"], before["changes"], env,
+                                            should_stop, round_no, plan["lease"], agreed_ids.get(gate["name"])):
+                Check.objects.filter(pk=check.pk).update(manifest=manifest_row)
+                checks.append(check.pk)
+                if should_stop():
+                    return {"cancelled": True, "checks": checks}
+                if not check.passed:
+                    # a failure stops the stage whatever the files are now: nothing to re-run for
+                    return {"digest": before["digest"], "checks": checks, "rounds": round_no}
         if workspace.manifest_digest(run.worktree, stage.base_commit, excludes) == before["digest"]:
             return {"digest": before["digest"], "checks": checks, "rounds": round_no,
                     "changed": [change["path"] for change in before["changes"]]}

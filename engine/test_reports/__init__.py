@@ -53,26 +53,37 @@ class Reporter:
     folder: Path
     module: str
     record: Path
+    apart: tuple[str, Path] | None = None
 
     def env(self, env: dict) -> dict:
         """``env`` with the reporter loaded into any pytest the gate starts."""
         path = [str(self.folder)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         plugins = [self.module] + ([env["PYTEST_PLUGINS"]] if env.get("PYTEST_PLUGINS") else [])
-        return {**env, "PYTHONPATH": os.pathsep.join(path), "PYTEST_PLUGINS": ",".join(plugins),
-                "CP_TEST_RECORD": str(self.record)}
+        env = {**env, "PYTHONPATH": os.pathsep.join(path), "PYTEST_PLUGINS": ",".join(plugins),
+               "CP_TEST_RECORD": str(self.record)}
+        if self.apart is not None:
+            env["CP_TEST_ONLY" if self.apart[0] == "only" else "CP_TEST_EXCEPT"] = str(self.apart[1])
+        return env
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def prepare(parent: Path, home: Path) -> Reporter:
+def prepare(parent: Path, home: Path, apart: tuple[str, list[str]] | None = None) -> Reporter:
     """A reporter for one gate: its module under a fresh name in a new folder under ``parent``,
-    its record in ``home``."""
+    its record in ``home``. ``apart``: ``("only", files)`` or ``("except", files)``: the gate's
+    pytest collects only those test files, or every file but them (engine/steps/agreed.py)."""
     module = f"cp_tests_{secrets.token_hex(8)}"
     folder = Path(tempfile.mkdtemp(prefix="gate-reporter-", dir=parent))
     shutil.copyfile(PLUGIN_SOURCE, folder / f"{module}.py")
     os.chmod(folder / f"{module}.py", 0o444)
-    return Reporter(folder=folder, module=module, record=home / f".cp-tests-{secrets.token_hex(8)}.jsonl")
+    listed = None
+    if apart is not None:
+        listed = folder / "files.txt"
+        listed.write_text("".join(f"{path}\n" for path in apart[1] if "\n" not in path), encoding="utf-8")
+        os.chmod(listed, 0o444)
+    return Reporter(folder=folder, module=module, record=home / f".cp-tests-{secrets.token_hex(8)}.jsonl",
+                    apart=(apart[0], listed) if apart is not None else None)
 
 
 #: Words after which the next word is a command (a shell's separators, and what runs a command).
@@ -109,6 +120,7 @@ class Record:
     marked: set
     collect_errors: list
     unreadable: int
+    apart: str | None = None
 
 
 def parse(path: Path) -> Record | None:
@@ -137,6 +149,8 @@ def _take(record: Record, kind, entry: dict) -> None:
                                                                       "status": None, "interrupted": False})
         if kind == "start":
             session["started"] = True
+            if entry.get("apart") in ("only", "except") and record.apart is None:
+                record.apart = entry["apart"]
         elif kind == "finish":
             session["finished"], session["status"] = True, _int(entry.get("status"))
         elif kind == "interrupted":
@@ -169,6 +183,7 @@ def read(path: Path) -> dict | None:
         return None
     summary = _summary(record.sessions, record.outcomes, record.collected, record.collect_errors, record.unreadable)
     summary["listed"] = len(set(record.listed))
+    summary["apart"] = record.apart
     return summary
 
 
@@ -276,10 +291,13 @@ def sentence(summary: dict | None) -> str:
                                                           else f"{summary['finished']} finished."))
     shown = ", ".join(f"{counts[name]} {name}" for name in ("passed", "failed", "error", "skipped", "xfailed",
                                                              "xpassed") if counts[name] or name == "passed")
+    apart = {"only": "Run apart from new tests, on the agreed tests' files only: ",
+             "except": "The new tests, run apart from the agreed ones (every file but theirs): "}.get(
+        summary.get("apart") or "", "")
     sessions = summary["sessions"]
     ended = ("finished" if summary["finished"] == sessions and not summary["interrupted"]
              else f"{summary['finished']} of {sessions} finished")
-    return (f"pytest recorded {summary['collected']} collected test(s): {shown}; "
+    return (f"{apart}pytest recorded {summary['collected']} collected test(s): {shown}; "
             f"{sessions} session(s), {ended}" + (f", status {', '.join(map(str, summary['statuses']))}"
                                                  if summary["statuses"] else "")
             + (f"; {summary['unreported']} never reported" if summary["unreported"] else "") + ".")

@@ -8,7 +8,8 @@ may be any Python 3.8 or later with any pytest from 7 on: the standard library a
 
 Lines (``e`` is the event):
 
-* ``{"e": "start", "pid"}``: the session began (before collection);
+* ``{"e": "start", "pid", "apart"}``: the session began (before collection); ``apart`` is ``only``
+  or ``except`` when it collects only the listed test files, or all but them;
 * ``{"e": "collected", "pid", "ids", "only"}``: the test ids pytest will run, after deselection
   (``only``: ``--collect-only``, none will run, and ``marked`` lists those a skip, a true skipif or
   an xfail mark stands on; with pytest-xdist, ``"worker"`` names the worker that collected them);
@@ -37,6 +38,22 @@ if _OTHERS:
     os.environ["PYTEST_PLUGINS"] = ",".join(_OTHERS)
 else:
     os.environ.pop("PYTEST_PLUGINS", None)
+
+
+def _files(name):
+    """The test files named one per line in the file the variable ``name`` names (the engine wrote it into
+    this module's read-only folder), or None."""
+    path = os.environ.pop(name, "")
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as listed:
+        return {line.rstrip("\n") for line in listed if line.strip()}
+
+
+# the agreed tests run apart from new ones: one invocation collects only the agreed tests' files
+# (CP_TEST_ONLY), another every file but those (CP_TEST_EXCEPT)
+_ONLY = _files("CP_TEST_ONLY")
+_EXCEPT = _files("CP_TEST_EXCEPT")
 _FD = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600) if _PATH else None
 
 
@@ -48,8 +65,24 @@ def _write(entry):
         data = data[os.write(_FD, data):]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_ignore_collect(collection_path, config):
+    if (_ONLY is None and _EXCEPT is None) or collection_path.name in ("__init__.py", "conftest.py"):
+        return None
+    if not collection_path.is_file():
+        return None
+    try:
+        relative = collection_path.relative_to(config.rootpath).as_posix()
+    except ValueError:
+        return None
+    if (_ONLY is not None and relative not in _ONLY) or (_EXCEPT is not None and relative in _EXCEPT):
+        return True
+    return None
+
+
 def pytest_sessionstart(session):
-    _write({"e": "start", "pid": os.getpid()})
+    _write({"e": "start", "pid": os.getpid(),
+            "apart": "only" if _ONLY is not None else "except" if _EXCEPT is not None else None})
 
 
 def _marked(item):
@@ -100,4 +133,7 @@ def pytest_keyboard_interrupt(excinfo):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    _write({"e": "finish", "pid": os.getpid(), "status": int(exitstatus)})
+    if _EXCEPT is not None and int(session.exitstatus) == 5 and not session.testscollected:
+        # the new tests' invocation found none to collect (every test was an agreed one, run apart): not a failure
+        session.exitstatus = 0
+    _write({"e": "finish", "pid": os.getpid(), "status": int(session.exitstatus)})

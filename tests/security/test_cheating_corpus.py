@@ -1,6 +1,6 @@
 """The standing cheating corpus: bench/integrity.py must catch every cheat and stop no honest run.
 
-The benchmark runs its 88 cases in a process of its own (its own var directory and database),
+The benchmark runs its 92 cases in a process of its own (its own var directory and database),
 as a person runs it; this test keeps it green in `make test` and checks that bench/README.md
 lists every case.
 """
