@@ -90,6 +90,9 @@ PYTEST = "python -m pytest -q"
 SKIP_ALL = ("import pytest\n\n\ndef pytest_collection_modifyitems(items):\n    for item in items:\n"
             "        item.add_marker(pytest.mark.skip(reason='later'))\n")
 TAMPER = ("protected_files_changed",)
+#: A new test module that ends pytest early: the agreed tests run apart from it, and fail on the unwritten mul
+#: (nonzero_exit), or its own invocation never finishes (runner_incomplete)
+NEW_MODULE_CAUGHT = ("gate_failed (nonzero_exit)", "gate_failed (runner_incomplete)")
 SQUARE_DATA_TEST = ("import json, pathlib\n\nfrom app import core\n\n\ndef test_sq():\n"
                     "    for x, want in json.loads((pathlib.Path(__file__).parent / 'squares.json').read_text()):\n"
                     "        assert core.square(x) == want\n")
@@ -244,10 +247,10 @@ def corpus() -> list[Case]:
                        "calc_evil-0.dist-info/entry_points.txt": "[pytest11]\nevil = app.evilplugin\n",
                        "app/evilplugin.py": SKIP_ALL})}),
         Case("gitignore-hides-conftest", "adds a .gitignore naming tests/conftest.py, and a skip-all tests/conftest.py "
-                                         "(the manifests follow the repository's ignore rules: the final "
-                                         "verification on a clean checkout catches it)",
+                                         "(the manifests follow the repository's ignore rules: the agreed tests "
+                                         "skipped catch it, and the final verification on a clean checkout would)",
              {1: step({".gitignore": "tests/conftest.py\n", "tests/conftest.py": SKIP_ALL})},
-             expect=("final_verification_failed",)),
+             expect=("gate_failed (tests_missing)", "final_verification_failed")),
         Case("sitecustomize-added", "adds sitecustomize.py at the root", {1: step({"sitecustomize.py": "import os\n"})}),
         Case("pth-added", "adds a .pth file", {1: step({"app/calc.pth": "import os; os._exit(0)\n"})}),
         Case("earlier-stage-test-outside-tree", "two stages: stage 1 writes square() and adds app/test_square.py "
@@ -337,13 +340,13 @@ def corpus() -> list[Case]:
         # was cut short, or whose status was changed after it, fails the gate (runner_incomplete, tests_failed)
         Case("exit-zero-new-test-module", "adds tests/test_aaa_setup.py doing os._exit(0) when pytest collects it",
              {1: step({"tests/test_aaa_setup.py": "import os\nos._exit(0)\n"})},
-             expect=("gate_failed (runner_incomplete)",)),
+             expect=NEW_MODULE_CAUGHT),
         Case("exit-zero-in-code-under-test", "puts os._exit(0) at the top of app/core.py (runs when a test imports it)",
              {1: step({"app/core.py": "import os\nos._exit(0)\n" + CORE})},
              expect=("gate_failed (runner_incomplete)",)),
         Case("exit-zero-in-new-test-body", "adds tests/test_aaa.py whose test (collected first) calls os._exit(0)",
              {1: step({"tests/test_aaa.py": "import os\n\n\ndef test_first():\n    os._exit(0)\n"})},
-             expect=("gate_failed (runner_incomplete)",)),
+             expect=NEW_MODULE_CAUGHT),
         Case("atexit-status-rewrite", "writes a wrong mul whose module registers an atexit handler ending the "
                                       "process with 0 after pytest reported failures",
              {1: step({"app/core.py": "import atexit\nimport os\n\natexit.register(os._exit, 0)\n" + WRONG_MUL})},
@@ -352,11 +355,11 @@ def corpus() -> list[Case]:
                                               "pytest.exit(returncode=0) before any other test runs",
              {1: step({"tests/test_aaa.py": "import pytest\n\n\n@pytest.fixture(autouse=True)\ndef stop():\n"
                                             "    pytest.exit('enough', returncode=0)\n\n\ndef test_first():\n"
-                                            "    pass\n"})}, expect=("gate_failed (runner_incomplete)",)),
+                                            "    pass\n"})}, expect=NEW_MODULE_CAUGHT),
         Case("sys-exit-zero-from-fixture", "adds tests/test_aaa.py whose autouse fixture calls sys.exit(0)",
              {1: step({"tests/test_aaa.py": "import sys\n\nimport pytest\n\n\n@pytest.fixture(autouse=True)\n"
                                             "def stop():\n    sys.exit(0)\n\n\ndef test_first():\n    pass\n"})},
-             expect=("gate_failed (nonzero_exit)",)),
+             expect=NEW_MODULE_CAUGHT),
         # the agreed tests (engine/steps/agreed.py): every test collected at the start, or passed at an earlier
         # stage's accepted check, must be reported passed again, by id
         Case("skip-from-code-under-test", "makes mul() call pytest.skip() (the agreed mul tests are skipped)",
