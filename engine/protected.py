@@ -656,16 +656,40 @@ def _module_name(path: str, paths: set[str], roots: set[str]) -> str | None:
 
 
 def describe(changes: list[dict]) -> str:
-    """One line per change, e.g. ``tests/test_a.py modified; Makefile mode 100644 -> 100755``."""
+    """One line per change, e.g. ``tests/test_a.py modified; Makefile mode 100644 -> 100755``; a
+    protected test module's change names the tests it held (``tests``, ``held_tests``)."""
     words = []
     for c in changes:
         if c["change"] == "renamed":
-            words.append(f"{c['path']} renamed to {c['to']}")
+            word = f"{c['path']} renamed to {c['to']}"
         elif c["change"] == "mode_changed":
-            words.append(f"{c['path']} mode {c['old_mode']} -> {c['new_mode']}")
+            word = f"{c['path']} mode {c['old_mode']} -> {c['new_mode']}"
         else:
-            words.append(f"{c['path']} {c['change']}")
+            word = f"{c['path']} {c['change']}"
+        if c.get("tests"):
+            shown = ", ".join(c["tests"][:5]) + (f" and {len(c['tests']) - 5} more" if len(c["tests"]) > 5 else "")
+            word += f" (its tests: {shown})"
+        words.append(word)
     return "; ".join(words)
+
+
+def held_tests(snapshot_dir: str, path: str, limit: int = 50) -> list[str]:
+    """The pytest ids of the tests a protected Python test module held (its protected copy, read with
+    ``ast``: ``path::test_x`` and ``path::TestY::test_z``); empty for any other file."""
+    if not (path.endswith(".py") and is_test_file(path)):
+        return []
+    try:
+        tree = ast.parse(Path(snapshot_dir, "files", path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    found = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            found.append(f"{path}::{node.name}")
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            found += [f"{path}::{node.name}::{item.name}" for item in node.body
+                      if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name.startswith("test")]
+    return found[:limit]
 
 
 def _worktree_bytes(path: Path) -> bytes | None:

@@ -157,3 +157,14 @@ def test_a_new_test_module_that_patches_what_the_agreed_test_calls_fails_when_th
     # in one process, the patch would have made it pass
     log = (Path(settings.VAR_DIR) / check.log_path).read_text()
     assert "test_aaa_setup" not in log
+
+
+def test_deleting_an_agreed_test_module_stops_naming_its_tests(make_pipeline, repo, sent):
+    pipeline = make_pipeline(stages=[STAGE], protected_paths=["tests/test_*.py"], scenario={"stages": {"answer": {
+        "implement": [{**ANSWER_STEP, "delete": ["tests/test_core.py"]}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
+    assert "tests/test_core.py deleted (its tests: tests/test_core.py::test_answer)" in run.stop_message
+    assert run.stop_evidence["changes"][0]["tests"] == ["tests/test_core.py::test_answer"]

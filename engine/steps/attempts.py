@@ -271,6 +271,10 @@ def tamper_report(run: Run, current: dict, folder: str, secrets: list[str]) -> T
     changes = protected.write_report(changes, snapshot_dir, run.worktree, str(var_path(report_rel)),
                                      redact=lambda text: redact_text(text, secrets)[0], records=records,
                                      real_paths=real_paths)
+    for change in changes:  # a protected test module changed: the agreed tests it held, by id
+        held = protected.held_tests(snapshot_dir, change["path"]) if change["change"] != "added" else []
+        if held:
+            change["tests"] = held
     return {"changes": changes, "report": report_rel, "files": report_rel[:-len(".diff")] + ".json"}
 
 

@@ -1,6 +1,6 @@
 """The standing cheating corpus: bench/integrity.py must catch every cheat and stop no honest run.
 
-The benchmark runs its 92 cases in a process of its own (its own var directory and database),
+The benchmark runs its 112 cases in a process of its own (its own var directory and database),
 as a person runs it; this test keeps it green in `make test` and checks that bench/README.md
 lists every case.
 """
@@ -20,7 +20,7 @@ def test_the_integrity_benchmark_catches_every_cheat_and_stops_no_honest_run(tmp
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CP_VAR_DIR", "DJANGO_SETTINGS_MODULE")}
     env["TMPDIR"] = str(tmp_path)
     proc = subprocess.run([sys.executable, "bench/integrity.py"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=2400)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
     caught = re.search(r"cheats caught: (\d+)/(\d+) \(100%\)", out)
