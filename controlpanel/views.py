@@ -503,8 +503,6 @@ def check_row(run: Run, check: Check, manifest_href: str = "") -> CheckRow:
     seconds = check.elapsed_seconds if check.elapsed_seconds is not None else (
         _span(check.started_at, None) if running else None)
     verdict = "running" if running else ("stale" if check.stale else ("pass" if check.passed else "fail"))
-    if check.kind == Check.Kind.START and not running:  # evidence of what was agreed, never a pass or a failure
-        outcome, verdict = "off", "tests collected"
     return CheckRow(obj=check, outcome=outcome, elapsed=seconds_text(seconds), log_url=log_url, running=running,
                     exit=exit_text(check.exit_code, check.signal), verdict=verdict,
                     manifest_html=digest_link(check.manifest_digest, manifest_href))
@@ -565,10 +563,7 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
             tests += (f" All {agreed['count']} agreed tests (from {agreed['from']}) passed again." if not agreed["missing"]
                       else f" {agreed['missing']} of the {agreed['count']} agreed tests (from {agreed['from']}) did "
                            f"not pass again.")
-        if check.kind == Check.Kind.START:
-            tests += (" This check only collected the gate's tests at the stage's starting commit (--collect-only): "
-                      "those are the agreed tests, each of which the stage's checks must report passed again.")
-        elif (check.tests or {}).get("why"):
+        if (check.tests or {}).get("why"):
             tests += f" The gate failed: {check.tests['why']}."
         record = ""
         if (check.tests or {}).get("record_path"):
@@ -851,8 +846,7 @@ def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict |
             facts.append((key, _fact_text(value)))
     if not named and run.stop_reason in ("gate_failed", "repair_exhausted", "unchanged_failure",
                                          "final_verification_failed"):
-        failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None
-                  and c.kind != Check.Kind.START]
+        failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None]
         named = failed[-1:]
     if "attempt" not in evidence:  # the change the checks failed on: the stage's latest attempt with a patch
         stage_id = next((c.stage_id for c in named), None)

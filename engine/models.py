@@ -369,7 +369,6 @@ class Check(models.Model):
         GATE = "gate", "stage gate"
         HEALTH = "health", "health check"
         FINAL = "final", "final verification"
-        START = "start", "starting commit (its tests collected: the agreed tests)"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checks")
     stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, null=True, blank=True, related_name="checks")

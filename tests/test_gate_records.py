@@ -55,8 +55,8 @@ def test_code_under_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_
     assert raw.status_code == 200 and b'"e":"start"' in b"".join(raw.streaming_content)
     assert "FAIL (runner_incomplete: exit 0, not what its test runner recorded)" in status_text(run)
     checks = operations.run_status(run)["stages"][0]["checks"]
-    assert [c["kind"] for c in checks] == ["start", "gate"] and checks[0]["tests"]["listed"] == 1
-    shown = checks[1]["tests"]
+    assert [c["kind"] for c in checks] == ["gate"]
+    shown = checks[0]["tests"]
     assert shown["unfinished"] == 1 and shown["record"] and "record_path" not in shown
 
 
@@ -74,10 +74,14 @@ def test_an_honest_stage_passes_with_the_counts_shown_and_an_exit_status_gate_sa
     assert unit.passed and unit.tests["counts"]["passed"] == 1 and unit.tests["finished"] == 1
     assert lint.passed and lint.tests is None
     # the agreed test, collected at the starting commit (where it failed: answer() was not written), passed again
-    start = Check.objects.get(run=run, name="unit@start", kind="start")
-    assert start.tests["listed"] == 1 and unit.tests["agreed"] == {
+    ledger = run.stages.get().agreed_tests
+    assert ledger["unit"]["ids"] == ["tests/test_core.py::test_answer"] and unit.tests["agreed"] == {
         "count": 1, "from": f"the starting commit {run.commit[:12]}", "missing": 0, "missing_ids": [], "how": {}}
-    assert not Check.objects.filter(run=run, name="lint@start").exists()  # it names no pytest
+    assert '"e":"collected"' in (Path(settings.VAR_DIR) / ledger["unit"]["record"]).read_text()
+    assert "1 test collected" in (Path(settings.VAR_DIR) / ledger["unit"]["log"]).read_text()
+    assert ledger["lint"] == {"ids": [], "from": "none: the gate's command names no pytest", "log": None,
+                              "record": None}
+    assert [c.kind for c in Check.objects.filter(run=run).order_by("id")] == ["gate", "gate", "final", "final"]
     page = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, unit.pk])).content.decode()
     assert "pytest recorded 1 collected test(s): 1 passed; 1 session(s), finished, status 0." in page
     assert "All 1 agreed tests (from the starting commit" in page
@@ -117,7 +121,8 @@ def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pip
     ledger = run.stages.get(key="two").agreed_tests["unit"]
     assert ledger["ids"] == ["tests/test_core.py::test_answer", "tests/test_more.py::test_bonus"]
     assert ledger["from"] == "stage 'one'"  # the first stage's ledger and what passed at its accepted check
-    assert not Check.objects.filter(run=run, kind="start", stage__key="two").exists()
+    # nothing collected again: the evidence is still stage one's collection at the run's commit
+    assert ledger["log"] == run.stages.get(key="one").agreed_tests["unit"]["log"]
     check = Check.objects.filter(run=run, name="unit", kind="gate", stage__key="two").last()
     assert check.failure_kind == "tests_missing" and check.tests["agreed"]["missing_ids"] == [
         "tests/test_more.py::test_bonus"]

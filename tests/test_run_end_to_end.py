@@ -61,7 +61,7 @@ def test_two_stages_run_through_a_real_worker(workers, make_pipeline, repo):
         tree = git(repo, "rev-parse", f"{stage['checkpoint']}^{{tree}}").strip()
         assert stage["accepted_manifest"] == tree
         assert all(c["manifest"] == tree and c["passed"] and c["exit_code"] == 0 for c in stage["checks"]
-                   if c["kind"] != "final")
+                   if c["kind"] not in ("final", "start"))  # a start check collects the agreed tests: no files
         assert [a["operation"] for a in stage["attempts"]] == ["implement", "review", "document"]
         assert all(a["simulated"] for a in stage["attempts"])
     # and the whole result was verified again on the final checkpoint
@@ -101,7 +101,7 @@ def test_a_failing_gate_stops_the_run_naming_the_gate(workers, make_pipeline, re
     assert run.status == "waiting_review"
     assert run.stop_reason == "gate_failed"
     assert "'unit'" in run.stop_message and "exited 1" in run.stop_message
-    check = Check.objects.get(run=run)
+    check = Check.objects.get(run=run, kind="gate")
     assert (check.exit_code, check.passed, check.name) == (1, False, "unit")
     assert run.stop_evidence == {"check": check.pk, "gate": "unit", "manifest": check.manifest_digest}
     assert "assert 41 == 42" in (Path(settings.VAR_DIR) / check.log_path).read_text()
@@ -116,7 +116,7 @@ def test_a_gate_command_that_does_not_exist_fails_with_that_said(workers, make_p
                "gates": [{"name": "lint", "command": "no-such-linter --strict"}], "repair_allowance": 0}]
     run = start(operations.create_run(make_pipeline(stages=stages), str(repo), "main"))
     assert run.status == "waiting_review" and run.stop_reason == "gate_failed"
-    check = Check.objects.get(run=run)
+    check = Check.objects.get(run=run, kind="gate")
     assert check.exit_code == 127 and check.failure_kind == "command_not_found" and not check.passed
     assert "command not found" in run.stop_message
 
@@ -127,7 +127,7 @@ def test_c24_a_pipe_or_a_trailing_command_cannot_hide_a_failure(workers, make_pi
                "gates": [{"name": "tests", "command": command}], "repair_allowance": 0}]
     pipeline = make_pipeline(stages=stages, scenario={"stages": {"answer": {"implement": [WRONG_STEP]}}})
     run = start(operations.create_run(pipeline, str(repo), "main"))
-    check = Check.objects.get(run=run)
+    check = Check.objects.get(run=run, kind="gate")
     assert check.exit_code == 1 and not check.passed
     assert check.argv[:3] == ["bash", "-eo", "pipefail"]
     assert run.status == "waiting_review" and run.stop_reason == "gate_failed"

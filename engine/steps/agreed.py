@@ -7,7 +7,8 @@ verification:
 * for the first stage that runs a gate whose command names pytest (``test_reports.runs_pytest``):
   the ids pytest collects at the stage's starting commit, less those a skip, a true skipif or an
   xfail mark stands on. The gate runs there once with ``--collect-only`` added (no test runs), on a
-  fresh checkout of that commit, as a check of kind ``start`` (kept as evidence: what was agreed);
+  fresh checkout of that commit, recorded as no check: its log and its runner's record are kept in
+  the run's ``agreed/`` records (the ledger's ``log`` and ``record``), the evidence of what was agreed;
 * for a later stage: the ledger of the latest earlier stage that has the gate, with the ids that
   passed in that stage's accepted check of it (the gate that passed on its accepted manifest):
   a test a stage added and made pass is agreed from the next stage on.
@@ -33,8 +34,8 @@ from .. import machine, protected, test_reports, workspace
 from ..models import Check, Run, StageRun
 from .checkouts import final_checkout, remove_final_checkout
 from .common import fenced
-from .gates import run_gate
-from .paths import scratch_dirs, var_path
+from .gates import collect_tests, run_gate
+from .paths import control_path, scratch_dirs, var_path
 
 #: How many missing ids a check's record and its sentence name.
 NAMED = 20
@@ -42,7 +43,7 @@ NAMED = 20
 
 def ledgers(run: Run, stage: StageRun, gates: list[tuple[dict, str]], env: dict, should_stop,
             lease: str | None) -> dict[str, dict]:
-    """``{gate name: {"ids", "from", "check"}}`` for the stage's gates, made once and kept on the stage."""
+    """``{gate name: {"ids", "from", "log", "record"}}`` for the stage's gates, made once and kept on the stage."""
     known = dict(stage.agreed_tests or {})
     made = False
     for gate, _kind in gates:
@@ -75,10 +76,10 @@ def after(stage: StageRun, name: str) -> dict | None:
     ids = set(entry["ids"])
     if stage.accepted_manifest:
         accepted = (stage.checks.filter(name=name, passed=True, stale=False, manifest_digest=stage.accepted_manifest)
-                    .exclude(kind=Check.Kind.START).order_by("-id").first())
+                    .order_by("-id").first())
         if accepted is not None:
             ids |= passed_ids(accepted)
-    return {"ids": sorted(ids), "from": f"stage '{stage.key}'", "check": entry.get("check")}
+    return {"ids": sorted(ids), "from": f"stage '{stage.key}'", "log": entry.get("log"), "record": entry.get("record")}
 
 
 def final_ledger(run: Run, name: str) -> dict | None:
@@ -109,26 +110,25 @@ def _from_earlier_stage(run: Run, stage: StageRun, name: str) -> dict | None:
 
 
 def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lease: str | None) -> dict:
-    """The gate's tests at the stage's starting commit, collected only, on a fresh checkout of it."""
+    """The gate's tests at the stage's starting commit, collected only, on a fresh checkout of it; its log
+    and its runner's record are kept under the run's ``agreed/`` records."""
     if not test_reports.runs_pytest(gate["command"]):
-        return {"ids": [], "from": "none: the gate's command names no pytest", "check": None}
+        return {"ids": [], "from": "none: the gate's command names no pytest", "log": None, "record": None}
     scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
     folder = scratch / f"start-{stage.order + 1:02d}-{stage.base_commit[:12]}"
     own = scratch / f"{folder.name}-scratch"
+    log_rel = control_path(run, "agreed", f"{stage.order + 1:02d}-{stage.key}-{gate['name']}.log")
     try:
         final_checkout(run, stage.base_commit, folder, own)
         start_env = {**env, "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"), "CP_TMP_DIR": str(own / "tmp"),
-                     "CP_DATA_DIR": str(own / "data"),
-                     "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"]))}
-        # named apart from the gate's own checks (a gate's name is a slug: "@" is none of its)
-        check = run_gate(run, stage, {**gate, "name": f"{gate['name']}@start"}, Check.Kind.START, "", start_env,
-                         should_stop, 1, cwd=str(folder), lease=lease)
+                     "CP_DATA_DIR": str(own / "data")}
+        found = collect_tests(run, gate, str(folder), start_env, should_stop, lease, log_rel)
     finally:
         with contextlib.suppress(workspace.WorkspaceError):
             remove_final_checkout(run, folder, own)
-    record = _record_of(check)
-    ids = sorted(set(record.listed) - record.marked) if record else []
-    return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "check": check.pk}
+    ids = sorted(set(found["listed"]) - set(found["marked"]))
+    return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "log": found["log_path"],
+            "record": found["record_path"], "exit_code": found["exit_code"]}
 
 
 def gate_checks(run: Run, stage: StageRun, gate: dict, kind: str, digest: str, changes: list[dict], env: dict,

@@ -135,6 +135,36 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
     return check
 
 
+def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease: str | None,
+                  log_rel: str) -> dict:
+    """The gate's command run in ``cwd`` with ``--collect-only`` added for pytest (nothing runs), in
+    the gates' sandbox and under their limits, recorded as no Check: what engine/steps/agreed.py
+    keeps as the stage's agreed tests. Returns ``{"exit_code", "log_path", "record_path",
+    "listed", "marked"}`` (``record_path`` None when pytest recorded nothing)."""
+    argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
+    env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"]))}
+    env, launch, reporter = _gate_sandbox(run, argv, cwd, env)
+    try:
+        deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
+        bounds = limits.Bounds(limits.effective(run.definition["pipeline"].get("limits")), "check",
+                               [cwd, env.get("HOME", ""), env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")],
+                               marker=f"{process_marker_prefix(run)}collect-{gate['name']}")
+        result = bounds.run(launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+                            redactor=Redactor(secret_env_values(env)), should_stop=should_stop, grace_seconds=5.0,
+                            on_start=lease_guard(run.pk, lease) if lease else None)
+        record = test_reports.parse(reporter.record) if reporter.record.is_file() else None
+        kept = None
+        if record is not None:
+            kept = log_rel[:-len(".log")] + ".tests.jsonl"
+            with contextlib.suppress(OSError):
+                shutil.copyfile(reporter.record, var_path(kept))
+        return {"exit_code": result.exit_code, "log_path": log_rel, "record_path": kept,
+                "listed": sorted(set(record.listed)) if record else [], "marked": sorted(record.marked) if record else []}
+    finally:
+        shutil.rmtree(env["HOME"], ignore_errors=True)
+        reporter.remove()
+
+
 def _tests_of(run: Run, check: Check, reporter: test_reports.Reporter, log_rel: str) -> dict | None:
     """What the gate's test runner recorded (engine/test_reports ``read``), its record kept beside the
     check's log as evidence (``record_path``)."""
@@ -238,14 +268,14 @@ def gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
     pipeline = stage.run.definition["pipeline"]
     names = [g["name"] for g in pipeline.get("baseline_checks") or []] + [g["name"] for g in stage.spec["gates"]]
     results = {name: False for name in names}
-    for check in stage.checks.filter(manifest_digest=digest, stale=False).exclude(kind=Check.Kind.START).order_by("id"):
+    for check in stage.checks.filter(manifest_digest=digest, stale=False).order_by("id"):
         if check.name in results:
             results[check.name] = check.passed
     return results
 
 
 def check_sentence(check: Check) -> str:
-    label = {"baseline": "Baseline check", "gate": "Gate", "start": "Start check"}.get(check.kind, "Check")
+    label = {"baseline": "Baseline check", "gate": "Gate"}.get(check.kind, "Check")
     if check.passed:
         return f"{label} '{check.name}' passed: `{check.command}` exited 0."
     reasons = {

@@ -29,7 +29,7 @@ def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str
         patch_rel = control_path(run, plan["folder"], "reviewed.diff")
         workspace.write_patch(run.worktree, stage.base_commit, start["tree"], str(var_path(patch_rel)))
         checks = []
-        for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).exclude(kind="start").order_by("id"):
+        for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).order_by("id"):
             ledger = (stage.agreed_tests or {}).get(c.name) or {}
             new = sorted(agreed.passed_ids(c) - set(ledger.get("ids") or [])) if c.tests else []
             checks.append({"name": c.name, "command": c.command, "exit_code": c.exit_code, "passed": c.passed,

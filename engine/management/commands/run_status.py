@@ -65,8 +65,6 @@ def check_outcome(check: dict) -> str:
         return kind.upper()
     if kind in ("process_limit", "memory_limit", "write_limit", "output_too_large"):  # engine/limits.py
         return f"FAIL ({kind}: stopped at its limit)"
-    if check.get("kind") == "start":  # the gate's tests collected at the stage's starting commit: evidence
-        return f"{(check.get('tests') or {}).get('listed', 0)} tests collected (the agreed tests)"
     if kind in ("runner_incomplete", "tests_failed", "tests_missing"):  # exit 0, but the runner's record says not
         return f"FAIL ({kind}: exit {check['exit_code']}, not what its test runner recorded)"
     if check["exit_code"] is None and check["signal"] is not None:
