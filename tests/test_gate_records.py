@@ -103,7 +103,9 @@ def test_code_under_test_that_skips_an_agreed_test_stops_with_its_id(make_pipeli
     assert check.exit_code == 0 and check.failure_kind == "tests_missing"  # pytest itself exits 0: one skipped
     assert check.tests["agreed"]["how"] == {"tests/test_core.py::test_answer": "skipped"}
     assert "tests/test_core.py::test_answer (skipped)" in run.stop_message and "tests_missing" in run.stop_message
-    assert "FAIL (tests_missing: exit 0, not what its test runner recorded)" in status_text(run)
+    shown = status_text(run)
+    assert "FAIL (tests_missing: exit 0, not what its test runner recorded)" in shown
+    assert "[pytest: 1 skipped; agreed 0 of 1 passed again]" in shown
 
 
 def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pipeline, repo, sent):

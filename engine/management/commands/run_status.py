@@ -53,6 +53,18 @@ def host_text(data: dict) -> str:
     return f" on host {data['host']} (LOST: " + (f"no heartbeat for {age:.0f} s)" if age is not None else "it never beat)")
 
 
+def tests_counts(tests: dict | None) -> str:
+    """`` [pytest: 12 passed, 1 skipped; agreed 5 of 5]``: what a check's test runner recorded (engine/test_reports),
+    '' for an exit-status gate."""
+    if not tests or not tests.get("counts"):
+        return ""
+    counts = ", ".join(f"{n} {k}" for k, n in tests["counts"].items() if n) or "no test"
+    agreed = tests.get("agreed")
+    if agreed:
+        counts += f"; agreed {agreed['count'] - agreed['missing']} of {agreed['count']} passed again"
+    return f" [pytest: {counts}]"
+
+
 def check_outcome(check: dict) -> str:
     """``pass (exit 0)``, ``FAIL (exit 1)``, ``RUNNING``, or what cut it short (``INTERRUPTED``, ``CANCELLED``,
     ``TIMEOUT``, ``killed by signal 9``): a check that was stopped did not fail."""
@@ -152,7 +164,8 @@ class Command(EngineCommand):
                              + (f", invalid verdict: {a['verdict_problem']}" if a["verdict_problem"] else "")
                              + (f", {len(a['refusals'])} tool call(s) refused" if a["refusals"] else ""))
             for c in stage["checks"]:
-                lines.append(f"    check {c['name']}: {check_outcome(c)} `{c['command']}`" + (" [stale]" if c["stale"] else ""))
+                lines.append(f"    check {c['name']}: {check_outcome(c)} `{c['command']}`"
+                             + (" [stale]" if c["stale"] else "") + tests_counts(c.get("tests")))
         for line in lines:
             self.stdout.write(line)
 
