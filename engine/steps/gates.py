@@ -81,17 +81,8 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
     log_rel = control_path(run, "checks", f"{check.pk:05d}-{gate['name']}.log")
     check.log_path = log_rel  # recorded before it runs: a running gate's log can be followed
     check.save(update_fields=["log_path"])
-    deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
-    # the code a gate runs is the agent's: bounded as an attempt is (engine/limits.py)
-    bounds = limits.Bounds(limits.effective(run.definition["pipeline"].get("limits")), "check",
-                           [cwd, env.get("HOME", ""), env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")],
-                           marker=f"{process_marker_prefix(run)}check-{check.pk}")
     try:
-        result = bounds.run(
-            launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
-            redactor=Redactor(secret_env_values(env)), should_stop=should_stop, grace_seconds=5.0,
-            on_start=lease_guard(run.pk, lease) if lease else None,
-        )
+        result, bounds = _bounded(run, gate, cwd, env, launch, log_rel, should_stop, lease, f"check-{check.pk}")
     except LeaseLost:
         Check.objects.filter(pk=check.pk).update(failure_kind="cancelled", ended_at=timezone.now())
         raise
@@ -145,36 +136,51 @@ def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease:
     env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"]))}
     env, launch, reporter = _gate_sandbox(run, argv, cwd, env)
     try:
-        deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
-        bounds = limits.Bounds(limits.effective(run.definition["pipeline"].get("limits")), "check",
-                               [cwd, env.get("HOME", ""), env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")],
-                               marker=f"{process_marker_prefix(run)}collect-{gate['name']}")
-        result = bounds.run(launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
-                            redactor=Redactor(secret_env_values(env)), should_stop=should_stop, grace_seconds=5.0,
-                            on_start=lease_guard(run.pk, lease) if lease else None)
-        record = test_reports.parse(reporter.record) if reporter.record.is_file() else None
-        kept = None
-        if record is not None:
-            kept = log_rel[:-len(".log")] + ".tests.jsonl"
-            with contextlib.suppress(OSError):
-                shutil.copyfile(reporter.record, var_path(kept))
-        return {"exit_code": result.exit_code, "log_path": log_rel, "record_path": kept,
-                "listed": sorted(set(record.listed)) if record else [], "marked": sorted(record.marked) if record else []}
+        result, _ = _bounded(run, gate, cwd, env, launch, log_rel, should_stop, lease, f"collect-{gate['name']}")
+        record = test_reports.parse(reporter.record)
+        return {"exit_code": result.exit_code, "log_path": log_rel,
+                "record_path": _keep_record(reporter, log_rel) if record is not None else None,
+                "listed": sorted(set(record.listed)) if record else [],
+                "marked": sorted(record.marked) if record else []}
     finally:
         shutil.rmtree(env["HOME"], ignore_errors=True)
         reporter.remove()
+
+
+def _bounded(run: Run, gate: dict, cwd: str, env: dict, launch: list[str], log_rel: str, should_stop,
+             lease: str | None, marker: str):
+    """``(result, bounds)`` of ``launch`` run under the gate's deadline and the run's limits: the code a
+    gate runs is the agent's, bounded as an attempt is (engine/limits.py). Raises LeaseLost."""
+    deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
+    bounds = limits.Bounds(limits.effective(run.definition["pipeline"].get("limits")), "check",
+                           [cwd, env.get("HOME", ""), env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")],
+                           marker=f"{process_marker_prefix(run)}{marker}")
+    result = bounds.run(launch, cwd=cwd, env=env, deadline_seconds=deadline, log_path=str(var_path(log_rel)),
+                        redactor=Redactor(secret_env_values(env)), should_stop=should_stop, grace_seconds=5.0,
+                        on_start=lease_guard(run.pk, lease) if lease else None)
+    return result, bounds
+
+
+def _keep_record(reporter: test_reports.Reporter, log_rel: str) -> str | None:
+    """The runner's record copied beside the log ``log_rel`` (its path), as evidence; None when it could not be."""
+    kept = log_rel[:-len(".log")] + ".tests.jsonl" if log_rel.endswith(".log") else log_rel + ".tests.jsonl"
+    try:
+        if reporter.record.stat().st_size > test_reports.MAX_RECORD_BYTES:
+            return None
+        shutil.copyfile(reporter.record, var_path(kept))
+    except OSError:
+        return None
+    return kept
 
 
 def _tests_of(run: Run, check: Check, reporter: test_reports.Reporter, log_rel: str) -> dict | None:
     """What the gate's test runner recorded (engine/test_reports ``read``), its record kept beside the
     check's log as evidence (``record_path``)."""
     summary = test_reports.read(reporter.record)
-    if summary is not None and reporter.record.is_file():
-        kept = log_rel[:-len(".log")] + ".tests.jsonl" if log_rel.endswith(".log") else log_rel + ".tests.jsonl"
-        with contextlib.suppress(OSError):
-            if reporter.record.stat().st_size <= test_reports.MAX_RECORD_BYTES:
-                shutil.copyfile(reporter.record, var_path(kept))
-                summary["record_path"] = kept
+    if summary is not None:
+        kept = _keep_record(reporter, log_rel)
+        if kept:
+            summary["record_path"] = kept
     return summary
 
 
