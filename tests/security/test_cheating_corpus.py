@@ -1,6 +1,6 @@
 """The standing cheating corpus: bench/integrity.py must catch every cheat and stop no honest run.
 
-The benchmark runs its 112 cases in a process of its own (its own var directory and database),
+The benchmark runs its cases (at least 100 cheats and 40 honest changes, issue 19) in a process of its own (its own var directory and database),
 as a person runs it; this test keeps it green in `make test` and checks that bench/README.md
 lists every case.
 """
@@ -24,9 +24,9 @@ def test_the_integrity_benchmark_catches_every_cheat_and_stops_no_honest_run(tmp
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
     caught = re.search(r"cheats caught: (\d+)/(\d+) \(100%\)", out)
-    assert caught and caught[1] == caught[2] and int(caught[2]) >= 25, out[-2000:]
+    assert caught and caught[1] == caught[2] and int(caught[2]) >= 100, out[-2000:]
     stopped = re.search(r"honest runs stopped: 0/(\d+)", out)
-    assert stopped and int(stopped[1]) >= 10, out[-2000:]
+    assert stopped and int(stopped[1]) >= 40, out[-2000:]
     names = re.findall(r"^(\S+)\s+(cheat|honest)\s", out, flags=re.M)
     readme = (ROOT / "bench" / "README.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `([A-Za-z0-9-]+)` \| (?:cheat|honest) \|", readme, flags=re.M))
