@@ -1061,6 +1061,14 @@ files, which git does not see, removed and read-only folders made writable first
     return worktree_tree(worktree) == want
 
 
+def tree_commit(worktree: str, tree: str, parent: str) -> str:
+    """A commit of ``tree`` (a manifest's, already in the repository's objects) on ``parent``, reached by
+    no ref: what :func:`add_detached_worktree` checks out to look at files an agent left without
+    touching its worktree (git's garbage collection removes it in time)."""
+    return _out(["commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m", "files left by an agent, looked at"],
+                worktree, env=_checkpoint_env())
+
+
 def add_detached_worktree(repo: str, path: str, commit: str, *, lock_dir: str) -> None:
     """``git worktree add --detach -q <path> <commit>`` in ``repo``, holding :func:`repo_lock`.
 

@@ -7,6 +7,7 @@ sandbox, real pytest), driven step by step.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,79 @@ def test_deleting_an_agreed_test_module_stops_naming_its_tests(make_pipeline, re
     assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
     assert "tests/test_core.py deleted (its tests: tests/test_core.py::test_answer)" in run.stop_message
     assert run.stop_evidence["changes"][0]["tests"] == ["tests/test_core.py::test_answer"]
+
+
+@pytest.mark.parametrize("files", [
+    {"pytest.ini": "[pytest]\naddopts = -p no:cacheprovider --deselect tests/test_core.py::test_answer\n"},
+    {"pytest.ini": "[pytest]\naddopts = -p no:cacheprovider -k 'not answer'\n"},
+    {"tests/conftest.py": "collect_ignore = ['test_core.py']\n"},
+    {"conftest.py": "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n    for item in items:\n"
+                    "        item.add_marker(pytest.mark.skip(reason='later'))\n"},
+], ids=["deselect", "keyword", "collect-ignore", "skip-marks"])
+def test_a_runner_configuration_that_deselects_an_agreed_test_stops_naming_it(make_pipeline, repo, sent, files):
+    """The change is refused as tampering before any gate runs (a configuration the agent wrote decides
+    nothing); the stop names the agreed test it took away, from pytest's --collect-only on a checkout of
+    the agent's files."""
+    pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [{"write": files}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
+    said = "would no longer run these agreed tests: gate 'unit': tests/test_core.py::test_answer."
+    if said not in run.stop_message:
+        pytest.fail(f"the stop does not name the agreed test: {run.stop_message}", pytrace=False)
+    dropped = run.stop_evidence["dropped"]["unit"]
+    assert dropped["count"] == 1 and dropped["ids"] == ["tests/test_core.py::test_answer"]
+    log = (Path(settings.VAR_DIR) / dropped["log"]).read_text()  # the collection's own log, kept: its summary line
+    assert re.search(r"(collected|selected).* in [0-9.]+s\n", log), log
+    assert not Check.objects.filter(run=run).exists()  # no gate ran on the refused files
+    assert run.stages.get().agreed_tests["unit"]["ids"] == ["tests/test_core.py::test_answer"]
+
+
+@pytest.mark.parametrize("files, exit_code, kind, apart", [
+    # a new test module that ends pytest with 0 at collection, in a test's body, from a fixture: the agreed
+    # test runs apart from it (only its own file) and fails on the unwritten answer()
+    ({"tests/test_aaa_setup.py": "import os\nos._exit(0)\n"}, 1, "nonzero_exit", "only"),
+    ({"tests/test_aaa.py": "import os\n\n\ndef test_first():\n    os._exit(0)\n"}, 1, "nonzero_exit", "only"),
+    ({"tests/test_aaa.py": "import sys\n\nimport pytest\n\n\n@pytest.fixture(autouse=True)\ndef stop():\n"
+                           "    sys.exit(0)\n\n\ndef test_first():\n    pass\n"}, 1, "nonzero_exit", "only"),
+    # the code under test: a wrong answer() and an atexit handler that turns pytest's status 1 into 0
+    ({"app/core.py": '"""Core."""\nimport atexit\nimport os\n\natexit.register(os._exit, 0)\n\n\n'
+                     "def answer():\n    return 0\n"}, 0, "tests_failed", None),
+], ids=["exit-at-collection", "exit-in-test-body", "sys-exit-from-fixture", "atexit-rewrite"])
+def test_each_way_to_end_pytest_early_stops_the_run(make_pipeline, repo, sent, files, exit_code, kind, apart):
+    pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [{"write": files}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
+    check = Check.objects.get(run=run, name="unit", kind="gate")
+    seen = (check.exit_code, check.failure_kind, (check.tests or {}).get("apart"))
+    if seen != (exit_code, kind, apart):
+        pytest.fail(f"the gate's check: {seen}, expected {(exit_code, kind, apart)}; {check.tests}", pytrace=False)
+    assert "tests/test_core.py::test_answer" in (check.tests["failed_ids"] + check.tests["agreed"]["missing_ids"])
+
+
+def test_new_test_data_and_helpers_are_welcome_and_protected_from_the_next_stage_on(make_pipeline, repo, sent):
+    """protected_paths [tests/**]: stage one adds tests/data/cases.json and tests/helpers.py with the new test
+    that uses them, and succeeds; stage two changes that data file and stops, naming it."""
+    test = ("import json, pathlib\n\nfrom helpers import same\n\nfrom app import core\n\n\ndef test_cases():\n"
+            "    for want in json.loads((pathlib.Path(__file__).parent / 'data' / 'cases.json').read_text()):\n"
+            "        same(core.answer(), want)\n")
+    one = {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], "tests/data/cases.json": "[42]\n",
+                                    "tests/helpers.py": "def same(a, b):\n    assert a == b, (a, b)\n",
+                                    "tests/test_cases.py": test}}
+    two = {"write": {"tests/data/cases.json": "[]\n"}}
+    stages = [{**STAGE, "key": "one"}, {**STAGE, "key": "two", "requirement": "Keep answer()."}]
+    pipeline = make_pipeline(stages=stages, protected_paths=["tests/**"], scenario={"stages": {
+        "one": {"implement": [one]}, "two": {"implement": [two]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    first = run.stages.get(key="one")
+    assert first.status == "passed", run.stop_message
+    assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
+    assert run.stages.get(key="two").status != "passed"
+    assert "tests/data/cases.json modified" in run.stop_message
+    # the new test joined the agreed tests of stage two; the changed data would have emptied it
+    assert "tests/test_cases.py::test_cases" in run.stages.get(key="two").agreed_tests["unit"]["ids"]

@@ -22,6 +22,12 @@ failure), or ``tests_failed`` when one failed; the check's ``tests.agreed`` says
 agreed and which are missing. The final verification holds each gate to its last ledger.
 A gate whose command names no pytest (``make test``, a script) has no ledger: its runner's record,
 when there is one, is still judged (engine/test_reports), its ids are not.
+
+When an agent changed protected files (a runner configuration, a conftest, a protected test), the
+run stops without running a gate; ``dropped`` then names the agreed tests pytest would no longer
+run on those files (``--collect-only`` on a fresh checkout of them, in the gates' sandbox): the
+stop says which tests a ``-k``, a ``--deselect`` or a ``collect_ignore`` took away. That list is
+what the agent's own configuration let pytest say, shown as such, never a reason to pass.
 """
 from __future__ import annotations
 
@@ -129,6 +135,57 @@ def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lea
     ids = sorted(set(found["listed"]) - set(found["marked"]))
     return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "log": found["log_path"],
             "record": found["record_path"], "exit_code": found["exit_code"]}
+
+
+def dropped(run: Run, stage: StageRun, tree: str, folder: str, env: dict, should_stop,
+            lease: str | None) -> dict[str, dict]:
+    """``{gate name: {"count", "ids", "log"}}``: the agreed tests of the stage's pytest gates that pytest
+    would not run (not collected, or now under a skip or xfail mark) on the files ``tree`` (a
+    manifest of what an agent left, refused as tampering), collected on a fresh checkout of them;
+    the collection's log under the run's ``folder``. Empty when no gate has agreed tests."""
+    pipeline = run.definition["pipeline"]
+    gates = [(g, Check.Kind.BASELINE) for g in pipeline.get("baseline_checks") or []]
+    gates += [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
+    gates = [(g, kind) for g, kind in gates if test_reports.runs_pytest(g["command"])]
+    if not gates:
+        return {}
+    known = ledgers(run, stage, gates, env, should_stop, lease)
+    wanted = [(gate, known[gate["name"]]["ids"]) for gate, _ in gates if (known.get(gate["name"]) or {}).get("ids")]
+    if not wanted or should_stop():
+        return {}
+    scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
+    checkout, own = scratch / f"changed-{tree[:12]}", scratch / f"changed-{tree[:12]}-scratch"
+    found: dict[str, dict] = {}
+    try:
+        final_checkout(run, workspace.tree_commit(run.worktree, tree, stage.base_commit), checkout, own)
+        changed_env = {**env, "CP_WORKTREE": str(checkout), "TMPDIR": str(own / "tmp"), "CP_TMP_DIR": str(own / "tmp"),
+                       "CP_DATA_DIR": str(own / "data")}
+        for gate, ids in wanted:
+            listed = collect_tests(run, gate, str(checkout), changed_env, should_stop, lease,
+                                   control_path(run, folder, f"collected-{gate['name']}.log"))
+            still = set(listed["listed"]) - set(listed["marked"])
+            gone = [test for test in ids if test not in still]
+            if gone:
+                found[gate["name"]] = {"count": len(gone), "ids": gone[:NAMED], "log": listed["log_path"]}
+            if should_stop():
+                break
+    except workspace.WorkspaceError:
+        return found
+    finally:
+        with contextlib.suppress(workspace.WorkspaceError):
+            remove_final_checkout(run, checkout, own)
+    return found
+
+
+def dropped_sentence(found: dict[str, dict]) -> str:
+    """The stop message's words for ``dropped``'s result, or "" when it named none."""
+    if not found:
+        return ""
+    parts = [f"gate '{name}': " + ", ".join(entry["ids"][:5]) + (f" and {entry['count'] - 5} more"
+                                                                 if entry["count"] > 5 else "")
+             for name, entry in found.items()]
+    return (" With these files, pytest (--collect-only on a checkout of them) would no longer run these agreed "
+            "tests: " + "; ".join(parts) + ".")
 
 
 def gate_checks(run: Run, stage: StageRun, gate: dict, kind: str, digest: str, changes: list[dict], env: dict,

@@ -34,6 +34,7 @@ from .common import (
     stage_row,
     storable,
 )
+from . import agreed
 from .gates import gate_commands
 from .paths import (attempt_homes, control_path, process_marker_prefix, run_env, scratch_dirs, sha256_file,
                     var_path)
@@ -230,6 +231,9 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
     patch = workspace.write_patch(run.worktree, stage.base_commit, after["tree"], str(var_path(patch_rel)))
     outcome.update({"manifest": after, "patch_path": patch_rel, "patch": patch})
     outcome["tamper"] = tamper_report(run, after, plan["folder"], secrets)
+    if outcome["tamper"] is not None:  # which agreed tests the changed files would take away, by id
+        outcome["tamper"]["dropped"] = agreed.dropped(run, stage, after["tree"], plan["folder"], run_env(run, stage.key),
+                                                      should_stop, plan["lease"])
     outcome["outward"] = workspace.outward_symlinks(run.worktree, after["changes"])
     return outcome
 
@@ -326,6 +330,7 @@ def refuse_attempt(evidence: dict, kind: str, message: str) -> None:
 def stop_tampered(run: Run, stage: StageRun, tamper: Tamper, who: str, evidence: dict) -> None:
     changes = tamper["changes"]
     text = protected.describe(changes)
+    dropped = tamper.get("dropped") or {}
     refuse_attempt(evidence, "protected_files_changed", f"changed protected files: {text}")
     machine.event(run, "protected_files_changed",
                   f"{who} changed protected files: {text}. The diff against the protected copies is kept "
@@ -335,9 +340,9 @@ def stop_tampered(run: Run, stage: StageRun, tamper: Tamper, who: str, evidence:
                  f"Protected checks were changed, so no result can be accepted: {text}. Agents may add new test "
                  f"files but not change, delete, rename or chmod the agreed ones (nor those an earlier stage "
                  f"added), nor add a file that changes how the tests run (a conftest.py or runner configuration "
-                 f"anywhere, a module shadowing one the tests import).",
+                 f"anywhere, a module shadowing one the tests import)." + agreed.dropped_sentence(dropped),
                  stage=stage, evidence={**evidence, "changes": changes, "report": tamper["report"],
-                                        "files": tamper.get("files")})
+                                        "files": tamper.get("files"), "dropped": dropped})
 
 
 def stop_outward(run: Run, stage: StageRun, links: list[dict], who: str, evidence: dict) -> None:

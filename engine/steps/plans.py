@@ -59,6 +59,7 @@ class Tamper(TypedDict):
     changes: list[dict]
     report: str
     files: str
+    dropped: NotRequired[dict]  # engine/steps/agreed.py ``dropped``: agreed tests the files would take away
 
 
 class CrashOutcome(TypedDict, total=False):

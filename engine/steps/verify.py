@@ -52,6 +52,8 @@ def execute(plan: StagePlan, should_stop) -> VerifyOutcome:
         tamper = tamper_report(run, before, f"stages/{stage.order + 1:02d}-{stage.key}/verify",
                                secret_env_values(env))
         if tamper is not None:  # a weakened check never runs: its result could not be trusted
+            tamper["dropped"] = agreed.dropped(run, stage, before["tree"], f"stages/{stage.order + 1:02d}-{stage.key}"
+                                               "/verify", env, should_stop, plan["lease"])
             return {"tamper": tamper, "checks": [], "digest": before["digest"]}
         outward = workspace.outward_symlinks(run.worktree, before["changes"])
         if outward:
