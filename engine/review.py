@@ -147,7 +147,7 @@ def _tests_line(tests: dict | None) -> str:
     if not tests:
         return "; no test runner record (only its exit status decided)"
     counts = tests.get("counts") or {}
-    text = "; pytest recorded " + ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped",
+    text = f"; {tests.get('runner') or 'pytest'} recorded " + ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped",
                                                                         "xfailed", "xpassed") if counts.get(k))
     agreed = tests.get("agreed")
     if agreed:

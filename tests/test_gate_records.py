@@ -80,8 +80,8 @@ def test_an_honest_stage_passes_with_the_counts_shown_and_an_exit_status_gate_sa
         "count": 1, "from": f"the starting commit {run.commit[:12]}", "missing": 0, "missing_ids": [], "how": {}}
     assert '"e":"collected"' in (Path(settings.VAR_DIR) / ledger["unit"]["record"]).read_text()
     assert "1 test collected" in (Path(settings.VAR_DIR) / ledger["unit"]["log"]).read_text()
-    assert ledger["lint"] == {"ids": [], "from": "none: the gate's command names no pytest", "log": None,
-                              "record": None}
+    assert ledger["lint"] == {"ids": [], "from": "none: the gate's command names no pytest or python -m unittest",
+                              "log": None, "record": None}
     assert [c.kind for c in Check.objects.filter(run=run).order_by("id")] == ["gate", "gate", "final", "final"]
     page = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, unit.pk])).content.decode()
     assert "pytest recorded 1 collected test(s): 1 passed; 1 session(s), finished, status 0." in page
@@ -252,3 +252,35 @@ def test_new_test_data_and_helpers_are_welcome_and_protected_from_the_next_stage
     assert "tests/data/cases.json modified" in run.stop_message
     # the new test joined the agreed tests of stage two; the changed data would have emptied it
     assert "tests/test_cases.py::test_cases" in run.stages.get(key="two").agreed_tests["unit"]["ids"]
+
+
+UT_REPO = {"app/__init__.py": "", "app/core.py": '"""Core."""\n', "tests/__init__.py": "",
+           "tests/test_core.py": "import unittest\n\nfrom app import core\n\n\nclass TestCore(unittest.TestCase):\n"
+                                 "    def test_answer(self):\n        self.assertEqual(core.answer(), 42)\n",
+           "docs/PLAN.md": "# Plan\nOne stage: answer.\n", "docs/INDEX.md": "# Index\n- docs/PLAN.md\n"}
+UT_STAGE = {**STAGE, "gates": [{"name": "unit", "command": "python -m unittest discover -s tests -t ."}]}
+
+
+@pytest.mark.parametrize("write, status, kind", [
+    (ANSWER_STEP["write"], "succeeded", ""),
+    ({"app/core.py": '"""Core."""\nimport os\n\nos._exit(0)\n'}, "waiting_review", "runner_incomplete"),
+    ({"app/core.py": '"""Core."""\nimport unittest\n\n\ndef answer():\n    raise unittest.SkipTest("later")\n'},
+     "waiting_review", "tests_missing"),
+], ids=["honest", "exit-at-import", "skip-from-code"])
+def test_a_python_m_unittest_gate_is_judged_by_unittest_s_own_record(make_pipeline, tmp_path, sent, write, status,
+                                                                      kind):
+    from .conftest import make_repo
+
+    origin = make_repo(tmp_path / "origin", UT_REPO)
+    pipeline = make_pipeline(stages=[UT_STAGE], scenario={"stages": {"answer": {"implement": [{"write": write}]}}})
+    run = operations.create_run(pipeline, str(origin), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == status, run.stop_message
+    ledger = run.stages.get().agreed_tests["unit"]
+    assert ledger["ids"] == ["tests/test_core.py::TestCore::test_answer"], ledger  # collected at the start, run none
+    check = Check.objects.filter(run=run, name="unit", kind="gate").first()
+    assert check.exit_code == 0 and check.failure_kind == kind and check.tests["runner"] == "unittest", check.tests
+    if status == "succeeded":
+        assert check.tests["agreed"]["missing"] == 0 and check.tests["counts"]["passed"] == 1
+        assert "[unittest: 1 passed; agreed 1 of 1 passed again]" in status_text(run)

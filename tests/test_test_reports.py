@@ -171,3 +171,79 @@ def test_the_agreed_files_run_apart_from_the_others(tmp_path):
                                                                            "tests/test_aaa_new.py"]))
     assert status == 0 and summary["collected"] == 0 and summary["statuses"] == [0], out
     assert test_reports.judge("python -m pytest", status, summary) == ("", "")
+
+
+# ----------------------------------------------------------------------------- python -m unittest
+
+UT = "python -m unittest discover -s tests -t ."
+UT_PASSING = ("import unittest\n\n\nclass TestA(unittest.TestCase):\n    def test_one(self):\n        self.assertEqual(1, 1)\n\n"
+              "    @unittest.skip('later')\n    def test_later(self):\n        pass\n\n"
+              "    @unittest.expectedFailure\n    def test_known(self):\n        self.assertEqual(1, 2)\n\n"
+              "    def test_subtests(self):\n        for n in range(2):\n            with self.subTest(n=n):\n"
+              "                self.assertEqual(n, n)\n")
+
+
+@pytest.mark.parametrize("command, runner", [
+    ("python -m unittest", "unittest"), ("python3 -munittest discover -s tests", "unittest"),
+    ("cd x && python -m unittest -v tests.test_a", "unittest"), ("python -m pytest -q", "pytest"),
+    ("pip show unittest", None), ("python -m mypkg unittest", None), ("make test", None)])
+def test_which_commands_run_unittest(command, runner):
+    assert test_reports.runner_of(command) == runner
+
+
+@pytest.mark.slow  # each runs a real python -m unittest
+def test_unittest_records_each_outcome_with_pytest_style_ids(tmp_path):
+    status, summary, out = gate(tmp_path, {"tests/__init__.py": "", "tests/test_a.py": UT_PASSING}, UT)
+    assert status == 0, out
+    assert summary["runner"] == "unittest" and summary["finished"] == 1 and summary["statuses"] == [0]
+    assert summary["counts"] == {"passed": 2, "failed": 0, "error": 0, "skipped": 1, "xfailed": 1, "xpassed": 0}
+    assert test_reports.judge(UT, status, summary) == ("", "")
+    record = test_reports.parse(next(tmp_path.glob("home/.cp-tests-*.jsonl")))
+    assert sorted(record.outcomes) == ["tests/test_a.py::TestA::test_known", "tests/test_a.py::TestA::test_later",
+                                       "tests/test_a.py::TestA::test_one", "tests/test_a.py::TestA::test_subtests"]
+    assert "unittest recorded 4 collected test(s): 2 passed, 1 skipped, 1 xfailed" in test_reports.sentence(summary)
+
+
+@pytest.mark.slow  # each runs a real python -m unittest
+@pytest.mark.parametrize("files, kind", [
+    # os._exit(0) in a test: unittest's session never finishes
+    ({"tests/test_b.py": "import os, unittest\n\n\nclass TestB(unittest.TestCase):\n    def test_b(self):\n"
+                         "        os._exit(0)\n"}, "runner_incomplete"),
+    # a failing subtest, and an atexit handler that turns the status 1 into 0
+    ({"tests/test_b.py": "import atexit, os, unittest\n\natexit.register(os._exit, 0)\n\n\n"
+                         "class TestB(unittest.TestCase):\n    def test_b(self):\n        for n in range(2):\n"
+                         "            with self.subTest(n=n):\n                self.assertEqual(n, 0)\n"}, "tests_failed"),
+], ids=["exit-in-test", "atexit-after-failed-subtest"])
+def test_unittest_that_ends_early_with_0_fails(tmp_path, files, kind):
+    status, summary, out = gate(tmp_path, {"tests/__init__.py": "", "tests/test_a.py": UT_PASSING, **files}, UT)
+    assert status == 0, out  # what an exit-status gate would have passed
+    assert test_reports.judge(UT, status, summary)[0] == kind, summary
+
+
+@pytest.mark.slow  # each runs a real python -m unittest
+def test_unittest_with_no_record_fails_and_the_collect_only_mode_runs_nothing(tmp_path):
+    assert test_reports.judge(UT, 0, None)[0] == "runner_incomplete"
+    files = {"tests/__init__.py": "", "tests/test_a.py": UT_PASSING,
+             "tests/test_boom.py": "import unittest\n\n\nclass TestBoom(unittest.TestCase):\n    def test_boom(self):\n"
+                                   "        raise SystemExit('ran')\n"}
+    status, summary, out = gate(tmp_path, files, "CP_TEST_COLLECT_ONLY=1 " + UT)
+    record = test_reports.parse(next(tmp_path.glob("home/.cp-tests-*.jsonl")))
+    assert status == 0 and not record.outcomes and "ran" not in out, out
+    assert len(record.listed) == 5 and record.marked == {"tests/test_a.py::TestA::test_later",
+                                                         "tests/test_a.py::TestA::test_known"}
+
+
+@pytest.mark.slow  # each runs a real python -m unittest
+def test_unittest_runs_the_agreed_files_apart_without_importing_the_others(tmp_path):
+    """A new module that patches what the agreed test calls is not even imported in the agreed part."""
+    files = {"tests/__init__.py": "", "app.py": "def answer():\n    return 0\n",
+             "tests/test_core.py": "import unittest\n\nimport app\n\n\nclass TestCore(unittest.TestCase):\n"
+                                   "    def test_answer(self):\n        self.assertEqual(app.answer(), 42)\n",
+             "tests/test_aaa.py": "import app\n\napp.answer = lambda: 42\n"}
+    status, summary, out = gate(tmp_path, files, UT)
+    assert status == 0, out  # together, the patch makes the agreed test pass
+    status, summary, out = gate(tmp_path / "apart", files, UT, apart=("only", ["tests/test_core.py"]))
+    assert status == 1 and summary["failed_ids"] == ["tests/test_core.py::TestCore::test_answer"], out
+    assert summary["apart"] == "only"
+    status, summary, out = gate(tmp_path / "rest", files, UT, apart=("except", ["tests/test_core.py"]))
+    assert status == 0 and summary["collected"] == 0 and summary["apart"] == "except", out

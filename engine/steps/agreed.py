@@ -4,7 +4,8 @@ again, by id (engine/test_reports records them).
 A gate's ledger (``StageRun.agreed_tests``, by gate name) is made once per stage, at its first
 verification:
 
-* for the first stage that runs a gate whose command names pytest (``test_reports.runs_pytest``):
+* for the first stage that runs a gate whose command names pytest or ``python -m unittest``
+  (``test_reports.runner_of``):
   the ids pytest collects at the stage's starting commit, less those a skip, a true skipif or an
   xfail mark stands on. The gate runs there once with ``--collect-only`` added (no test runs), on a
   fresh checkout of that commit, recorded as no check: its log and its runner's record are kept in
@@ -118,8 +119,9 @@ def _from_earlier_stage(run: Run, stage: StageRun, name: str) -> dict | None:
 def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lease: str | None) -> dict:
     """The gate's tests at the stage's starting commit, collected only, on a fresh checkout of it; its log
     and its runner's record are kept under the run's ``agreed/`` records."""
-    if not test_reports.runs_pytest(gate["command"]):
-        return {"ids": [], "from": "none: the gate's command names no pytest", "log": None, "record": None}
+    if not test_reports.runner_of(gate["command"]):
+        return {"ids": [], "from": "none: the gate's command names no pytest or python -m unittest", "log": None,
+                "record": None}
     scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
     folder = scratch / f"start-{stage.order + 1:02d}-{stage.base_commit[:12]}"
     own = scratch / f"{folder.name}-scratch"
@@ -146,7 +148,7 @@ def dropped(run: Run, stage: StageRun, tree: str, folder: str, env: dict, should
     pipeline = run.definition["pipeline"]
     gates = [(g, Check.Kind.BASELINE) for g in pipeline.get("baseline_checks") or []]
     gates += [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
-    gates = [(g, kind) for g, kind in gates if test_reports.runs_pytest(g["command"])]
+    gates = [(g, kind) for g, kind in gates if test_reports.runner_of(g["command"])]
     if not gates:
         return {}
     known = ledgers(run, stage, gates, env, should_stop, lease)

@@ -128,12 +128,14 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
 
 def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease: str | None,
                   log_rel: str) -> dict:
-    """The gate's command run in ``cwd`` with ``--collect-only`` added for pytest (nothing runs), in
+    """The gate's command run in ``cwd`` with ``--collect-only`` added for pytest (``CP_TEST_COLLECT_ONLY``
+    for unittest: nothing runs), in
     the gates' sandbox and under their limits, recorded as no Check: what engine/steps/agreed.py
     keeps as the stage's agreed tests. Returns ``{"exit_code", "log_path", "record_path",
-    "listed", "marked"}`` (``record_path`` None when pytest recorded nothing)."""
+    "listed", "marked"}`` (``record_path`` None when no runner recorded anything)."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
-    env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"]))}
+    env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"])),
+           "CP_TEST_COLLECT_ONLY": "1"}  # python -m unittest: engine/test_reports/unittest_hook.py lists, runs none
     env, launch, reporter = _gate_sandbox(run, argv, cwd, env)
     try:
         result, _ = _bounded(run, gate, cwd, env, launch, log_rel, should_stop, lease, f"collect-{gate['name']}")

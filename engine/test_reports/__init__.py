@@ -22,6 +22,20 @@ the gate's log.
 
 A gate whose command does not name pytest and that recorded no session (``make lint``, a shell
 script, another runner) stays an exit-status gate, and its check says so (``summary``).
+
+**unittest.** The same folder holds engine/test_reports/unittest_hook.py as ``sitecustomize.py``:
+every Python the gate starts imports it at start-up, and in a ``python -m unittest`` process it
+records unittest's own view in the same lines, test ids written as pytest writes them
+(``tests/test_x.py::TestY::test_z``), so agreed tests and running apart work alike.
+
+**Adding a runner** (jest or vitest, go test, cargo test): give the engine a reporter that the
+runner loads from a path outside the worktree by the gate's environment alone (a jest
+``--reporters`` module, ``go test -json`` read by a wrapper...), writing the lines listed in
+engine/test_reports/pytest_plugin.py (``start`` with ``runner``, ``collected``, ``report``,
+``finish``) to ``CP_TEST_RECORD``; copy it into the reporter's folder in ``prepare``, name the
+runner's command words in ``runner_of``, and honour ``CP_TEST_COLLECT_ONLY``, ``CP_TEST_ONLY`` and
+``CP_TEST_EXCEPT`` (list, only those files, all but those files). ``parse``, ``judge`` and the
+agreed tests (engine/steps/agreed.py) need nothing more.
 """
 from __future__ import annotations
 
@@ -36,6 +50,8 @@ from pathlib import Path
 from ..gate_files import ASSIGNMENT, shell_words
 
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_plugin.py")
+#: Copied as ``sitecustomize.py`` beside the pytest plugin: the reporter of ``python -m unittest``.
+UNITTEST_SOURCE = Path(__file__).with_name("unittest_hook.py")
 #: A record larger than this is not read (a gate's code could write one to slow the worker); the
 #: gate then fails ``runner_incomplete``: the engine could not read what its runner said.
 MAX_RECORD_BYTES = 64 * 1024 * 1024
@@ -77,6 +93,8 @@ def prepare(parent: Path, home: Path, apart: tuple[str, list[str]] | None = None
     folder = Path(tempfile.mkdtemp(prefix="gate-reporter-", dir=parent))
     shutil.copyfile(PLUGIN_SOURCE, folder / f"{module}.py")
     os.chmod(folder / f"{module}.py", 0o444)
+    shutil.copyfile(UNITTEST_SOURCE, folder / "sitecustomize.py")
+    os.chmod(folder / "sitecustomize.py", 0o444)
     listed = None
     if apart is not None:
         listed = folder / "files.txt"
@@ -107,6 +125,22 @@ def runs_pytest(command: str) -> bool:
     return False
 
 
+def runs_unittest(command: str) -> bool:
+    """Whether a gate command starts ``python -m unittest`` (``-munittest`` too) where a command begins."""
+    words = shell_words(command)
+    for index, word in enumerate(words):
+        module = words[index + 1] if word == "-m" and index + 1 < len(words) else word[2:] if word.startswith("-m") else ""
+        if module == "unittest" and index > 0 and os.path.basename(words[index - 1]).startswith("python"):
+            return True
+    return False
+
+
+def runner_of(command: str) -> str | None:
+    """The test runner a gate command starts by name, whose record the engine then expects: ``pytest``,
+    ``unittest`` or None (an exit-status gate unless a runner records a session anyway)."""
+    return "pytest" if runs_pytest(command) else "unittest" if runs_unittest(command) else None
+
+
 @dataclass
 class Record:
     """A record as read: its sessions by pid, each test's outcome, the ids collected to run, those
@@ -121,6 +155,7 @@ class Record:
     collect_errors: list
     unreadable: int
     apart: str | None = None
+    runner: str = "pytest"
 
 
 def parse(path: Path) -> Record | None:
@@ -149,6 +184,8 @@ def _take(record: Record, kind, entry: dict) -> None:
                                                                       "status": None, "interrupted": False})
         if kind == "start":
             session["started"] = True
+            if entry.get("runner") == "unittest":
+                record.runner = "unittest"
             if entry.get("apart") in ("only", "except") and record.apart is None:
                 record.apart = entry["apart"]
         elif kind == "finish":
@@ -182,6 +219,7 @@ def read(path: Path) -> dict | None:
     if record is None or (not record.sessions and not record.outcomes and not record.unreadable):
         return None
     summary = _summary(record.sessions, record.outcomes, record.collected, record.collect_errors, record.unreadable)
+    summary["runner"] = record.runner
     summary["listed"] = len(set(record.listed))
     summary["apart"] = record.apart
     return summary
@@ -241,32 +279,34 @@ def judge(command: str, exit_code: int | None, summary: dict | None) -> tuple[st
     if exit_code != 0:
         return "", ""
     if summary is None:
-        if runs_pytest(command):
-            return "runner_incomplete", ("it exited 0, but pytest recorded no session: the process ended before "
-                                         "pytest began, or the engine's reporter was kept out")
+        runner = runner_of(command)
+        if runner:
+            return "runner_incomplete", (f"it exited 0, but {runner} recorded no session: the process ended before "
+                                         f"{runner} began, or the engine's reporter was kept out")
         return "", ""
+    runner = summary.get("runner") or "pytest"
     if summary.get("unreadable"):
         return "runner_incomplete", f"it exited 0, but {summary['unreadable']}"
     if summary["unreadable_lines"]:
         return "runner_incomplete", (f"it exited 0, but its runner's record holds {summary['unreadable_lines']} "
                                      "line(s) the engine's reporter did not write")
     if summary["unfinished"]:
-        return "runner_incomplete", ("it exited 0, but pytest's session never finished: its process ended during "
+        return "runner_incomplete", (f"it exited 0, but {runner}'s session never finished: its process ended during "
                                      "the session (os._exit, a crash)" + _named(summary, "unreported_ids",
                                                                                  " before these tests reported"))
     if summary["interrupted"]:
-        return "runner_incomplete", ("it exited 0, but pytest's session was interrupted (pytest.exit or an "
+        return "runner_incomplete", (f"it exited 0, but {runner}'s session was interrupted (pytest.exit or an "
                                      "interrupt) before it ran its tests to the end")
     if summary["unreported"]:
         return "runner_incomplete", (f"it exited 0, but {summary['unreported']} collected test(s) never reported "
                                      "an outcome" + _named(summary, "unreported_ids", ""))
     failed = summary["counts"]["failed"] + summary["counts"]["error"]
     if failed:
-        return "tests_failed", (f"it exited 0, but pytest recorded {failed} failed test(s)"
+        return "tests_failed", (f"it exited 0, but {runner} recorded {failed} failed test(s)"
                                 + _named(summary, "failed_ids", ""))
     bad = [status for status in summary["statuses"] if status != 0]
     if bad or summary["collect_errors"]:
-        return "tests_failed", (f"it exited 0, but pytest's session ended with status {bad[0] if bad else 2}"
+        return "tests_failed", (f"it exited 0, but {runner}'s session ended with status {bad[0] if bad else 2}"
                                 + (f" ({len(summary['collect_errors'])} file(s) could not be collected)"
                                    if summary["collect_errors"] else "") + ": the exit status was changed after it")
     return "", ""
@@ -280,13 +320,13 @@ def _named(summary: dict, key: str, lead: str) -> str:
 def sentence(summary: dict | None) -> str:
     """What a check page says of a gate's tests: the runner's counts, or that only the exit status decided."""
     if summary is None:
-        return ("No test runner record: an exit-status gate (the engine's reporter records pytest sessions; this "
-                "gate ran none), so only its exit status decided.")
+        return ("No test runner record: an exit-status gate (the engine's reporters record pytest and "
+                "python -m unittest sessions; this gate ran neither), so only its exit status decided.")
     if summary.get("unreadable"):
-        return f"pytest's record could not be read: {summary['unreadable']}."
+        return f"The test runner's record could not be read: {summary['unreadable']}."
     counts = summary["counts"]
     if summary.get("listed") and not summary["collected"]:
-        return (f"pytest listed {summary['listed']} test(s) and ran none (--collect-only); "
+        return (f"{summary.get('runner') or 'pytest'} listed {summary['listed']} test(s) and ran none (--collect-only); "
                 f"{summary['sessions']} session(s), " + ("finished." if summary["finished"] == summary["sessions"]
                                                           else f"{summary['finished']} finished."))
     shown = ", ".join(f"{counts[name]} {name}" for name in ("passed", "failed", "error", "skipped", "xfailed",
@@ -297,7 +337,7 @@ def sentence(summary: dict | None) -> str:
     sessions = summary["sessions"]
     ended = ("finished" if summary["finished"] == sessions and not summary["interrupted"]
              else f"{summary['finished']} of {sessions} finished")
-    return (f"{apart}pytest recorded {summary['collected']} collected test(s): {shown}; "
+    return (f"{apart}{summary.get('runner') or 'pytest'} recorded {summary['collected']} collected test(s): {shown}; "
             f"{sessions} session(s), {ended}" + (f", status {', '.join(map(str, summary['statuses']))}"
                                                  if summary["statuses"] else "")
             + (f"; {summary['unreported']} never reported" if summary["unreported"] else "") + ".")

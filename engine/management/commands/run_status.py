@@ -54,7 +54,7 @@ def host_text(data: dict) -> str:
 
 
 def tests_counts(tests: dict | None) -> str:
-    """`` [pytest: 12 passed, 1 skipped; agreed 5 of 5]``: what a check's test runner recorded (engine/test_reports),
+    """`` [pytest: 12 passed, 1 skipped; agreed 5 of 5]`` (or ``[unittest: ...]``): what a check's test runner recorded (engine/test_reports),
     '' for an exit-status gate."""
     if not tests or not tests.get("counts"):
         return ""
@@ -62,7 +62,7 @@ def tests_counts(tests: dict | None) -> str:
     agreed = tests.get("agreed")
     if agreed:
         counts += f"; agreed {agreed['count'] - agreed['missing']} of {agreed['count']} passed again"
-    return f" [pytest: {counts}]"
+    return f" [{tests.get('runner') or 'pytest'}: {counts}]"
 
 
 def check_outcome(check: dict) -> str:

@@ -1,0 +1,186 @@
+"""The engine's unittest reporter: copied as ``sitecustomize.py`` into a gate's reporter folder (first
+on the gate's ``PYTHONPATH``, shown read-only by the sandbox), so every Python the gate starts
+imports it at start-up, before the worktree is on ``sys.path``. It does nothing unless this
+process is ``python -m unittest ...`` (``sys.orig_argv``, Python 3.10 and later): then it wraps
+unittest's ``TextTestRunner.run`` to record what unittest itself saw, in the lines the pytest
+reporter writes (engine/test_reports/pytest_plugin.py), to the file ``CP_TEST_RECORD`` names.
+
+Test ids are written as pytest writes them (``tests/test_x.py::TestY::test_z``: the test's module
+file, relative to the current folder, then its class and method), so a gate's agreed tests and
+the run-apart lists (``CP_TEST_ONLY``, ``CP_TEST_EXCEPT``) work the same for both runners.
+``CP_TEST_COLLECT_ONLY``: list the tests (``"only": true``, with those a skip decorator stands on
+as ``marked``) and run none.
+
+Any ``sitecustomize`` that this one hides (a virtual environment's own) is loaded after it.
+Runs inside the gate's Python: the standard library only.
+"""
+import os
+import sys
+
+
+def _unittest_main():
+    argv = list(getattr(sys, "orig_argv", []) or [])
+    for index, word in enumerate(argv[1:], 1):
+        if word == "-munittest" or (word == "-m" and argv[index + 1:index + 2] == ["unittest"]):
+            return True
+        if word in ("-c", "-m") or not word.startswith("-"):
+            return False  # the program is something else
+    return False
+
+
+def _next_sitecustomize():
+    """Load the ``sitecustomize`` this file hides, if there is one further on ``sys.path``."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [entry for entry in sys.path if os.path.abspath(entry or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # as site.py does with a failing sitecustomize
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
+
+
+def _install():
+    import json
+    import unittest
+    import unittest.runner
+
+    path = os.environ.pop("CP_TEST_RECORD", "")
+    collect_only = os.environ.pop("CP_TEST_COLLECT_ONLY", "") == "1"
+
+    def files(name):
+        listed = os.environ.pop(name, "")
+        if not listed:
+            return None
+        with open(listed, encoding="utf-8") as lines:
+            return {line.rstrip("\n") for line in lines if line.strip()}
+
+    only, exclude = files("CP_TEST_ONLY"), files("CP_TEST_EXCEPT")
+    if not path:
+        return
+    top = os.getcwd()
+    if only is not None or exclude is not None:
+        # discovery imports no test file of the other part: a new module cannot patch, at import, what the
+        # agreed tests call (a test module named on the command line is the gate author's choice)
+        find = unittest.loader.TestLoader._find_test_path
+
+        def find_test_path(self, full_path, *args, **kwargs):
+            if os.path.isfile(full_path):
+                relative = os.path.relpath(os.path.abspath(full_path), top).replace(os.sep, "/")
+                if (only is not None and relative not in only) or (exclude is not None and relative in exclude):
+                    return None, False
+            return find(self, full_path, *args, **kwargs)
+
+        unittest.loader.TestLoader._find_test_path = find_test_path
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+
+    def write(entry):
+        data = (json.dumps(entry, separators=(",", ":")) + "\n").encode("utf-8", "backslashreplace")
+        while data:
+            data = data[os.write(fd, data):]
+
+    def flat(suite):
+        for test in suite:
+            if isinstance(test, unittest.TestSuite):
+                yield from flat(test)
+            else:
+                yield test
+
+    def file_of(test):
+        module = sys.modules.get(type(test).__module__)
+        name = getattr(module, "__file__", None)
+        if not name:
+            return None
+        relative = os.path.relpath(os.path.abspath(name), top)
+        return None if relative.startswith("..") else relative.replace(os.sep, "/")
+
+    def test_id(test):
+        relative = file_of(test)
+        method = getattr(test, "_testMethodName", None)
+        if relative is None or method is None:
+            return test.id()
+        return f"{relative}::{type(test).__qualname__.replace('.', '::')}::{method}"
+
+    def broken(test):  # a module unittest could not import, or a class fixture that failed
+        return type(test).__name__ in ("_FailedTest", "_ErrorHolder") or type(test).__module__ == "unittest.loader"
+
+    def marked(test):
+        method = getattr(test, getattr(test, "_testMethodName", ""), None)
+        return bool(getattr(type(test), "__unittest_skip__", False) or getattr(method, "__unittest_skip__", False)
+                    or getattr(method, "__unittest_expecting_failure__", False))
+
+    # the session starts now, before discovery imports the test modules (a module that ends the process
+    # there leaves a session that never finished)
+    write({"e": "start", "pid": os.getpid(), "runner": "unittest",
+           "apart": "only" if only is not None else "except" if exclude is not None else None})
+    original_run = unittest.runner.TextTestRunner.run
+
+    def report(test, outcome, xfail=False):
+        if broken(test):
+            write({"e": "collect_error", "id": test.id()})
+        else:
+            write({"e": "report", "id": test_id(test), "when": "call", "outcome": outcome, "xfail": xfail})
+
+    class Recorded:
+        """Wraps the runner's result class: each outcome is recorded, then handed on."""
+
+        def __init__(self, base):
+            self.base = base
+
+        def __call__(self, *args, **kwargs):
+            result = self.base(*args, **kwargs)
+            for name, outcome, xfail in (("addSuccess", "passed", False), ("addFailure", "failed", False),
+                                         ("addError", "error", False), ("addSkip", "skipped", False),
+                                         ("addExpectedFailure", "skipped", True),
+                                         ("addUnexpectedSuccess", "passed", True)):
+                setattr(result, name, _recorded(getattr(result, name), outcome, xfail))
+            sub = result.addSubTest
+
+            def add_sub_test(test, subtest, err):
+                if err is not None:
+                    report(test, "failed" if issubclass(err[0], test.failureException) else "error")
+                return sub(test, subtest, err)
+
+            result.addSubTest = add_sub_test
+            return result
+
+    def _recorded(method, outcome, xfail):
+        def recorded(test, *args, **kwargs):
+            report(test, outcome, xfail)
+            return method(test, *args, **kwargs)
+        return recorded
+
+    def run(self, test):
+        tests = list(flat(test))
+        if only is not None or exclude is not None:
+            tests = [t for t in tests if broken(t) or ((only is None or file_of(t) in only)
+                                                       and (exclude is None or file_of(t) not in exclude))]
+        for bad in (t for t in tests if broken(t)):
+            write({"e": "collect_error", "id": bad.id()})
+        runnable = [t for t in tests if not broken(t)]
+        entry = {"e": "collected", "pid": os.getpid(), "ids": [test_id(t) for t in runnable], "only": collect_only}
+        if collect_only:
+            entry["marked"] = [test_id(t) for t in runnable if marked(t)]
+            write(entry)
+            write({"e": "finish", "pid": os.getpid(), "status": 0})
+            sys.exit(0)
+        write(entry)
+        if exclude is not None and not tests:  # the new tests' invocation found none: not a failure
+            write({"e": "finish", "pid": os.getpid(), "status": 0})
+            sys.exit(0)
+        self.resultclass = Recorded(self.resultclass)
+        result = original_run(self, unittest.TestSuite(tests))
+        write({"e": "finish", "pid": os.getpid(), "status": 0 if result.wasSuccessful() else 1})
+        return result
+
+    unittest.runner.TextTestRunner.run = run
+
+
+if _unittest_main():
+    _install()
+_next_sitecustomize()
