@@ -194,6 +194,14 @@ def prompt(*, pipeline: dict, stage: dict, worktree: str, patch: str, checks: li
     if added:
         lines += ["", "## Tests the patch adds (passed, not among the agreed tests)"]
         lines += [f"- {test}" for test in added[:40]] + ([f"- ... and {len(added) - 40} more"] if len(added) > 40 else [])
+    others = {test: how for c in checks for test, how in (c.get("other_tests") or {}).items()}
+    if others:
+        lines += ["", "## Tests not among the agreed tests that did not pass",
+                  "The repository's own skipped tests, and any the patch adds that it skips, expects to fail or "
+                  "leaves failing: a test that does not pass proves nothing."]
+        shown = sorted(others.items())
+        lines += [f"- {test} ({how})" for test, how in shown[:40]] + (
+            [f"- ... and {len(shown) - 40} more"] if len(shown) > 40 else [])
     changes = test_run_changes(patch)
     if changes:
         lines += ["", "## Changes how tests run",

@@ -132,8 +132,9 @@ def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pip
 
 
 def test_the_reviewer_is_told_the_tests_added_and_the_lines_that_change_how_tests_run(make_pipeline, repo, sent):
-    more = ("import atexit\n\nfrom app import core\n\natexit.register(print, 'bye')\n\n\n"
-            "def test_more():\n    assert core.answer() == 42\n")
+    more = ("import atexit\n\nimport pytest\n\nfrom app import core\n\natexit.register(print, 'bye')\n\n\n"
+            "def test_more():\n    assert core.answer() == 42\n\n\n@pytest.mark.skip(reason='later')\n"
+            "def test_later():\n    assert core.answer() == 43\n")
     step = {**ANSWER_STEP, "write": {**ANSWER_STEP["write"], "tests/test_more.py": more}}
     pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [step]}}})
     run = operations.create_run(pipeline, str(repo), "main")
@@ -147,7 +148,10 @@ def test_the_reviewer_is_told_the_tests_added_and_the_lines_that_change_how_test
     parts = [c.tests["apart"] for c in Check.objects.filter(run=run, name="unit", kind="gate").order_by("id")]
     assert parts == ["only", "except"]
     assert "## Tests the patch adds (passed, not among the agreed tests)\n- tests/test_more.py::test_more" in prompt
-    assert "## Changes how tests run" in prompt and "tests/test_more.py:5: atexit.register(print, 'bye')" in prompt
+    assert "## Changes how tests run" in prompt and "tests/test_more.py:7: atexit.register(print, 'bye')" in prompt
+    # a test it adds and skips is named as one that proves nothing
+    assert "## Tests not among the agreed tests that did not pass" in prompt
+    assert "- tests/test_more.py::test_later (skipped)" in prompt
 
 
 def test_a_new_test_module_that_patches_what_the_agreed_test_calls_fails_when_they_run_apart(make_pipeline, repo,

@@ -99,8 +99,13 @@ def final_ledger(run: Run, name: str) -> dict | None:
 
 
 def passed_ids(check: Check) -> set[str]:
+    return {test for test, outcome in outcomes(check).items() if outcome == "passed"}
+
+
+def outcomes(check: Check) -> dict[str, str]:
+    """``{test id: outcome}`` as the check's runner recorded them (empty without a record)."""
     record = _record_of(check)
-    return {test for test, outcome in record.outcomes.items() if outcome == "passed"} if record else set()
+    return dict(record.outcomes) if record else {}
 
 
 def _record_of(check: Check) -> test_reports.Record | None:

@@ -31,9 +31,11 @@ def build_prompt(run: Run, stage: StageRun, plan: AgentPlan, start: dict) -> str
         checks = []
         for c in stage.checks.filter(manifest_digest=start["digest"], stale=False).order_by("id"):
             ledger = (stage.agreed_tests or {}).get(c.name) or {}
-            new = sorted(agreed.passed_ids(c) - set(ledger.get("ids") or [])) if c.tests else []
+            seen = agreed.outcomes(c) if c.tests else {}
+            others = {test: how for test, how in seen.items() if test not in set(ledger.get("ids") or [])}
             checks.append({"name": c.name, "command": c.command, "exit_code": c.exit_code, "passed": c.passed,
-                           "tests": c.tests, "new_tests": new})
+                           "tests": c.tests, "new_tests": sorted(t for t, how in others.items() if how == "passed"),
+                           "other_tests": {t: how for t, how in sorted(others.items()) if how != "passed"}})
         return verdicts.prompt(pipeline=pipeline, stage=stage.spec, worktree=run.worktree,
                              patch=var_path(patch_rel).read_text(encoding="utf-8", errors="replace"), checks=checks,
                              reviewer=f"reviewer '{plan['profile_name']}'") + people_section(run, stage)
