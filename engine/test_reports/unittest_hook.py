@@ -134,11 +134,12 @@ def _install():
 
         def __call__(self, *args, **kwargs):
             result = self.base(*args, **kwargs)
-            for name, outcome, xfail in (("addSuccess", "passed", False), ("addFailure", "failed", False),
-                                         ("addError", "error", False), ("addSkip", "skipped", False),
-                                         ("addExpectedFailure", "skipped", True),
-                                         ("addUnexpectedSuccess", "passed", True)):
-                setattr(result, name, _recorded(getattr(result, name), outcome, xfail))
+            result.addSuccess = _recorded(result.addSuccess, "passed", False)
+            result.addFailure = _recorded(result.addFailure, "failed", False)
+            result.addError = _recorded(result.addError, "error", False)
+            result.addSkip = _recorded(result.addSkip, "skipped", False)
+            result.addExpectedFailure = _recorded(result.addExpectedFailure, "skipped", True)
+            result.addUnexpectedSuccess = _recorded(result.addUnexpectedSuccess, "passed", True)
             sub = result.addSubTest
 
             def add_sub_test(test, subtest, err):
