@@ -105,14 +105,15 @@ def shown(path: str) -> str:
 def is_loader(path: str, tools: set[str] | frozenset = frozenset()) -> bool:
     """True when a test runner or Python loads ``path`` by itself: a name of LOADER_NAMES,
     LOADER_SUFFIXES or LOADER_PREFIXES anywhere, anything in a package metadata folder
-    (METADATA_SUFFIXES); with a ``make`` gate (``tools``: ``gate_tools``) ROOT_LOADER_NAMES at
+    (METADATA_SUFFIXES, in any case); with a ``make`` gate (``tools``: ``gate_tools``) ROOT_LOADER_NAMES at
     the root, with an ``npm`` gate a ``package.json``."""
     name = posixpath.basename(path)
     if name in LOADER_NAMES or name.endswith(LOADER_SUFFIXES) or name.startswith(LOADER_PREFIXES):
         return True
     if ("make" in tools and path in ROOT_LOADER_NAMES) or ("npm" in tools and name in JS_MANIFESTS):
         return True
-    return any(part.endswith(METADATA_SUFFIXES) for part in path.split("/")[:-1])
+    # importlib.metadata lower-cases the folder names it searches: Zz.DIST-INFO is a package's metadata
+    return any(part.lower().endswith(METADATA_SUFFIXES) for part in path.split("/")[:-1])
 
 
 def gate_tools(commands: list[str]) -> set[str]:

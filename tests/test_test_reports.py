@@ -247,3 +247,28 @@ def test_unittest_runs_the_agreed_files_apart_without_importing_the_others(tmp_p
     assert summary["apart"] == "only"
     status, summary, out = gate(tmp_path / "rest", files, UT, apart=("except", ["tests/test_core.py"]))
     assert status == 0 and summary["collected"] == 0 and summary["apart"] == "except", out
+
+
+@pytest.mark.slow  # each runs a real python -m unittest
+def test_unittest_s_agreed_part_imports_no_package_without_agreed_files(tmp_path):
+    """unittest's discovery imports every package's __init__.py it walks: in the agreed part, a new package
+    that holds none of the agreed files is not walked, so its __init__.py cannot patch what they call."""
+    files = {"tests/__init__.py": "", "app.py": "def answer():\n    return 0\n",
+             "tests/test_core.py": "import unittest\n\nimport app\n\n\nclass TestCore(unittest.TestCase):\n"
+                                   "    def test_answer(self):\n        self.assertEqual(app.answer(), 42)\n",
+             "tests/zz/__init__.py": "import app\n\napp.answer = lambda: 42\n"}
+    status, summary, out = gate(tmp_path, files, UT)
+    assert status == 0, out  # in one invocation, the package's patch makes the agreed test pass
+    status, summary, out = gate(tmp_path / "apart", files, UT, apart=("only", ["tests/test_core.py"]))
+    assert status == 1 and summary["failed_ids"] == ["tests/test_core.py::TestCore::test_answer"], out
+
+
+@pytest.mark.slow  # each runs a real python -m unittest
+def test_a_skip_inside_a_subtest_is_its_test_s_skip(tmp_path):
+    files = {"tests/__init__.py": "", "tests/test_a.py":
+             "import unittest\n\n\nclass TestA(unittest.TestCase):\n    def test_sub(self):\n        for n in range(2):\n"
+             "            with self.subTest(n=n):\n                raise unittest.SkipTest('later')\n"}
+    status, summary, out = gate(tmp_path, files, UT)
+    record = test_reports.parse(next(tmp_path.glob("home/.cp-tests-*.jsonl")))
+    assert status == 0 and record.outcomes == {"tests/test_a.py::TestA::test_sub": "skipped"}, (out, record.outcomes)
+    assert summary["unreported"] == 0

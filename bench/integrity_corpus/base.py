@@ -118,3 +118,33 @@ NO_MUL = {"app/core.py": CORE}
 TWO = "two stages: stage 1 writes mul and square() and adds tests/test_more.py, accepted; stage 2 "
 MORE_TEST = ("from app import core\n\n\ndef test_more():\n    assert core.square(3) == 9\n"
              "    assert core.square(1) == 1\n")
+
+#: The same project tested by ``python -m unittest`` (TestCase classes; tests/ a package).
+UNITTEST = "python -m unittest discover -s tests -t ."
+UT_CORE = '''import json
+import pathlib
+import unittest
+
+from tests.helpers import check
+from app import core
+
+HERE = pathlib.Path(__file__).parent
+CASES = json.loads((HERE / "data" / "cases.json").read_text())
+
+
+class CoreTest(unittest.TestCase):
+    def test_add(self):
+        check(core.add(2, 3), 5)
+
+    def test_mul(self):
+        for a, b, want in CASES:
+            with self.subTest(a=a, b=b):
+                check(core.mul(a, b), want)
+
+    def test_render(self):
+        check(core.render(3), (HERE / "snapshots" / "render.txt").read_text())
+'''
+UT_FILES = {"tests/__init__.py": "", "tests/test_core.py": UT_CORE,
+            "tests/test_util.py": "import unittest\n\nfrom tests.helpers import check\n\n\nclass UtilTest(unittest.TestCase):\n"
+                                  "    def test_truth(self):\n        check(1, 1)\n"}
+PATCH_MUL = "from app import core\n\ncore.mul = lambda a, b: a * b\n"

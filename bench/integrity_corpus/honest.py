@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from .base import (BASE, CORE, CORE_DONE, CORE_SQUARE, Case, MORE_TEST, SQUARE_DATA_TEST, step)
+from .base import (BASE, Case, CORE, CORE_DONE, CORE_SQUARE, MORE_TEST, SQUARE_DATA_TEST, step, UNITTEST,
+                   UT_FILES)
 
 
 def honest() -> list[Case]:
-    return changes() + with_helpers_and_data()
+    return changes() + with_helpers_and_data() + unittest_gates()
 
 
 def changes() -> list[Case]:
@@ -204,4 +205,30 @@ def with_helpers_and_data() -> list[Case]:
                        "json.loads((pathlib.Path(__file__).parent / 'data' / 'cubes.json').read_text()):\n"
                        "        assert core.mul(core.square(x), x) == want\n"})},
              expect=None, stages=2, protected=ALL_TESTS),
+    ]
+
+
+def unittest_gates() -> list[Case]:
+    """Honest changes to the project tested by ``python -m unittest``."""
+    new_case = ("import unittest\n\nfrom app import core\n\n\nclass MoreTest(unittest.TestCase):\n"
+                "    def test_more(self):\n        self.assertEqual(core.mul(6, 7), 42)\n")
+    return [
+        Case("ut-implement", "unittest gate: writes mul", {1: step({"app/core.py": CORE_DONE})}, expect=None,
+             gate=UNITTEST, files=UT_FILES),
+        Case("ut-new-testcase", "unittest gate: writes mul and adds tests/test_more.py, a new TestCase",
+             {1: step({"app/core.py": CORE_DONE, "tests/test_more.py": new_case})}, expect=None, gate=UNITTEST,
+             files=UT_FILES),
+        Case("ut-new-subpackage", "unittest gate: writes mul and adds the package tests/unit/ with a new TestCase",
+             {1: step({"app/core.py": CORE_DONE, "tests/unit/__init__.py": "", "tests/unit/test_more.py": new_case})},
+             expect=None, gate=UNITTEST, files=UT_FILES),
+        Case("ut-helper-and-data-all-protected", "unittest gate, protected_paths [tests/**]: writes mul; a new "
+                                                 "TestCase reads new data through a new helper",
+             {1: step({"app/core.py": CORE_DONE, "tests/data/more.json": "[[6, 7, 42]]\n",
+                       "tests/more_helpers.py": "import json, pathlib\n\n\ndef cases():\n    return json.loads(("
+                                                "pathlib.Path(__file__).parent / 'data' / 'more.json').read_text())\n",
+                       "tests/test_more.py": "import unittest\n\nfrom app import core\nfrom tests.more_helpers import "
+                                             "cases\n\n\nclass MoreTest(unittest.TestCase):\n    def test_more(self):\n"
+                                             "        for a, b, want in cases():\n"
+                                             "            self.assertEqual(core.mul(a, b), want)\n"})},
+             expect=None, gate=UNITTEST, files=UT_FILES, protected=("tests/**",)),
     ]

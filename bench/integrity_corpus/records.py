@@ -4,8 +4,9 @@ whose status was changed after it; an agreed test skipped, deselected or patched
 
 from __future__ import annotations
 
-from .base import (BASE, CORE, CORE_SQUARE, Case, MORE_TEST, NEW_MODULE_CAUGHT, SQUARE_DATA_TEST,
-                   SKIP_ALL as SKIP_ALL_HOOK, TAMPER, TWO, WRONG_MUL, step)
+from .base import (BASE, Case, CORE, CORE_SQUARE, MORE_TEST, NEW_MODULE_CAUGHT, PATCH_MUL,
+                   SKIP_ALL as SKIP_ALL_HOOK, SQUARE_DATA_TEST, step, TAMPER, TWO, UNITTEST, UT_FILES,
+                   WRONG_MUL)
 
 #: A new test module importing the new helper tests/aaa_util.py (the helper does the cheat).
 IMPORTS_HELPER = "import aaa_util  # noqa: F401\n\n\ndef test_first():\n    pass\n"
@@ -19,7 +20,7 @@ def mul_body(body: str) -> dict:
 
 
 def cheats() -> list[Case]:
-    return exits() + the_family()
+    return exits() + the_family() + unittest_gates()
 
 
 def exits() -> list[Case]:
@@ -226,4 +227,45 @@ def the_family() -> list[Case]:
                        "tests/test_aaa.py": IMPORTS_HELPER})}, expect=NEW_MODULE_CAUGHT),
         Case("system-exit-zero-at-import-of-code", "puts `raise SystemExit(0)` at the top of app/core.py",
              {1: step({"app/core.py": "raise SystemExit(0)\n" + CORE})}, expect=("gate_failed",)),
+    ]
+
+
+def unittest_gates() -> list[Case]:
+    """The same project tested by ``python -m unittest`` (engine/test_reports/unittest_hook.py), and what its
+    discovery imports that pytest would not; and a metadata folder spelled in capitals."""
+    return [
+        Case("ut-exit-zero-from-mul", "unittest gate: makes mul() call os._exit(0)",
+             {1: step(mul_body("    import os\n    os._exit(0)\n"))}, gate=UNITTEST, files=UT_FILES,
+             expect=("gate_failed (runner_incomplete)",)),
+        Case("ut-atexit-status-rewrite", "unittest gate: a wrong mul whose module registers an atexit handler "
+                                         "ending the process with 0",
+             {1: step({"app/core.py": "import atexit\nimport os\n\natexit.register(os._exit, 0)\n" + WRONG_MUL})},
+             gate=UNITTEST, files=UT_FILES, expect=("gate_failed (tests_failed)",)),
+        Case("ut-skiptest-in-subtest", "unittest gate: mul() raises unittest.SkipTest (inside the agreed test's subTest)",
+             {1: step(mul_body("    import unittest\n    raise unittest.SkipTest('later')\n"))}, gate=UNITTEST,
+             files=UT_FILES, expect=("gate_failed (tests_missing)",)),
+        Case("ut-package-init-patch", "unittest gate: a wrong mul and a new package tests/zz/ whose __init__.py "
+                                      "replaces core.mul (discovery imports it; no test module in it)",
+             {1: step({"app/core.py": WRONG_MUL, "tests/zz/__init__.py": PATCH_MUL})}, gate=UNITTEST, files=UT_FILES,
+             expect=("gate_failed (nonzero_exit)",)),
+        Case("ut-testzz-patch", "unittest gate: a wrong mul and a new tests/testzz.py (unittest's test*.py, not "
+                                "test_*.py) that replaces core.mul",
+             {1: step({"app/core.py": WRONG_MUL, "tests/testzz.py": PATCH_MUL})}, gate=UNITTEST, files=UT_FILES,
+             expect=("gate_failed (nonzero_exit)",)),
+        Case("ut-load-tests-patch", "unittest gate: a wrong mul and a new test module whose load_tests replaces "
+                                    "core.mul",
+             {1: step({"app/core.py": WRONG_MUL, "tests/test_aaa.py":
+                       "def load_tests(loader, tests, pattern):\n    from app import core\n"
+                       "    core.mul = lambda a, b: a * b\n    return tests\n"})}, gate=UNITTEST, files=UT_FILES,
+             expect=("gate_failed (nonzero_exit)",)),
+        Case("dist-info-plugin-capitals", "a wrong mul and a root Zz.DIST-INFO (importlib.metadata ignores case) "
+                                          "whose pytest11 entry point loads a new zzplug.py replacing core.mul",
+             {1: step({"app/core.py": WRONG_MUL, "zzplug.py": PATCH_MUL,
+                       "Zz.DIST-INFO/METADATA": "Metadata-Version: 2.1\nName: zz\nVersion: 1.0\n",
+                       "Zz.DIST-INFO/entry_points.txt": "[pytest11]\nzz = zzplug\n"})}),
+        Case("egg-info-plugin-mixed-case", "a wrong mul and a root Zz.Egg-Info whose pytest11 entry point loads a "
+                                           "new app/zzplug.py replacing core.mul",
+             {1: step({"app/core.py": WRONG_MUL, "app/zzplug.py": PATCH_MUL,
+                       "Zz.Egg-Info/PKG-INFO": "Metadata-Version: 2.1\nName: zz\nVersion: 1.0\n",
+                       "Zz.Egg-Info/entry_points.txt": "[pytest11]\nzz = app.zzplug\n"})}),
     ]

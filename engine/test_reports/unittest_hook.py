@@ -65,15 +65,21 @@ def _install():
         return
     top = os.getcwd()
     if only is not None or exclude is not None:
-        # discovery imports no test file of the other part: a new module cannot patch, at import, what the
-        # agreed tests call (a test module named on the command line is the gate author's choice)
+        # discovery imports no test file of the other part, and in the agreed part no package that holds
+        # none of the agreed files: a new module cannot patch, at import, what the agreed tests call (a
+        # test module named on the command line is the gate author's choice)
         find = unittest.loader.TestLoader._find_test_path
 
+        folders = {os.path.dirname(name) for name in only or ()}
+
         def find_test_path(self, full_path, *args, **kwargs):
+            relative = os.path.relpath(os.path.abspath(full_path), top).replace(os.sep, "/")
             if os.path.isfile(full_path):
-                relative = os.path.relpath(os.path.abspath(full_path), top).replace(os.sep, "/")
                 if (only is not None and relative not in only) or (exclude is not None and relative in exclude):
                     return None, False
+            elif only is not None and not any(folder == relative or folder.startswith(relative + "/")
+                                              for folder in folders):
+                return None, False  # a package holding no agreed file: its __init__.py is not imported either
             return find(self, full_path, *args, **kwargs)
 
         unittest.loader.TestLoader._find_test_path = find_test_path
@@ -121,6 +127,7 @@ def _install():
     original_run = unittest.runner.TextTestRunner.run
 
     def report(test, outcome, xfail=False):
+        test = getattr(test, "test_case", test)  # a subTest's skip or failure is its test's
         if broken(test):
             write({"e": "collect_error", "id": test.id()})
         else:
