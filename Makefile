@@ -1,5 +1,5 @@
 # The two commands of README.md: `make demo` and `make test`. Both install what they need
-# into .venv first (Python 3.11+, git and Node.js are all they expect on the machine).
+# into .venv and tools/ first; what they expect on the machine is README's list ("The two commands").
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(CURDIR)/$(VENV)/bin

@@ -25,9 +25,15 @@ install inside fails loudly instead of vanishing). Nothing on the machine change
 live as long as the command. The project's own installs (the venv, tools/agents, tools/repos) are
 inside the repository and never touched.
 
+Unset: the variables that make a program load code from elsewhere (``PYTHONPATH``, ``LD_PRELOAD``,
+``NODE_OPTIONS``..., ``LOADER_VARIABLES``): a fresh machine's environment has none.
+
 Not hidden (no package manager puts a program there, and an overlay over ``/etc`` would hide the
-container's own ``/etc/hosts``): configuration in ``/etc`` and in the user's HOME, and new entries
-at the root of the file system.
+container's own ``/etc/hosts``): configuration in ``/etc`` (``/etc/ld.so.preload`` too) and in the
+user's HOME (but ``~/.local``'s site folder and bin are watched), new entries at the root of the
+file system, and a file changed or added inside a folder an installed package already has (a
+site-packages package upgraded or patched by hand in place: the watched Python folders are checked
+one level deep; the project's venv does not see the machine's site-packages).
 
     python3 .ci/fresh_machine.py show             # what would be hidden, and why
     python3 .ci/fresh_machine.py run -- CMD ...   # CMD with those paths hidden (needs root)
@@ -59,9 +65,17 @@ ALTERNATIVES = Path("/var/lib/dpkg/alternatives")
 OVERLAY_ROOTS = ("/usr", "/opt")
 #: Folders watched whole (every entry at any depth is in the snapshot or hidden).
 DEEP = ("/usr/local", "/opt")
-#: The folders of the machine's Python installs whose entries are watched (one level).
+#: The folders of the machine's Python installs whose entries are watched (one level): their
+#: site-packages and bin, their standard-library folders (a ``sitecustomize.py`` put there runs in
+#: every Python, the project's venv too), and the user's site folder and bin (``pip install --user``).
 PYTHON_FOLDERS = ("/root/.pyenv/versions/*/lib/python*/site-packages", "/root/.pyenv/versions/*/bin",
-                  "/usr/local/lib/python3*/dist-packages", "/usr/lib/python3/dist-packages")
+                  "/root/.pyenv/versions/*/lib/python[0-9].*[0-9]",
+                  "/usr/local/lib/python3*/dist-packages", "/usr/lib/python3/dist-packages",
+                  "~/.local/lib/python*/site-packages", "~/.local/bin")
+#: Variables that make a program load code from elsewhere: a fresh machine's environment sets none, so
+#: ``run`` unsets them (one a developer exported by hand would otherwise reach the suites).
+LOADER_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "LD_PRELOAD", "LD_LIBRARY_PATH",
+                    "LD_AUDIT", "NODE_PATH", "NODE_OPTIONS", "PERL5LIB", "PERLLIB", "RUBYLIB", "RUBYOPT")
 #: The PATH folders every machine has, watched whatever PATH the caller has.
 STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
@@ -221,7 +235,7 @@ def watched(extra_path: set[str] = frozenset()) -> list[tuple[str, bool]]:
     """``[(folder, deep)]``: the folders whose entries are in the snapshot or hidden; ``deep``:
     every level, else the folder's own entries."""
     shallow = path_folders(extra_path) + [os.path.realpath(f) for pattern in PYTHON_FOLDERS
-                                           for f in sorted(glob.glob(pattern)) if os.path.isdir(f)]
+                                           for f in sorted(glob.glob(os.path.expanduser(pattern))) if os.path.isdir(f)]
     found = [(folder, True) for folder in DEEP if os.path.isdir(folder)]
     found += [(folder, False) for folder in dict.fromkeys(shallow)
               if not any(folder == deep or folder.startswith(deep + os.sep) for deep in DEEP)]
@@ -372,6 +386,10 @@ def _copy_mode(source: str, target: str) -> None:
 def run(command: list[str]) -> int:
     hide, notes = plan()
     print(describe(hide, notes), flush=True)
+    for name in LOADER_VARIABLES:
+        if name in os.environ:
+            print(f"fresh machine: unsetting {name} (a fresh machine's environment sets none)", flush=True)
+            del os.environ[name]
     if not hide:
         return subprocess.call(command)
     if os.geteuid() != 0 or shutil.which("unshare") is None:

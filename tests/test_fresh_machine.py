@@ -1,5 +1,6 @@
 """CI's fresh-machine view (.ci/fresh_machine.py): what a fresh machine of this kind lacks is hidden
 from the suites, so that a package installed by hand cannot make CI green."""
+import glob
 import importlib.util
 import os
 import shutil
@@ -74,3 +75,28 @@ def test_a_program_copied_onto_path_by_hand_is_gone_for_the_command(tmp_path, mo
     assert status == 0 and "None False" in out, out
     assert "fresh machine: hiding not on a fresh machine and no package's" in out
     assert subprocess.run(["cp-hand-tool"], capture_output=True, text=True).stdout == "hand-installed\n"
+
+
+def test_variables_that_load_code_from_elsewhere_are_unset_for_the_command(monkeypatch, capfd, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("LD_PRELOAD", "")
+    monkeypatch.setattr(fresh_machine, "plan", lambda: ({}, []))  # nothing to hide: no root needed
+    status = fresh_machine.run([sys.executable, "-c", "import os; print(os.environ.get('PYTHONPATH'), "
+                                                      "'LD_PRELOAD' in os.environ)"])
+    out = capfd.readouterr().out
+    assert status == 0 and "None False" in out, out
+    assert "fresh machine: unsetting PYTHONPATH" in out and "fresh machine: unsetting LD_PRELOAD" in out
+
+
+def test_the_pythons_standard_library_folders_and_the_user_site_are_watched(monkeypatch, tmp_path):
+    """A sitecustomize.py dropped into a Python's standard-library folder runs in every Python built from it
+    (a venv too); pip install --user writes into ~/.local: both are watched folders, one level deep."""
+    home = tmp_path / "home"
+    site = home / ".local" / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (home / ".local" / "bin").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    folders = [folder for folder, _ in fresh_machine.watched()]
+    assert str(site) in folders and str(home / ".local" / "bin") in folders, folders
+    stdlib = sorted(glob.glob("/root/.pyenv/versions/*/lib/python3.*[0-9]"))
+    assert all(os.path.realpath(folder) in folders for folder in stdlib), (stdlib, folders)
