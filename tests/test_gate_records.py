@@ -199,6 +199,7 @@ def test_a_runner_configuration_that_deselects_an_agreed_test_stops_naming_it(ma
     run = drive(run.pk, sent)
     assert (run.status, run.stop_reason) == ("waiting_review", "protected_files_changed"), run.stop_message
     said = "would no longer run these agreed tests: gate 'unit': tests/test_core.py::test_answer."
+    assert "the test runner (listing its tests, running none, on a checkout of them)" in run.stop_message
     if said not in run.stop_message:
         pytest.fail(f"the stop does not name the agreed test: {run.stop_message}", pytrace=False)
     dropped = run.stop_evidence["dropped"]["unit"]

@@ -186,6 +186,7 @@ UT_PASSING = ("import unittest\n\n\nclass TestA(unittest.TestCase):\n    def tes
 @pytest.mark.parametrize("command, runner", [
     ("python -m unittest", "unittest"), ("python3 -munittest discover -s tests", "unittest"),
     ("cd x && python -m unittest -v tests.test_a", "unittest"), ("python -m pytest -q", "pytest"),
+    ("python3 -X dev -W error -m unittest", "unittest"), ("python -c 'import x' -m unittest", None),
     ("pip show unittest", None), ("python -m mypkg unittest", None), ("make test", None)])
 def test_which_commands_run_unittest(command, runner):
     assert test_reports.runner_of(command) == runner

@@ -191,19 +191,19 @@ def dropped_sentence(found: dict[str, dict]) -> str:
     parts = [f"gate '{name}': " + ", ".join(entry["ids"][:5]) + (f" and {entry['count'] - 5} more"
                                                                  if entry["count"] > 5 else "")
              for name, entry in found.items()]
-    return (" With these files, pytest (--collect-only on a checkout of them) would no longer run these agreed "
-            "tests: " + "; ".join(parts) + ".")
+    return (" With these files, the test runner (listing its tests, running none, on a checkout of them) would "
+            "no longer run these agreed tests: " + "; ".join(parts) + ".")
 
 
 def gate_checks(run: Run, stage: StageRun, gate: dict, kind: str, digest: str, changes: list[dict], env: dict,
                 should_stop, round_no: int, lease: str | None, entry: dict | None):
     """The checks of one gate on the worktree, one at a time (the caller stops at the first that fails).
 
-    With agreed tests and a new test module in the stage's changes (``changes``: the manifest's; for a
-    ``python -m unittest`` gate, any Python file outside the agreed files), the agreed tests run apart: first only the files of the agreed tests (a new module cannot
-    patch, in the runner's process, what they call), held to the ledger; then every file but
-    those, where the new tests run (an invocation that collects none exits 0). Otherwise the gate
-    runs once, held to the ledger."""
+    With agreed tests and a new test module in the stage's changes (``changes``: the manifest's; for
+    a ``python -m unittest`` gate, any Python file outside the agreed files), the agreed tests run
+    apart: first only the files of the agreed tests (a new module cannot patch, in the runner's
+    process, what they call), held to the ledger; then every file but those, where the new tests
+    run (an invocation that collects none exits 0). Otherwise the gate runs once, held to the ledger."""
     files = sorted({test.split("::", 1)[0] for test in entry["ids"]}) if entry and entry["ids"] else []
     # unittest's discovery imports every test*.py and every package's __init__.py it walks, whatever the
     # engine calls a test module: for it, any Python file the stage changed outside the agreed files

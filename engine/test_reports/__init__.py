@@ -130,7 +130,12 @@ def runs_unittest(command: str) -> bool:
     words = shell_words(command)
     for index, word in enumerate(words):
         module = words[index + 1] if word == "-m" and index + 1 < len(words) else word[2:] if word.startswith("-m") else ""
-        if module == "unittest" and index > 0 and os.path.basename(words[index - 1]).startswith("python"):
+        if module != "unittest":
+            continue
+        before = index - 1  # back over the interpreter's options (-X dev, -W error, -u...) to the interpreter
+        while before > 0 and (words[before].startswith("-") or words[before - 1] in ("-X", "-W")):
+            before -= 1
+        if before >= 0 and os.path.basename(words[before]).startswith("python"):
             return True
     return False
 

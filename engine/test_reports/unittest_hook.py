@@ -20,11 +20,14 @@ import sys
 
 def _unittest_main():
     argv = list(getattr(sys, "orig_argv", []) or [])
-    for index, word in enumerate(argv[1:], 1):
+    index = 1
+    while index < len(argv):
+        word = argv[index]
         if word == "-munittest" or (word == "-m" and argv[index + 1:index + 2] == ["unittest"]):
             return True
-        if word in ("-c", "-m") or not word.startswith("-"):
+        if word in ("-c", "-m") or word.startswith(("-c", "-m")) or not word.startswith("-"):
             return False  # the program is something else
+        index += 2 if word in ("-X", "-W") else 1  # an option's own argument
     return False
 
 
