@@ -13,10 +13,13 @@ nor installed by the project's own files:
   (scripts/debian-packages.txt) nor a dependency apt chose for one (of alternatives, the first);
 - every global npm package not in the snapshot (``[npm-global]``);
 - every entry not in the snapshot (``[files]``) of the watched folders (``watched``): the PATH
-  folders (the snapshot's and this environment's), ``/usr/local`` and ``/opt`` whole, and the
-  ``site-packages`` and ``bin`` folders of the machine's Python installs (pyenv's): a program
-  copied there, a hand-installed Python package or console script, a link made by hand. An entry
-  a kept Debian package owns, or an alternatives link (update-alternatives) to one, stays.
+  folders (the snapshot's and this environment's), ``/usr/local`` and ``/opt`` whole, the
+  ``site-packages``, ``bin`` and standard-library folders of the machine's Python installs
+  (pyenv's), the user's ``~/.local`` site folder and bin, and the dynamic loader's folders
+  (``/usr/lib/x86_64-linux-gnu``...): a program or library copied there, a hand-installed Python
+  package or console script, a ``sitecustomize.py``, a link made by hand. An entry a kept Debian
+  package owns (a file, or a folder it installs files into), or an alternatives link
+  (update-alternatives) to one, stays.
 
 "Hide" means gone, not emptied: each of those paths is a whiteout in a read-only overlay mounted
 over ``/usr``, ``/opt`` or the watched folder, so ``which``, ``os.path.exists``, ``execve``, the
@@ -31,9 +34,10 @@ Unset: the variables that make a program load code from elsewhere (``PYTHONPATH`
 Not hidden (no package manager puts a program there, and an overlay over ``/etc`` would hide the
 container's own ``/etc/hosts``): configuration in ``/etc`` (``/etc/ld.so.preload`` too) and in the
 user's HOME (but ``~/.local``'s site folder and bin are watched), new entries at the root of the
-file system, and a file changed or added inside a folder an installed package already has (a
-site-packages package upgraded or patched by hand in place: the watched Python folders are checked
-one level deep; the project's venv does not see the machine's site-packages).
+file system, and a file changed or added inside a folder that is already there (a site-packages
+package upgraded or patched by hand in place, a file added to a Debian package's folder: the
+watched folders but ``/usr/local`` and ``/opt`` are checked one level deep; the project's venv
+does not see the machine's site-packages).
 
     python3 .ci/fresh_machine.py show             # what would be hidden, and why
     python3 .ci/fresh_machine.py run -- CMD ...   # CMD with those paths hidden (needs root)
@@ -67,11 +71,14 @@ OVERLAY_ROOTS = ("/usr", "/opt")
 DEEP = ("/usr/local", "/opt")
 #: The folders of the machine's Python installs whose entries are watched (one level): their
 #: site-packages and bin, their standard-library folders (a ``sitecustomize.py`` put there runs in
-#: every Python, the project's venv too), and the user's site folder and bin (``pip install --user``).
+#: every Python, the project's venv too), and the user's site folder and bin (``pip install --user``);
+#: and the dynamic loader's folders.
 PYTHON_FOLDERS = ("/root/.pyenv/versions/*/lib/python*/site-packages", "/root/.pyenv/versions/*/bin",
                   "/root/.pyenv/versions/*/lib/python[0-9].*[0-9]",
                   "/usr/local/lib/python3*/dist-packages", "/usr/lib/python3/dist-packages",
-                  "~/.local/lib/python*/site-packages", "~/.local/bin")
+                  "~/.local/lib/python*/site-packages", "~/.local/bin",
+                  # and the dynamic loader's own folders: a library copied there is loaded by any program
+                  "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64")
 #: Variables that make a program load code from elsewhere: a fresh machine's environment sets none, so
 #: ``run`` unsets them (one a developer exported by hand would otherwise reach the suites).
 LOADER_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "LD_PRELOAD", "LD_LIBRARY_PATH",
@@ -302,6 +309,9 @@ def plan() -> tuple[dict[str, list[str]], list[str]]:
     new = entries(folders, fresh.get("files", set()))
     if new:
         owned = {path for name in kept for path in package_files(name)}
+        # a folder a kept package installs files into is that package's (dpkg's lists name folders too,
+        # package_files leaves them out)
+        owned |= {parent for path in owned for parent in _parents(path)}
         links = alternative_links()
         already = {path for paths in hide.values() for path in paths}
         npm_prefixes = tuple(os.path.join(npm_folder, name) + os.sep for name in hidden_npm) if npm_folder else ()
@@ -315,6 +325,15 @@ def plan() -> tuple[dict[str, list[str]], list[str]]:
                 reason = "not on a fresh machine and no package's"
             hide.setdefault(reason, []).append(path)
     return hide, notes
+
+
+def _parents(path: str) -> list[str]:
+    found = []
+    parent = os.path.dirname(path)
+    while parent not in ("/", ""):
+        found.append(parent)
+        parent = os.path.dirname(parent)
+    return found
 
 
 def _hideable(path: str, folders: list[tuple[str, bool]]) -> bool:
