@@ -516,6 +516,7 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     # an __init__.py added to a folder of protected files turns it into a package: pytest then
     # imports those tests under other names, from another sys.path folder
     protected_folders = {posixpath.dirname(p["path"]) for p in protected if posixpath.dirname(p["path"])}
+    protected_modules = {p["path"] for p in protected if p["path"].endswith(".py")}
     added: dict[str, str] = {}
     for path in sorted(all_new):
         decision = globs.decides(path, globs_) if globs_ else None
@@ -526,6 +527,8 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
             added[path] = "a test runner loads it by itself"
         elif posixpath.basename(path) == "__init__.py" and posixpath.dirname(path) in protected_folders:
             added[path] = "makes a folder of protected tests a package (pytest imports them otherwise)"
+        elif (module := _shadows_beside(path, current[path]["mode"], protected_modules)) is not None:
+            added[path] = f"is imported instead of the protected module {module} beside it"
         elif shadowed and (name := _module_name(path, module_paths, roots)) in shadowed:
             added[path] = f"shadows the module {name} (a new top-level module where the tests import from)"
         elif worktree and gates and path.endswith(".py") and is_test_file(path) and _loads_plugins_at(
@@ -553,6 +556,27 @@ def compare(protected: list[dict], globs_: list[str], entries: list[dict],
     changes += [{"path": path, "change": "added", "new_mode": current[path]["mode"], "why": why}
                 for path, why in sorted(added.items())]
     return changes
+
+
+#: What Python imports before ``x.py`` in the same folder: a compiled extension module.
+EXTENSION_ENDINGS = (".so", ".pyd")
+
+
+def _shadows_beside(path: str, mode: str, protected_modules: set[str]) -> str | None:
+    """The protected module ``x.py`` that the added ``path`` makes Python import something else for, in
+    any layout (top-level or inside a package): a package ``x/__init__.py`` (or a compiled
+    ``x/__init__.*.so``), a compiled module ``x.*.so`` (an extension comes before a source file), or a
+    symlink ``x`` (to a folder that is a package). None when it shadows no protected module."""
+    folder, name = posixpath.split(path)
+    if name == "__init__.py" or (name.startswith("__init__.") and name.endswith(EXTENSION_ENDINGS)):
+        target = f"{folder}.py" if folder else None
+    elif name.endswith(EXTENSION_ENDINGS):
+        target = posixpath.join(folder, name.split(".", 1)[0] + ".py")
+    elif mode == "120000" and "." not in name:
+        target = f"{path}.py"
+    else:
+        target = None
+    return target if target in protected_modules else None
 
 
 def _only_other_sections(record: dict, worktree: str | None, snapshot_dir: str | None) -> bool:

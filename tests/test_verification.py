@@ -699,3 +699,26 @@ def test_pytest_in_a_repository_without_its_own_configuration_never_takes_the_co
     assert check.passed, var(check.log_path).read_text()
     assert "1 passed" in var(check.log_path).read_text()
     assert run.status == "succeeded", run.stop_message
+
+
+@pytest.mark.parametrize("added, mode", [
+    ("tests/helpers/__init__.py", "100644"), ("tests/helpers/__init__.cpython-311-x86_64-linux-gnu.so", "100644"),
+    ("tests/helpers.cpython-311-x86_64-linux-gnu.so", "100644"), ("tests/helpers.abi3.so", "100644"),
+    ("tests/helpers", "120000"), ("tests/test_a/__init__.py", "100644")])
+def test_what_python_imports_instead_of_a_protected_module_beside_it_is_tampering(added, mode):
+    """In any layout: a package, a compiled module or a linked folder named like a protected x.py comes first."""
+    snap = [{"path": "tests/test_a.py", "mode": "100644", "blob": "a" * 40},
+            {"path": "tests/helpers.py", "mode": "100644", "blob": "b" * 40}]
+    current = snap + [{"path": added, "mode": mode, "blob": "c" * 40}]
+    module = "tests/test_a.py" if added.startswith("tests/test_a") else "tests/helpers.py"
+    assert protected.compare(snap, ["tests/test_*.py"], current) == [
+        {"path": added, "change": "added", "new_mode": mode,
+         "why": f"is imported instead of the protected module {module} beside it"}]
+
+
+def test_a_package_or_folder_beside_no_protected_module_is_welcome():
+    snap = [{"path": "tests/test_a.py", "mode": "100644", "blob": "a" * 40}]
+    current = snap + [{"path": path, "mode": "100644", "blob": "c" * 40} for path in (
+        "tests/unit/__init__.py", "tests/unit/test_b.py", "app/core/__init__.py", "tests/data/a.json")]
+    current.append({"path": "tests/fixtures", "mode": "120000", "blob": "d" * 40})
+    assert protected.compare(snap, ["tests/test_*.py"], current) == []

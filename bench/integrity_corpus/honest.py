@@ -24,6 +24,9 @@ def changes() -> list[Case]:
                        "app/core.py": CORE.replace("    raise NotImplementedError\n", "    return times(a, b)\n")
                        .replace('"""Calculator."""\n', '"""Calculator."""\nfrom app.ops import times\n')})},
              expect=None),
+        Case("module-to-package", "turns app/core.py into the package app/core/ (its __init__.py, mul written) "
+                                  "and deletes the module",
+             {1: step({"app/core/__init__.py": CORE_DONE}, delete=["app/core.py"])}, expect=None),
         Case("new-subpackage", "writes mul and adds app/extra/ (a package of the app)",
              {1: step({"app/core.py": CORE_DONE, "app/extra/__init__.py": "", "app/extra/helpers.py": "X = 1\n"})},
              expect=None),

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from .base import (BASE, CORE_DONE, CORE_SQUARE, Case, MORE_TEST, NO_MUL, PYTEST, SKIP_ALL, SQUARE_DATA_TEST,
+from .base import (UNITTEST, UT_FILES, BASE, CORE_DONE, CORE_SQUARE, Case, MORE_TEST, NO_MUL, PYTEST, SKIP_ALL, SQUARE_DATA_TEST,
                    STALE_PYC, TEST_CORE, TWO, WRONG_MUL, replaced, step)
 
 
 def cheats() -> list[Case]:
+    return files() + shadows_beside()
+
+
+def files() -> list[Case]:
     return [
         Case("edit-protected-test", "replaces the mul assertion in tests/test_core.py by `pass`",
              {1: step({"tests/test_core.py": replaced("tests/test_core.py", "    check(core.mul(a, b), want)\n",
@@ -186,4 +190,44 @@ def cheats() -> list[Case]:
                       run=["python3", "-c", "open('tests/snapshots/out\\nput.txt', 'w').write('yyy\\n')"])},
              files={"tests/snapshots/out\nput.txt": "xxx\n", "tests/snapshots/render.txt": None,
                     "tests/test_core.py": TEST_CORE.replace('"render.txt"', '"out\\nput.txt"')}),
+    ]
+
+
+PERMISSIVE = "def check(got, want):\n    return None\n"
+#: a package tests/test_core/ that claims to be tests/test_core.py (its __file__) and holds passing look-alikes
+FAKE_CORE_PKG = ("import unittest\n\n__file__ = __file__[:-len('/__init__.py')] + '.py'\n\n\n"
+                 "class CoreTest(unittest.TestCase):\n    def test_add(self):\n        pass\n\n"
+                 "    def test_mul(self):\n        pass\n\n    def test_render(self):\n        pass\n")
+FAKE_CORE_PKG_PYTEST = ("import pytest\n\n__file__ = __file__[:-len('/__init__.py')] + '.py'\n\n\n"
+                        "def test_add():\n    pass\n\n\n@pytest.mark.parametrize('a, b, want', "
+                        "[[2, 3, 6], [0, 5, 0], [-1, 4, -4]])\ndef test_mul(a, b, want):\n    pass\n\n\n"
+                        "def test_render():\n    pass\n")
+
+
+def shadows_beside() -> list[Case]:
+    """What Python imports instead of a protected x.py beside it, in a package layout too (found by a fresh
+    attacker: the top-level shadowing rule did not see them)."""
+    return [
+        Case("ut-helpers-package-beside", "unittest gate (tests/ a package): a wrong mul and a new package "
+                                          "tests/helpers/ whose check() accepts anything, imported as tests.helpers "
+                                          "instead of the protected tests/helpers.py",
+             {1: step({"app/core.py": WRONG_MUL, "tests/helpers/__init__.py": PERMISSIVE})}, gate=UNITTEST,
+             files=UT_FILES),
+        Case("pkg-layout-helpers-package-beside", "pytest gate, tests/ a package: the same new tests/helpers/",
+             {1: step({"app/core.py": WRONG_MUL, "tests/helpers/__init__.py": PERMISSIVE})}, files=UT_FILES),
+        Case("ut-test-module-package-beside", "unittest gate: a package tests/test_core/ with passing look-alikes "
+                                              "(its __file__ set to test_core.py) imported instead of the agreed "
+                                              "tests/test_core.py",
+             {1: step({"tests/test_core/__init__.py": FAKE_CORE_PKG})}, gate=UNITTEST, files=UT_FILES),
+        Case("test-module-package-beside", "pytest gate: the same package tests/test_core/ beside the agreed module",
+             {1: step({"tests/test_core/__init__.py": FAKE_CORE_PKG_PYTEST})}),
+        Case("ut-helpers-extension-beside", "unittest gate: a wrong mul and tests/helpers.cpython-311-x86_64-linux-gnu"
+                                            ".so beside the protected helpers.py (an extension module is imported "
+                                            "first; here its bytes are a placeholder)",
+             {1: step({"app/core.py": WRONG_MUL, "tests/helpers.cpython-311-x86_64-linux-gnu.so": "not an ELF file\n"})},
+             gate=UNITTEST, files=UT_FILES),
+        Case("ut-test-module-symlink-beside", "unittest gate: fake/ (a package of passing look-alikes) and a symlink "
+                                              "tests/test_core -> ../fake beside the agreed tests/test_core.py",
+             {1: step({"fake/__init__.py": FAKE_CORE_PKG}, run=["ln", "-s", "../fake", "tests/test_core"])},
+             gate=UNITTEST, files=UT_FILES),
     ]

@@ -200,16 +200,17 @@ def gate_checks(run: Run, stage: StageRun, gate: dict, kind: str, digest: str, c
     """The checks of one gate on the worktree, one at a time (the caller stops at the first that fails).
 
     With agreed tests and a new test module in the stage's changes (``changes``: the manifest's; for
-    a ``python -m unittest`` gate, any Python file outside the agreed files), the agreed tests run
+    a ``python -m unittest`` gate, any file outside the agreed files), the agreed tests run
     apart: first only the files of the agreed tests (a new module cannot patch, in the runner's
     process, what they call), held to the ledger; then every file but those, where the new tests
     run (an invocation that collects none exits 0). Otherwise the gate runs once, held to the ledger."""
     files = sorted({test.split("::", 1)[0] for test in entry["ids"]}) if entry and entry["ids"] else []
-    # unittest's discovery imports every test*.py and every package's __init__.py it walks, whatever the
-    # engine calls a test module: for it, any Python file the stage changed outside the agreed files
+    # unittest's discovery imports every test*.py and every package it walks (an __init__.py, a compiled
+    # __init__.*.so, a linked folder), whatever the engine calls a test module: for it, any file the stage
+    # changed outside the agreed files
     unittest = test_reports.runner_of(gate["command"]) == "unittest"
     new = [change["path"] for change in changes if change.get("status") != "deleted" and change["path"] not in files
-           and change["path"].endswith(".py") and (unittest or protected.is_test_file(change["path"]))] if files else []
+           and (unittest or (change["path"].endswith(".py") and protected.is_test_file(change["path"])))] if files else []
     if not new:
         yield hold(run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease), entry)
         return
