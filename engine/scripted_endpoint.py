@@ -310,6 +310,9 @@ class ScriptedEndpoint:
         self._stopping.clear()
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
+        # a connection gone between select() and accept() must not block the serving thread in accept():
+        # stop() (shutdown) would then wait for it forever (seen in CI: a test's teardown hung)
+        self._server.socket.setblocking(False)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="scripted-endpoint", daemon=True)
         self._thread.start()

@@ -153,6 +153,8 @@ class ModelGateway:
 
         self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
+        # never block the serving thread in accept() (a connection gone after select()): stop() would wait
+        self._server.socket.setblocking(False)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                         daemon=True, name="model-gateway")
         self._thread.start()
