@@ -127,18 +127,10 @@ def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lea
     if not test_reports.runner_of(gate["command"]):
         return {"ids": [], "from": "none: the gate's command names no pytest or python -m unittest", "log": None,
                 "record": None}
-    scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
-    folder = scratch / f"start-{stage.order + 1:02d}-{stage.base_commit[:12]}"
-    own = scratch / f"{folder.name}-scratch"
     log_rel = control_path(run, "agreed", f"{stage.order + 1:02d}-{stage.key}-{gate['name']}.log")
-    try:
-        final_checkout(run, stage.base_commit, folder, own)
-        start_env = {**env, "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"), "CP_TMP_DIR": str(own / "tmp"),
-                     "CP_DATA_DIR": str(own / "data")}
-        found = collect_tests(run, gate, str(folder), start_env, should_stop, lease, log_rel)
-    finally:
-        with contextlib.suppress(workspace.WorkspaceError):
-            remove_final_checkout(run, folder, own)
+    with _checkout(run, stage.base_commit, f"start-{stage.order + 1:02d}-{stage.base_commit[:12]}", env) as (
+            folder, start_env):
+        found = collect_tests(run, gate, folder, start_env, should_stop, lease, log_rel)
     ids = sorted(set(found["listed"]) - set(found["marked"]))
     return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "log": found["log_path"],
             "record": found["record_path"], "exit_code": found["exit_code"]}
@@ -150,38 +142,51 @@ def dropped(run: Run, stage: StageRun, tree: str, folder: str, env: dict, should
     would not run (not collected, or now under a skip or xfail mark) on the files ``tree`` (a
     manifest of what an agent left, refused as tampering), collected on a fresh checkout of them;
     the collection's log under the run's ``folder``. Empty when no gate has agreed tests."""
-    pipeline = run.definition["pipeline"]
-    gates = [(g, Check.Kind.BASELINE) for g in pipeline.get("baseline_checks") or []]
-    gates += [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
-    gates = [(g, kind) for g, kind in gates if test_reports.runner_of(g["command"])]
+    gates = [(g, kind) for g, kind in stage_gates(run, stage) if test_reports.runner_of(g["command"])]
     if not gates:
         return {}
     known = ledgers(run, stage, gates, env, should_stop, lease)
     wanted = [(gate, known[gate["name"]]["ids"]) for gate, _ in gates if (known.get(gate["name"]) or {}).get("ids")]
     if not wanted or should_stop():
         return {}
-    scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
-    checkout, own = scratch / f"changed-{tree[:12]}", scratch / f"changed-{tree[:12]}-scratch"
     found: dict[str, dict] = {}
     try:
-        final_checkout(run, workspace.tree_commit(run.worktree, tree, stage.base_commit), checkout, own)
-        changed_env = {**env, "CP_WORKTREE": str(checkout), "TMPDIR": str(own / "tmp"), "CP_TMP_DIR": str(own / "tmp"),
-                       "CP_DATA_DIR": str(own / "data")}
-        for gate, ids in wanted:
-            listed = collect_tests(run, gate, str(checkout), changed_env, should_stop, lease,
-                                   control_path(run, folder, f"collected-{gate['name']}.log"))
-            still = set(listed["listed"]) - set(listed["marked"])
-            gone = [test for test in ids if test not in still]
-            if gone:
-                found[gate["name"]] = {"count": len(gone), "ids": gone[:NAMED], "log": listed["log_path"]}
-            if should_stop():
-                break
+        commit = workspace.tree_commit(run.worktree, tree, stage.base_commit)
+        with _checkout(run, commit, f"changed-{tree[:12]}", env) as (checkout, changed_env):
+            for gate, ids in wanted:
+                listed = collect_tests(run, gate, checkout, changed_env, should_stop, lease,
+                                       control_path(run, folder, f"collected-{gate['name']}.log"))
+                still = set(listed["listed"]) - set(listed["marked"])
+                gone = [test for test in ids if test not in still]
+                if gone:
+                    found[gate["name"]] = {"count": len(gone), "ids": gone[:NAMED], "log": listed["log_path"]}
+                if should_stop():
+                    break
     except workspace.WorkspaceError:
-        return found
+        pass
+    return found
+
+
+def stage_gates(run: Run, stage: StageRun) -> list[tuple[dict, str]]:
+    """``[(gate, check kind)]``: the pipeline's baseline checks, then the stage's gates, as they run."""
+    gates = [(g, Check.Kind.BASELINE) for g in run.definition["pipeline"].get("baseline_checks") or []]
+    return gates + [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
+
+
+@contextlib.contextmanager
+def _checkout(run: Run, commit: str, name: str, env: dict):
+    """``(folder, env)``: a fresh checkout of ``commit`` beside the worktree (``name`` under the run's
+    scratch folder, with its own TMPDIR and data folder in ``env``), removed afterwards. Raises
+    workspace.WorkspaceError when it cannot be made."""
+    scratch = Path(scratch_dirs(run.pk)["tmp"]).parent
+    folder, own = scratch / name, scratch / f"{name}-scratch"
+    try:
+        final_checkout(run, commit, folder, own)
+        yield str(folder), {**env, "CP_WORKTREE": str(folder), "TMPDIR": str(own / "tmp"),
+                            "CP_TMP_DIR": str(own / "tmp"), "CP_DATA_DIR": str(own / "data")}
     finally:
         with contextlib.suppress(workspace.WorkspaceError):
-            remove_final_checkout(run, checkout, own)
-    return found
+            remove_final_checkout(run, folder, own)
 
 
 def dropped_sentence(found: dict[str, dict]) -> str:

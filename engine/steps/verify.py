@@ -41,9 +41,7 @@ def execute(plan: StagePlan, should_stop) -> VerifyOutcome:
     """
     stage = stage_row(plan)
     run = stage.run
-    pipeline = run.definition["pipeline"]
-    gates = [(g, Check.Kind.BASELINE) for g in pipeline.get("baseline_checks") or []]
-    gates += [(g, Check.Kind.GATE) for g in stage.spec.get("gates") or []]
+    gates = agreed.stage_gates(run, stage)
     env = run_env(run, stage.key)
     excludes = manifest_excludes(run)
     for round_no in range(1, 4):
