@@ -243,6 +243,17 @@ for _name, _default in (("CP_ATTEMPT_MAX_PROCESSES", 512), ("CP_ATTEMPT_MAX_MEMO
     if not _value.isdigit() or int(_value) < 1:
         raise SystemExit(f"{_name}: must be a whole number of at least 1, got {_value!r}")
     globals()[_name] = int(_value)
+#: The package registries a pipeline's setup step may reach (engine/steps/setup.py), the operator's
+#: choice, never a pipeline author's: hosts (`name`, `*.suffix`, `name:port`) separated by commas. Agents
+#: and gates reach none of them. CP_SETUP_PIP_INDEX_URL and CP_SETUP_NPM_REGISTRY name a mirror the
+#: setup's pip and npm use instead (given as PIP_INDEX_URL and npm_config_registry; its host joins the list).
+CP_SETUP_REGISTRIES = [e.strip().lower() for e in env.str(
+    "CP_SETUP_REGISTRIES", default="pypi.org,files.pythonhosted.org,registry.npmjs.org").split(",") if e.strip()]
+CP_SETUP_PIP_INDEX_URL = env.str("CP_SETUP_PIP_INDEX_URL", default="")
+CP_SETUP_NPM_REGISTRY = env.str("CP_SETUP_NPM_REGISTRY", default="")
+#: Days an environment no run used is kept before `python manage.py environments --evict` (which the beat
+#: runs once a day) removes it; one an unfinished run uses is never removed (engine/environments.py).
+CP_ENVIRONMENT_MAX_AGE_DAYS = env.float("CP_ENVIRONMENT_MAX_AGE_DAYS", default=14.0)
 #: Seconds after the last beat of its last worker that a host counts as gone: reconciliation then
 #: marks its running runs interrupted (once), never resuming them elsewhere.
 CP_HOST_STALE = env.float("CP_HOST_STALE", default=max(CP_WORKER_STALE, CP_HEARTBEAT_STALE))

@@ -26,6 +26,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from . import environments
 from .models import (
     ATTEMPT_OPEN,
     RUN_STOPPED,
@@ -138,6 +139,7 @@ def lease_state(run: Run) -> str:
 #: WorkspaceError) that stop a run are listed here too. docs/run-status.md prints this table.
 STOP_REASONS: dict[str, str] = {
     "human_gate": "a stage passed its checks and review and waits for a person's approval",
+    "setup_failed": "the pipeline's setup step (installing the repository's dependencies) failed; its log says why",
     "gate_failed": ("a gate failed (a non-zero exit status, or a test runner record that says its tests did not "
                     "all run and pass) and no repair is allowed"),
     "repair_exhausted": "a defect was found after the stage's repair allowance was used up",
@@ -208,6 +210,7 @@ EVENT_KINDS: dict[str, str] = {
     "protected_files_changed": "an agent changed a protected check",
     "external_symlink": "an agent left a link pointing outside the worktree",
     "nested_repository": "an agent planted a nested repository",
+    "setup": "the setup step made the run's environment, or found it made by an earlier run",
     "verify": "a stage's gates start on its files",
     "check_passed": "a check exited 0",
     "check_failed": "a check exited non-zero, timed out or could not start",
@@ -416,14 +419,17 @@ def heartbeat(run_id: int, token: str, seconds: float) -> bool:
 
 @dataclass(frozen=True)
 class Step:
-    """What the run does next: ``kind`` in implement, verify, review, repair, checkpoint, finish."""
+    """What the run does next: ``kind`` in setup, implement, verify, review, repair, checkpoint, finish."""
 
     kind: str
     stage_id: int | None = None
 
 
 def next_step(run: Run) -> Step:
-    """The next step of a running run, from its stages' phases (run locked by the caller)."""
+    """The next step of a running run, from its stages' phases (run locked by the caller): first its
+    setup, when the pipeline has one and its environment is not made yet."""
+    if (run.definition.get("pipeline") or {}).get("setup") and not environments.is_made(run):
+        return Step("setup")
     for stage in run.stages.order_by("order"):
         if stage.status == StageStatus.PASSED:
             continue
@@ -441,6 +447,12 @@ def next_step(run: Run) -> Step:
             return Step("checkpoint", stage.pk)
         raise IllegalTransition(f"stage {stage.key} is {stage.status} in phase {stage.phase}")
     return Step("finish")
+
+
+def environment_ready(run: Run, record: dict) -> None:
+    """The setup step passed: the run's agents and gates see this environment (engine/environments.py)."""
+    run.environment = record
+    run.save(update_fields=["environment", "updated_at"])
 
 
 def start_stage(stage: StageRun, base_commit: str) -> None:

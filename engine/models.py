@@ -156,6 +156,8 @@ class Run(models.Model):
     stop_reason = models.CharField(max_length=60, blank=True)
     stop_message = models.TextField(blank=True)
     stop_evidence = models.JSONField(default=dict, blank=True)
+    environment = models.JSONField(default=dict, blank=True, help_text="the setup step's environment once it passed "
+                                   "(engine/environments.py): {key, keep, reused, check}")
 
     branch = models.CharField(max_length=255, blank=True)
     worktree = models.CharField(max_length=1000, blank=True)
@@ -369,6 +371,7 @@ class Check(models.Model):
         GATE = "gate", "stage gate"
         HEALTH = "health", "health check"
         FINAL = "final", "final verification"
+        SETUP = "setup", "setup"
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checks")
     stage = models.ForeignKey(StageRun, on_delete=models.CASCADE, null=True, blank=True, related_name="checks")
@@ -393,6 +396,8 @@ class Check(models.Model):
     limits = models.JSONField(null=True, blank=True,
                               help_text="what bounded its command (engine/limits.py): {limits, mechanism, reached, "
                                         "written_bytes, peak_processes}")
+    setup = models.JSONField(null=True, blank=True,
+                             help_text="a setup check: {key, reused, made_by: {run, check}, size_bytes} of its environment")
     tests = models.JSONField(null=True, blank=True,
                              help_text="what its test runner recorded (engine/test_reports): sessions, counts, failed "
                                        "and unreported ids, record_path; null: no runner record (an exit-status gate)")

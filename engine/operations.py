@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, hosts, machine, protected, reconcile, runner, workers, workspace
+from . import answers, hosts, machine, protected, reconcile, runner, tool_outcomes, workers, workspace
 from .steps import gate_results
 from .steps.common import role_profiles
 from .steps.paths import var_path
@@ -26,6 +26,7 @@ from .agents import adapters, executables
 from .models import (
     RUN_STOPPED,
     RUN_TERMINAL,
+    Check,
     Decision,
     Host,
     Manifest,
@@ -819,7 +820,7 @@ def run_status(run) -> dict:
     active_seconds, heartbeat_age_seconds, heartbeat_stale (running, but no heartbeat for longer than
     CP_HEARTBEAT_STALE: its worker may be gone, and reconciliation will interrupt it), not_included, protected_files, budgets, pending_decision, stages[{key, status,
     phase, base_commit, checkpoint, repairs_used, repair_allowance, last_defect, attempts[...,
-    refusals, network, verdict], checks[...]}].
+    refusals, tool_outcomes (engine/tool_outcomes.py ``counts``), network, verdict], checks[...]}].
     """
     run = get_run(run)
     run.refresh_from_db()
@@ -849,22 +850,12 @@ def run_status(run) -> dict:
                 "start_commit": a.start_commit or None, "start_manifest": a.start_manifest or None,
                 "manifest": a.result_manifest.digest if a.result_manifest_id else None,
                 "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
-                "refusals": a.refusals, "network": a.network, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
+                "refusals": a.refusals, "tool_outcomes": tool_outcomes.counts(a.refusals), "network": a.network, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
                 "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
             }
             for a in stage_attempts
         ]
-        checks = [
-            {
-                "id": c.pk, "name": c.name, "kind": c.kind, "command": c.command, "cwd": c.cwd,
-                "exit_code": c.exit_code, "signal": c.signal, "passed": c.passed, "failure_kind": c.failure_kind or None,
-                "stale": c.stale, "log": ref(c.log_path), "manifest": c.manifest_digest or None,
-                "started_at": c.started_at.isoformat() if c.started_at else None,
-                "ended_at": c.ended_at.isoformat() if c.ended_at else None,
-                "elapsed_seconds": c.elapsed_seconds, "network": c.network, "tests": _tests_shown(c.tests, ref),
-            }
-            for c in stage_checks
-        ]
+        checks = [_check_shown(c, ref) for c in stage_checks]
         stages.append({"key": stage.key, "status": stage.status, "phase": stage.phase,
                        "base_commit": stage.base_commit or None, "checkpoint": stage.checkpoint_commit or None,
                        "accepted_manifest": stage.accepted_manifest or None,
@@ -897,8 +888,33 @@ def run_status(run) -> dict:
         "queued_without_worker": workers.queued_without_worker(run) or None,
         "actions": [action.as_dict() for action in answers.actions(run).values()],
         "totals": answers.totals(run),
+        "setup": _setup_shown(run, ref),
         "stages": stages,
     }
+
+
+def _check_shown(c, ref) -> dict:
+    """One check as the run's record shows it."""
+    return {
+        "id": c.pk, "name": c.name, "kind": c.kind, "command": c.command, "cwd": c.cwd,
+        "exit_code": c.exit_code, "signal": c.signal, "passed": c.passed, "failure_kind": c.failure_kind or None,
+        "stale": c.stale, "log": ref(c.log_path), "manifest": c.manifest_digest or None,
+        "started_at": c.started_at.isoformat() if c.started_at else None,
+        "ended_at": c.ended_at.isoformat() if c.ended_at else None,
+        "elapsed_seconds": c.elapsed_seconds, "network": c.network, "tests": _tests_shown(c.tests, ref),
+    }
+
+
+def _setup_shown(run, ref) -> dict | None:
+    """The run's setup step (engine/steps/setup.py): its latest check, whether it passed or reused an
+    environment, and the environment the run's agents and gates see; None for a pipeline without setup."""
+    if not (run.definition.get("pipeline") or {}).get("setup"):
+        return None
+    check = run.checks.filter(kind=Check.Kind.SETUP).order_by("-id").first()
+    return {"commands": run.definition["pipeline"]["setup"]["commands"],
+            "check": {**_check_shown(check, ref), "setup": check.setup} if check else None,
+            "passed": bool(check and check.passed), "reused": bool(check and (check.setup or {}).get("reused")),
+            "environment": run.environment or None}
 
 
 def _tests_shown(tests: dict | None, ref) -> dict | None:

@@ -1276,6 +1276,43 @@ class Stall(_Level):
 
 
 # --------------------------------------------------------------------------------------
+# The setup step (engine/steps/setup.py, engine/environments.py)
+
+#: The setup step's deadline when it names none, in seconds.
+DEFAULT_SETUP_DEADLINE = 1800.0
+
+
+def _keep_item(value: str) -> str:
+    """A worktree folder the setup makes and the environment keeps (``node_modules``): a repository
+    path, never the repository's git metadata."""
+    value = _file_item(value)
+    if value.split("/")[0].lower() == ".git":
+        _fail("names the repository's git metadata; keep names folders the setup makes (such as node_modules)")
+    return value
+
+
+class Setup(_Level):
+    """The setup step: commands run once per environment (per repository and cache key) before the
+    first stage, with the operator's package registries as their only network, writing the
+    environment that every agent and gate then sees read-only."""
+
+    what: ClassVar[str] = "setup: commands, cache_key, keep, deadline"
+
+    commands: Annotated[list[Annotated[StrictStr, AfterValidator(_command)]], Field(min_length=1),
+                        Say(required="is required (the shell commands that install the repository's dependencies)",
+                            type="must be a list of shell commands, got {kind}",
+                            empty="must list at least one command", item="must be a command string, got {kind}")]
+    cache_key: Annotated[list[FilePath], NoneIsDefault, AfterValidator(_unique), _PATHS] = []
+    keep: Annotated[list[Annotated[StrictStr, AfterValidator(_keep_item)]], NoneIsDefault, AfterValidator(_unique),
+                    _PATHS] = []
+    deadline: Annotated[Optional[Deadline], Say(unit="seconds")] = None
+
+    def definition(self) -> dict:
+        return {"commands": list(self.commands), "cache_key": list(self.cache_key), "keep": list(self.keep),
+                "deadline": self.deadline or DEFAULT_SETUP_DEADLINE}
+
+
+# --------------------------------------------------------------------------------------
 # The pipeline
 
 
@@ -1291,7 +1328,7 @@ class Pipeline(_Level):
 
     report_order: ClassVar[tuple] = (
         "format", "name", "description", "master_plan", "spec_index", "protected_paths",
-        "documentation_paths", "exclude", "baseline_checks", "stages", "profiles", "roles",
+        "documentation_paths", "exclude", "setup", "baseline_checks", "stages", "profiles", "roles",
         "budgets", "deadlines", "limits", "stall",
     )
 
@@ -1305,6 +1342,7 @@ class Pipeline(_Level):
     protected_paths: Patterns = []
     documentation_paths: Patterns = list(DEFAULT_DOCUMENTATION_PATHS)
     exclude: Annotated[list[ExcludePattern], NoneIsDefault, AfterValidator(_unique), _PATTERNS] = []
+    setup: Optional[Setup] = None
     baseline_checks: Gates = []
     budgets: Annotated[Budgets, NoneIsDefault] = Field(default_factory=Budgets)
     deadlines: Annotated[Deadlines, NoneIsDefault] = Field(default_factory=Deadlines)
@@ -1373,6 +1411,7 @@ class Pipeline(_Level):
             "protected_paths": list(self.protected_paths),
             "documentation_paths": list(self.documentation_paths),
             "exclude": list(self.exclude),
+            "setup": self.setup.definition() if self.setup is not None else None,
             "baseline_checks": gate_definitions(self.baseline_checks),
             "budgets": self.budgets.model_dump(),
             "deadlines": self.deadlines.model_dump(),

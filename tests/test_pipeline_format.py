@@ -73,9 +73,10 @@ def example():
 def test_it_loads_the_example_with_every_key(example):
     assert list(example) == [
         "format", "name", "description", "master_plan", "spec_index", "protected_paths",
-        "documentation_paths", "exclude", "baseline_checks", "budgets", "deadlines", "limits", "stall", "roles",
-        "profiles", "stages",
+        "documentation_paths", "exclude", "setup", "baseline_checks", "budgets", "deadlines", "limits", "stall",
+        "roles", "profiles", "stages",
     ]
+    assert example["setup"] is None  # the example's tests need nothing installed
     assert example["stall"] == {"repeated_calls": 5, "idle_turns": 20, "idle_minutes": 15.0}  # the defaults
     # no limits in the file: the operator's apply (engine/limits.py)
     assert example["limits"] == {"max_processes": None, "max_memory_mb": None, "max_write_mb": None,

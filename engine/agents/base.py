@@ -83,6 +83,8 @@ class AgentRequest:
     limits: object = None
     spend: dict | None = None
     on_usage: Callable[[dict, dict], None] | None = None
+    #: the run's setup environment, read-only: ``sandbox.wrap``'s ``binds`` (engine/environments.py)
+    binds: list = field(default_factory=list)
 
 
 @dataclass

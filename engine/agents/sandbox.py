@@ -248,6 +248,8 @@ SYSTEM_SECRETS = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-"
 NETWORK_DIR = "/run/cp-net"
 PROXY_PORT = 3128
 BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netbridge.py")
+#: The sandbox's ``/etc/profile`` (bound over the host's): a login shell keeps the engine's PATH.
+PROFILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_profile.sh")
 
 
 class NetworkPolicy:
@@ -316,7 +318,8 @@ def _symlinks_to_make(paths: list[str], mounts: dict[str, list[str]]) -> list[tu
 
 def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hide: list[str] = (),
          visible: list[str] = (), user_namespace: bool = False, private_tmp: bool = True,
-         network: NetworkPolicy | None = None, replace: dict[str, str] | None = None) -> list[str]:
+         network: NetworkPolicy | None = None, replace: dict[str, str] | None = None,
+         binds: list[tuple[str, str, bool]] | tuple = ()) -> list[str]:
     """``argv`` run inside bubblewrap, with an allow-listed view of the host and no network of its own.
 
     The view (deny by default): an empty root, then read-only SYSTEM_PATHS (less
@@ -344,6 +347,15 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     ``replace``: ``{path in the view: host file}``, each host file bound read-only in the place of
     a file the view already shows (codex finds the host's bubblewrap on PATH first; see
     engine/agents/codex.py ``sandboxed``). A path outside the read-only view is skipped.
+
+    ``binds``: ``(host folder, path in the view, writable)`` each: a host folder shown at another place
+    (the run's setup environment at ``/cp/env`` and its kept worktree folders such as
+    ``node_modules``: engine/environments.py), read-only unless ``writable``; the deepest mounts of
+    all, so a kept folder inside the writable worktree stays read-only. The host folder may lie in a
+    hidden one (the var directory): only the bound folder is shown. The place must exist already
+    when it lies in a bound folder (the caller makes it).
+
+    ``/etc/profile`` is always the sandbox's own (PROFILE): a login shell keeps the PATH given.
 
     ``user_namespace``: its own user namespace too, as SANDBOX_UID, so that a bubblewrap it starts
     itself (codex's sandbox for its commands) can make its own user namespace: without
@@ -409,8 +421,13 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
         if os.path.isfile(real) and any(_inside(real, folder) for folder in ro_bound) \
                 and not any(_inside(real, folder) for folder in rw):
             mounts[real] = ["--ro-bind", os.path.realpath(source), real]
+    if os.path.isfile("/etc/profile") and "/etc" in ro_bound:
+        mounts["/etc/profile"] = ["--ro-bind", PROFILE, "/etc/profile"]
     if network is not None:
         mounts[NETWORK_DIR] = ["--ro-bind", os.path.realpath(network.socket_dir), NETWORK_DIR]
+    for source, place, writable_bind in binds:
+        mounts[os.path.normpath(place)] = ["--bind" if writable_bind else "--ro-bind", os.path.realpath(source),
+                                           os.path.normpath(place)]
     sandbox += ["--dev", "/dev", "--proc", "/proc"]
     for link in links:
         sandbox += link

@@ -36,7 +36,8 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     visible += sandbox.tool_paths(env.get("PATH"), (argv[0],))
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(sandbox.var_dir()), visible=visible, network=network)
+                        hide=sandbox.private_paths(sandbox.var_dir()), visible=visible, network=network,
+                        binds=request.binds)
 
 
 def pick_step(scenario: dict, stage_key: str, operation: str, nth: int) -> dict:

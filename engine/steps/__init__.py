@@ -15,8 +15,9 @@ result that arrived after the run moved on. engine/reconcile.py finishes a check
 same functions.
 
 This module dispatches by step kind; each kind is a module of this package: ``implement``
-(implement and repair), ``review``, ``document``, ``verify``, ``checkpoint`` and ``final`` (the
-``finish`` step's final verification). What they share: ``attempts`` (an agent attempt, whatever
+(implement and repair), ``review``, ``document``, ``verify``, ``checkpoint``, ``final`` (the
+``finish`` step's final verification) and ``setup`` (the run's first step when its pipeline has a
+``setup``: its environment, engine/environments.py). What they share: ``attempts`` (an agent attempt, whatever
 its role), ``gates`` (running and recording gate commands), ``prompts`` (every prompt an agent is
 given), ``common`` (the lease fence, index-lock waits, manifests, reviewers, defects) and
 ``paths`` (files under CP_VAR_DIR, the environment of the run's commands). The names other
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from .. import boundary, machine, workspace
 from ..models import Attempt, AttemptStatus, Run, StageRun, StageStatus
-from . import checkouts, checkpoint, document, final, implement, review, verify
+from . import checkouts, checkpoint, document, final, implement, review, setup, verify
 from .attempts import apply_attempt_result
 from .common import (
     LeaseLost,
@@ -47,7 +48,7 @@ BEGINNERS = {"implement": implement.begin, "repair": implement.begin, "review": 
 #: The slow work of each step kind, outside any transaction (returns its outcome).
 EXECUTORS = {"implement": implement.execute, "repair": implement.execute, "review": review.execute,
              "document": document.execute, "verify": verify.execute, "checkpoint": checkpoint.execute,
-             "finish": final.execute}
+             "finish": final.execute, "setup": setup.execute}
 
 #: How each step kind of a stage records its outcome (the run locked again).
 FINISHERS = {"implement": implement.finish, "repair": implement.finish, "review": review.finish,
@@ -63,6 +64,8 @@ def begin(run: Run, step: machine.Step, lease: str) -> Plan:
     plan: StepPlan = {"kind": step.kind, "run_id": run.pk, "lease": lease, "stage_id": step.stage_id}
     if step.kind == "finish":
         return final.begin(run, plan)
+    if step.kind == "setup":
+        return setup.begin(run, plan)
     stage = StageRun.objects.select_related("run").get(pk=step.stage_id)
     if stage.status == StageStatus.PENDING or not stage.base_commit:
         previous = run.stages.filter(order__lt=stage.order).order_by("-order").first()
@@ -101,6 +104,9 @@ def finish(run: Run, plan: Plan, outcome: Outcome) -> None:
     """Record the outcome of a step on the locked ``run`` and move it on or stop it."""
     if plan["kind"] == "finish":
         final.finish(run, plan, outcome)
+        return
+    if plan["kind"] == "setup":
+        setup.finish(run, plan, outcome)
         return
     stage = StageRun.objects.select_related("run").get(pk=plan["stage_id"])
     stage.run = run

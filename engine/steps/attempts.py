@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import boundary, context, globs, hosts, limits, machine, protected, workspace
+from .. import boundary, context, environments, globs, hosts, limits, machine, protected, workspace
 from ..agents import AgentRequest, get_adapter
 from ..budgets import spent_by
 from ..model_gateway import spend_of
@@ -165,6 +165,11 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
         # inside its HOME, gone with it
         env.update({"TMPDIR": os.path.join(home_dir, "tmp"), "CP_TMP_DIR": os.path.join(home_dir, "tmp"),
                     "CP_DATA_DIR": os.path.join(home_dir, "data")})
+    try:  # the setup's environment: read-only, first on PATH (engine/environments.py)
+        env, binds = environments.apply_to(run, env, run.worktree)
+    except environments.EnvironmentMissing as exc:
+        return {"failure_kind": "crashed", "launched": False,
+                "failure_message": f"The agent was not launched: {exc}. Recover the run: its setup step makes it again."}
     secrets = secret_env_values(env)
     prompt, prompt_redactions = redact_text(prompt, secrets)
     prompt_rel = control_path(run, plan["folder"], "prompt.md")
@@ -198,7 +203,7 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
         stage_key=stage.key, attempt_number=attempt.number, control_dir=control_dir,
         operation_attempt=plan["operation_attempt"], marker=attempt.marker, secrets=secrets,
         should_stop=should_stop, on_start=on_start, on_usage=on_usage, prompt_path=str(var_path(prompt_rel)),
-        home_dir=home_dir, deny_addresses=boundary.service_addresses(),
+        home_dir=home_dir, deny_addresses=boundary.service_addresses(), binds=binds,
         stderr_path=str(var_path(attempt.stderr_path)) if attempt.stderr_path else "",
         limits=limits.effective(run.definition["pipeline"].get("limits")),
         spend={"budgets": run.definition["pipeline"].get("budgets") or {},

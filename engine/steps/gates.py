@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import boundary, limits, machine, test_reports
+from .. import boundary, environments, limits, machine, test_reports
 from ..agents import sandbox
 from ..agents.network import egress, network_record
 from ..models import Check, Run, StageRun
@@ -90,21 +90,7 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
     if launch is not argv and result.signal is None and result.exit_code is not None and result.exit_code > 128:
         # bubblewrap reports a command killed by signal N as exit 128 + N
         result.signal, result.exit_code = result.exit_code - 128, None
-    failure = ""
-    if result.missing_executable:
-        failure = "missing_executable"
-    elif result.limit:  # process_limit, memory_limit, write_limit, output_too_large
-        failure = result.limit
-    elif result.timed_out:
-        failure = "timeout"
-    elif result.cancelled:
-        failure = "cancelled"
-    elif result.signal is not None:
-        failure = "killed"
-    elif result.exit_code == 127:
-        failure = "command_not_found"
-    elif result.exit_code != 0:
-        failure = "nonzero_exit"
+    failure = process_failure(result)
     check.tests = _tests_of(run, check, reporter, log_rel)
     why = ""
     if not failure and not result.timed_out and not result.cancelled:
@@ -124,6 +110,25 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
     check.failure_kind = failure
     check.save()
     return check
+
+
+def process_failure(result) -> str:
+    """How a check's process ended, as its failure kind ('' for an exit status of 0)."""
+    if result.missing_executable:
+        return "missing_executable"
+    if result.limit:  # process_limit, memory_limit, write_limit, output_too_large
+        return result.limit
+    if result.timed_out:
+        return "timeout"
+    if result.cancelled:
+        return "cancelled"
+    if result.signal is not None:
+        return "killed"
+    if result.exit_code == 127:
+        return "command_not_found"
+    if result.exit_code != 0:
+        return "nonzero_exit"
+    return ""
 
 
 def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease: str | None,
@@ -208,12 +213,13 @@ def _gate_sandbox(run: Run, argv: list[str], cwd: str, env: dict, network=None,
     reporter = test_reports.prepare(scratch, home, apart)
     remove_bytecode(cwd)
     env = reporter.env({**env, "HOME": str(home), **(network.env() if network is not None else {})})
+    env, binds = environments.apply_to(run, env, cwd)  # the setup's environment, read-only, first on PATH
     writable = [cwd, env["TMPDIR"], env["CP_DATA_DIR"], str(home)]
     visible = sandbox.git_dirs(cwd) + sandbox.tool_paths(env.get("PATH")) + [str(reporter.folder)]
     read_only = [os.path.join(cwd, ".git"), *_protected_in(run, cwd)]
     return env, sandbox.wrap(argv, writable=writable, read_only=read_only,
                              hide=sandbox.private_paths(str(settings.VAR_DIR)), visible=visible,
-                             network=network), reporter
+                             network=network, binds=binds), reporter
 
 
 #: Protected files bound read-only one by one while a gate runs, at most (each is three bwrap
@@ -282,7 +288,26 @@ def gate_results(stage: StageRun, digest: str) -> dict[str, bool]:
     return results
 
 
+def setup_sentence(check: Check) -> str:
+    """How a setup check (engine/steps/setup.py) ended, in one sentence."""
+    info = check.setup or {}
+    if check.passed and info.get("reused"):
+        made_by = info.get("made_by") or {}
+        return (f"Setup: reused the environment {str(info.get('key'))[:12]} made by run {made_by.get('run', '?')}'s "
+                f"setup (check {made_by.get('check', '?')}, exit status 0); nothing ran.")
+    if check.passed:
+        return (f"Setup passed in {check.elapsed_seconds or 0:.1f} s: its commands exited 0; the environment "
+                f"{str(info.get('key'))[:12]} is kept for later runs and shown read-only to every agent and gate.")
+    why = {"timeout": "passed its deadline and was killed", "cancelled": "was stopped because the run stopped",
+           "killed": f"was killed by signal {check.signal}",
+           "command_not_found": "failed: command not found (exit status 127)"}.get(
+        check.failure_kind, f"exited {check.exit_code}" if check.exit_code is not None else "could not run")
+    return f"Setup failed: its commands {why}{'' if check.failure_kind in ('', 'nonzero_exit') else f' ({check.failure_kind})'}."
+
+
 def check_sentence(check: Check) -> str:
+    if check.kind == "setup":
+        return setup_sentence(check)
     label = {"baseline": "Baseline check", "gate": "Gate"}.get(check.kind, "Check")
     if check.passed:
         return f"{label} '{check.name}' passed: `{check.command}` exited 0."
