@@ -17,7 +17,9 @@ this module decides where its result lives and how later sandboxes see it:
   every agent and gate sees it read-only (``binds``), so no run can change another's dependencies,
   and nothing of a worktree is in it (the setup ran on a checkout of its own).
 * **Eviction** (``evict``): an environment no run took for ``CP_ENVIRONMENT_MAX_AGE_DAYS`` is removed,
-  never one an unfinished run uses; a build left by a dead worker is removed after a day.
+  never one an unfinished run uses; a build left by a dead worker is removed after a day. A setup step
+  evicts on its host at most once an hour (``evict_now_and_then``); ``python manage.py environments
+  --evict`` does it at once, and ``python manage.py environments`` lists them.
 """
 from __future__ import annotations
 
@@ -231,6 +233,28 @@ def listing() -> list[dict]:
         record["folder"] = str(folder)
         found.append(record)
     return found
+
+
+#: Seconds between two evictions a setup step makes on its host (``evict_now_and_then``).
+EVICT_EVERY = 3600.0
+
+
+def evict_now_and_then(keep_key: str = "") -> list[str]:
+    """``evict`` at most once per EVICT_EVERY on this host (a setup step calls it: every host that makes
+    environments removes its own old ones); ``keep_key`` is never removed."""
+    stamp = root() / ".evicted"
+    try:
+        if time.time() - stamp.stat().st_mtime < EVICT_EVERY:
+            return []
+    except OSError:
+        pass
+    root().mkdir(parents=True, exist_ok=True)
+    stamp.write_text(str(time.time()), encoding="utf-8")
+    from .models import RUN_TERMINAL, Run  # noqa: PLC0415 - Django models, loaded late
+
+    in_use = {str((record or {}).get("key")) for record in
+              Run.objects.exclude(status__in=RUN_TERMINAL).values_list("environment", flat=True)}
+    return evict(in_use=in_use | {keep_key})
 
 
 def evict(max_age_days: float | None = None, in_use: set[str] | None = None) -> list[str]:

@@ -164,3 +164,29 @@ def test_the_setup_is_part_of_the_run_status(make_pipeline, repo, sent):
     assert data["status"] == "succeeded", data["stop_message"]
     assert data["setup"]["passed"] and data["setup"]["environment"]["key"] == run.environment["key"]
     assert json.dumps(data)  # the API's and run_status --json's shape
+
+
+def test_eviction_removes_environments_no_unfinished_run_uses_and_a_later_run_makes_them_again(make_pipeline, repo,
+                                                                                               sent):
+    from django.core.management import call_command
+
+    setup = {"commands": ['python -m venv --without-pip "$CP_ENV"'], "cache_key": ["app/__init__.py"]}
+    failing = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "repair_allowance": 0,
+                "gates": [{"name": "no", "command": "false"}]}]
+    waiting = _start(make_pipeline(name="waits", stages=failing, setup=setup), repo, sent)
+    assert waiting.status == "waiting_review" and waiting.stop_reason == "gate_failed", waiting.stop_message
+    ok = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
+           "gates": [{"name": "env", "command": "test -x /cp/env/bin/python"}]}]
+    done = _start(make_pipeline(name="done", stages=ok, setup={**setup, "commands": [*setup["commands"], "true"]}),
+                  repo, sent)
+    assert done.status == "succeeded", done.stop_message
+    out = __import__("io").StringIO()
+    call_command("environments", stdout=out)
+    assert waiting.environment["key"][:12] in out.getvalue() and done.environment["key"][:12] in out.getvalue()
+
+    removed = environments.evict(max_age_days=0)
+    assert str(environments.root() / done.environment["key"]) in removed  # a finished run's
+    assert environments.is_made(waiting) and not environments.is_made(done)  # not the waiting run's
+    again = _start(make_pipeline(name="done", stages=ok, setup={**setup, "commands": [*setup["commands"], "true"]}),
+                   repo, sent)
+    assert again.status == "succeeded" and not _setup_check(again).setup["reused"], again.stop_message

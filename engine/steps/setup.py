@@ -91,6 +91,7 @@ def execute(plan: StepPlan, should_stop) -> dict:
     blobs = _blobs(run, list(spec.get("cache_key") or []))
     key = environments.key_of(run.repo_path, run.commit, spec, blobs)
     outcome = {"key": key, "keep": list(keep)}
+    environments.evict_now_and_then(keep_key=key)
     with environments.key_lock(key):
         found = environments.find(key, keep)
         if found is not None:
