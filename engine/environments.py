@@ -11,7 +11,10 @@ this module decides where its result lives and how later sandboxes see it:
   which check, its size). ``used`` is touched each time a run takes it (eviction reads its time).
 * **The key** (``key_of``): the repository, the setup's commands and kept folders, the content of its
   ``cache_key`` files at the run's commit (their blob ids), and the Python and Node.js the worker
-  runs (a venv and native modules are built for them). The same key is the same environment.
+  runs (a venv and native modules are built for them). An environment is made for a key at a commit
+  (its folder ``<key>-<commit>``) and serves the runs of that key at that commit or a descendant
+  (``find``): the setup runs repository code, so what one lineage's commits made never reaches
+  another's.
 * **Shared safely**: a setup builds in ``.building-<key>-<run>`` and renames it into place when its
   commands passed, under a lock per key (a second run with the same key waits, then reuses);
   every agent and gate sees it read-only (``binds``), so no run can change another's dependencies,
@@ -150,16 +153,37 @@ def key_of(repo: str, commit: str, setup: dict, blobs: dict[str, str | None]) ->
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def find(key: str, keep: tuple[str, ...] = ()) -> tuple[Environment, dict] | None:
-    """``(environment, its record)`` when the environment of ``key`` is made, else None."""
-    folder = root() / key
-    try:
-        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not (folder / "env").is_dir():
-        return None
-    return Environment(key, str(folder), tuple(keep)), record
+def name_of(key: str, commit: str) -> str:
+    """The folder name of the environment of ``key`` made at ``commit`` (``Environment.key``)."""
+    return f"{key}-{commit[:12]}"
+
+
+def _is_ancestor(repo: str, older: str, newer: str) -> bool:
+    from . import workspace  # noqa: PLC0415 - git, only when a made environment is found
+
+    if older == newer:
+        return True
+    return workspace.git(["merge-base", "--is-ancestor", older, newer], repo, check=False).returncode == 0
+
+
+def find(key: str, keep: tuple[str, ...] = (), repo: str = "", commit: str = "") -> tuple[Environment, dict] | None:
+    """``(environment, its record)`` of ``key`` that a run at ``commit`` may take, else None: one made at
+    ``commit`` or at one of its ancestors. The setup runs the repository's code (a package's install
+    scripts), so an environment made at a commit one run's agent wrote is never another lineage's: like a
+    CI cache scoped to its branch, it serves only the commits that contain that commit."""
+    found = []
+    for folder in root().glob(f"{key}-*"):
+        try:
+            record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if (folder / "env").is_dir():
+            found.append((folder, record))
+    found.sort(key=lambda item: item[1].get("commit") != commit)  # its own commit's first
+    for folder, record in found:
+        if not commit or _is_ancestor(repo, str(record.get("commit") or ""), commit):
+            return Environment(folder.name, str(folder), tuple(keep)), record
+    return None
 
 
 def touch(key: str) -> None:

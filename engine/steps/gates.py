@@ -300,7 +300,8 @@ def setup_sentence(check: Check) -> str:
                 f"{str(info.get('key'))[:12]} is kept for later runs and shown read-only to every agent and gate.")
     why = {"timeout": "passed its deadline and was killed", "cancelled": "was stopped because the run stopped",
            "killed": f"was killed by signal {check.signal}",
-           "command_not_found": "failed: command not found (exit status 127)"}.get(
+           "command_not_found": "failed: command not found (exit status 127)",
+           "setup_refused": "were not run (its log says why)"}.get(
         check.failure_kind, f"exited {check.exit_code}" if check.exit_code is not None else "could not run")
     return f"Setup failed: its commands {why}{'' if check.failure_kind in ('', 'nonzero_exit') else f' ({check.failure_kind})'}."
 

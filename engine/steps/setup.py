@@ -90,15 +90,22 @@ def execute(plan: StepPlan, should_stop) -> dict:
     keep = tuple(spec.get("keep") or ())
     blobs = _blobs(run, list(spec.get("cache_key") or []))
     key = environments.key_of(run.repo_path, run.commit, spec, blobs)
-    outcome = {"key": key, "keep": list(keep)}
+    outcome = {"key": environments.name_of(key, run.commit), "keep": list(keep)}
     environments.evict_now_and_then(keep_key=key)
     with environments.key_lock(key):
-        found = environments.find(key, keep)
+        found = environments.find(key, keep, run.repo_path, run.commit)
         if found is not None:
-            check = _reused(run, spec, key, found[1])
-            environments.touch(key)
-            return {**outcome, "reused": True, "check_id": check.pk, "passed": True}
-        built = environments.building(key, run.pk, keep)
+            check = _reused(run, spec, found[0].key, found[1])
+            environments.touch(found[0].key)
+            return {**outcome, "key": found[0].key, "reused": True, "check_id": check.pk, "passed": True}
+        tracked = _tracked(run, keep)
+        if tracked:
+            check = _refused(run, spec, f"keep names folders the repository tracks at {run.commit[:12]} "
+                                        f"({', '.join(tracked)}): the setup's kept folders would hide the "
+                                        f"repository's own files from every agent and gate. keep names only "
+                                        f"folders the setup makes (such as node_modules).")
+            return {**outcome, "reused": False, "check_id": check.pk, "passed": False}
+        built = environments.building(environments.name_of(key, run.commit), run.pk, keep)
         try:
             check = _build(run, spec, built, should_stop, plan["lease"])
             if check.passed:
@@ -106,13 +113,33 @@ def execute(plan: StepPlan, should_stop) -> dict:
                     "made_by": {"run": run.pk, "check": check.pk}, "repository": run.repo_path,
                     "commit": run.commit, "commands": list(spec["commands"]), "keep": list(keep),
                     "cache_key": blobs, "log_path": check.log_path})
-                record = environments.find(key, keep)
-                check.setup = {"key": key, "reused": False, "folder": made.folder,
+                record = environments.find(key, keep, run.repo_path, run.commit)
+                check.setup = {"key": made.key, "reused": False, "folder": made.folder,
                                "size_bytes": (record[1] if record else {}).get("size_bytes")}
                 check.save(update_fields=["setup"])
         finally:
             environments.discard(built)  # gone already when published
     return {**outcome, "reused": False, "check_id": check.pk, "passed": check.passed}
+
+
+def _tracked(run: Run, keep: tuple[str, ...]) -> list[str]:
+    """The ``keep`` folders that hold files of the repository at the run's commit."""
+    if not keep:
+        return []
+    out = workspace.git(["ls-tree", "-z", "--name-only", run.commit, "--", *keep], run.repo_path).stdout
+    return sorted({name.decode("utf-8", "surrogateescape") for name in out.split(b"\0") if name})
+
+
+def _refused(run: Run, spec: dict, why: str) -> Check:
+    """A setup check that ran nothing because its definition cannot be run safely (its log says why)."""
+    now = timezone.now()
+    check = Check.objects.create(run=run, kind=Check.Kind.SETUP, name="setup", command="\n".join(spec["commands"]),
+                                 argv=[], cwd="", started_at=now, ended_at=now, elapsed_seconds=0.0,
+                                 failure_kind="setup_refused")
+    check.log_path = control_path(run, "checks", f"{check.pk:05d}-setup.log")
+    var_path(check.log_path).write_text(f"[control panel] The setup was not run: {why}\n", encoding="utf-8")
+    check.save(update_fields=["log_path"])
+    return check
 
 
 def _reused(run: Run, spec: dict, key: str, record: dict) -> Check:
@@ -122,7 +149,8 @@ def _reused(run: Run, spec: dict, key: str, record: dict) -> Check:
     check = Check.objects.create(run=run, kind=Check.Kind.SETUP, name="setup", command="\n".join(spec["commands"]),
                                  argv=[], cwd="", started_at=now)
     log_rel = control_path(run, "checks", f"{check.pk:05d}-setup.log")
-    header = (f"[control panel] Reused the environment {key[:12]} (same repository, commands and cache_key files) "
+    header = (f"[control panel] Reused the environment {key[:12]} (same repository, commands and cache_key files; "
+              f"made at {str(record.get('commit'))[:12]}, this run's commit or an ancestor of it) "
               f"made by run {made_by.get('run', '?')}'s setup (check {made_by.get('check', '?')}, exit status 0); "
               f"nothing ran. Its log follows.\n\n")
     original = var_path(record["log_path"]) if record.get("log_path") else None
