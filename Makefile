@@ -24,7 +24,8 @@ agents:
 browser:
 	bash scripts/install-chromium.sh
 
-## make samples: the pinned sdists of real libraries the slow tests run pipelines on (tools/repos/).
+## make samples: the pinned sdists and npm packages of real libraries the tests run pipelines on (tools/repos/),
+## and the packages their tests install, for the loopback registry (tools/registry/).
 samples: install
 	bash scripts/fetch-sample-repos.sh
 

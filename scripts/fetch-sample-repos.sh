@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Fetch the pinned source distributions of real public libraries (scripts/samples/pins.txt) from
 # PyPI into tools/repos/<name>-<version>/, for the slow end-to-end tests that run a saved pipeline
-# on a real repository (tests/test_real_repository.py; pipelines/inflection.yaml).
+# on a real repository (tests/test_real_repository.py; pipelines/inflection.yaml). Then
+# scripts/fetch-sample-packages.py fetches the pinned npm packages (scripts/samples/npm-pins.txt)
+# the same way, copies scripts/samples/<name>-<version>/ over each sample (a lock file, a
+# requirements file), and fills tools/registry/ with every package those name, for the loopback
+# package registry of the tests (tests/package_registry.py, tests/test_package_registry.py).
 #
 #   scripts/fetch-sample-repos.sh                 # fetch what is missing, check every sha256
 #   SAMPLE_REPOS_DIR=/some/dir scripts/...        # somewhere else (default: <repo>/tools/repos)
+#   SAMPLE_REGISTRY_DIR=/some/dir scripts/...     # the mirror elsewhere (default: <repo>/tools/registry)
 #
 # Idempotent and offline when everything is there. The sdist's address comes from PyPI's simple
 # index (https://pypi.org/simple/<name>/, its JSON form, PEP 691); the file is checked against its pinned sha256
@@ -17,6 +22,7 @@ HERE="$(cd "${SELF%/*}" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 PINS="$HERE/samples/pins.txt"
 DEST="${SAMPLE_REPOS_DIR:-$ROOT/tools/repos}"
+REGISTRY="${SAMPLE_REGISTRY_DIR:-$ROOT/tools/registry}"
 PY="$ROOT/.venv/bin/python"
 [ -x "$PY" ] || PY="$(command -v python3)"
 
@@ -63,3 +69,5 @@ PYEOF
     trap - EXIT
     echo "$name $version: fetched into $folder"
 done < "$PINS"
+# the npm samples, the files committed for each sample, and the registry mirror (hash-checked too)
+"$PY" "$HERE/fetch-sample-packages.py" "$DEST" "$REGISTRY" || die "the sample packages could not be fetched (above)."
