@@ -25,6 +25,8 @@ from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
+from engine import tool_outcomes
+
 #: What a value that was never recorded shows.
 NONE = "—"
 
@@ -197,16 +199,21 @@ def verdict_html(verdict) -> str:
 
 
 def refusals_html(refusals) -> str:
-    """Tool calls the CLI refused ``[{tool, message}]`` as a list; "none" for none."""
+    """Tool calls that did not succeed ``[{tool, message, outcome?}]`` as a list, each with its outcome
+    in words (engine/tool_outcomes.py: "command not found", "failed", "refused"; "refused or failed" for
+    a record older than outcomes), after a count of each; "none" for none."""
     if not refusals:
         return "none"
     if not isinstance(refusals, list) or not all(isinstance(r, dict) for r in refusals):
         return yaml_block(refusals)
-    rest = [{k: v for k, v in r.items() if k not in ("tool", "message")} for r in refusals]
-    items = format_html_join("", '<li><b>{}</b>: <span class="cp-message">{}</span>{}</li>',
-                             ((r.get("tool") or "?", r.get("message") or "", yaml_block(extra, "") if extra else "")
+    rest = [{k: v for k, v in r.items() if k not in ("tool", "message", "outcome")} for r in refusals]
+    items = format_html_join("", '<li><b>{}</b> <span class="cp-outcome">[{}]</span>: '
+                                 '<span class="cp-message">{}</span>{}</li>',
+                             ((r.get("tool") or "?", tool_outcomes.WORDS[tool_outcomes.outcome_of(r)],
+                               r.get("message") or "", yaml_block(extra, "") if extra else "")
                               for r, extra in zip(refusals, rest)))
-    return format_html('<ul class="cp-findings">{}</ul>', items)
+    return format_html('<p>{}</p><ul class="cp-findings">{}</ul>',
+                       tool_outcomes.sentence(tool_outcomes.counts(refusals)), items)
 
 
 def _display_for(field: models.Field, formatter):

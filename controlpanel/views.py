@@ -60,7 +60,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
-from engine import answers, hosts, operations, process, test_reports, transcript, workers
+from engine import answers, hosts, operations, process, test_reports, tool_outcomes, transcript, workers
 from engine.model_gateway import conversation as model_conversation
 from engine.models import (ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Attempt, Check, Decision, Manifest,
                            Run, RunStatus)
@@ -382,6 +382,8 @@ class AttemptRow:
     manifest_html: str = ""
     findings: list = field(default_factory=list)
     refused: bool = False
+    tool_outcomes: str = ""  # "1 command not found, 2 failed, 1 refused" of its refusals (engine/tool_outcomes.py)
+    tool_calls: list = field(default_factory=list)  # the first five as (tool, outcome in words, message)
 
 
 @dataclass
@@ -476,7 +478,11 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
                 log_bytes = found.stat().st_size
     row = AttemptRow(obj=attempt, outcome=outcome, elapsed=seconds_text(seconds), live=live, verdict=verdict,
                      usage=usage_text(add_usage(empty_usage(), attempt.usage)), files=files,
-                     exit=exit_text(attempt.exit_code, attempt.signal), log_bytes=log_bytes, refused=refused)
+                     exit=exit_text(attempt.exit_code, attempt.signal), log_bytes=log_bytes, refused=refused,
+                     tool_outcomes=tool_outcomes.sentence(tool_outcomes.counts(attempt.refusals)))
+    if isinstance(attempt.refusals, list):
+        row.tool_calls = [(r.get("tool") or "?", tool_outcomes.WORDS[tool_outcomes.outcome_of(r)],
+                           r.get("message") or "") for r in attempt.refusals[:5] if isinstance(r, dict)]
     if isinstance(attempt.verdict, dict):
         row.findings = [f for f in attempt.verdict.get("findings") or [] if isinstance(f, dict)]
     if attempt.result_manifest_id:

@@ -39,6 +39,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import tool_outcomes
 from .process import tail_text
 from .redaction import Redactor
 
@@ -57,9 +58,8 @@ DETAIL_LINE_CHARS = 240
 #: Seconds between two looks of a follower at the raw log.
 POLL_SECONDS = 0.25
 
-_REFUSAL = re.compile(r"permission|denied|not allowed|haven't granted|No such tool available|blocked|"
-                      r"requires approval|declined", re.IGNORECASE)
-_EXIT = re.compile(r"Exit code:?\s*(-?\d+)")
+#: The shell tools of the CLIs, whose command lines are kept to word a missing program.
+_SHELL_TOOLS = ("Bash", "shell", "bash", "run_shell_command")
 _TOOL_ERROR_TAG = re.compile(r"</?tool_use_error>")
 #: pi's event lines that say nothing new (``--mode json`` 0.73.1: a delta with the whole partial message).
 _PI_SKIPPED = ('{"type":"message_update"', '{"type":"tool_execution_update"')
@@ -103,6 +103,7 @@ class Normalizer:
         self.fmt = fmt if fmt in FORMATS else ""
         self.workspace = os.path.realpath(workspace) if workspace else ""
         self.tools: dict[str, str] = {}  # tool call id -> tool name
+        self.commands: dict[str, str] = {}  # tool call id -> its shell command line
         self.usage = {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
         self._message_ids: set[str] = set()
 
@@ -136,6 +137,32 @@ class Normalizer:
         if self.workspace and path.startswith(self.workspace + os.sep):
             return path[len(self.workspace) + 1:]
         return path
+
+    def _called(self, call: str, name: str, args) -> None:
+        """Remember a tool call's name and, for a shell tool, its command line."""
+        self.tools[call] = name
+        command = args.get("command") or args.get("cmd") if isinstance(args, dict) else None
+        if name in _SHELL_TOOLS and len(self.commands) < 10_000:
+            self.commands[call] = " ".join(map(str, command)) if isinstance(command, list) else str(command or "")
+
+    def _unsuccessful(self, entry: dict, outcome: str, output: str, refused: str = "") -> dict:
+        """Word a result that did not succeed by its outcome (engine/tool_outcomes.py): a missing program
+        is a result of its own, a refusal a ``refusal`` entry, anything else "failed"."""
+        entry["ok"] = False
+        rows = [row for row in _TOOL_ERROR_TAG.sub("", output).splitlines()  # claude's "Exit code N" line aside
+                if row.strip() and not tool_outcomes.CLAUDE_EXIT.fullmatch(row.strip())]
+        said = rows[0].strip() if rows else ""
+        if outcome == "command_not_found":
+            entry.update(kind="tool_result", text=tool_outcomes.not_found_text(
+                output, self.commands.get(entry.get("call", ""), ""), entry.get("exit")))
+        elif outcome == "refused":
+            status = f" (exit status {entry['exit']})" if entry.get("exit") is not None else ""
+            entry.update(kind="refusal", text=refused or f"{entry.get('tool') or 'The tool call'} was refused"
+                                                         f"{status}: {_cut(said, 240)}")
+        else:
+            entry["text"] = (f"failed with exit status {entry['exit']}" if entry.get("exit") is not None
+                             else f"failed: {_cut(said, 240)}")
+        return entry
 
     def tool_sentence(self, name: str, args: dict) -> str:
         """A tool call as a sentence of what the agent asks for (its result follows as its own entry):
@@ -215,8 +242,8 @@ class Normalizer:
                 elif block.get("type") == "tool_use":
                     name = str(block.get("name") or "")
                     call = str(block.get("id") or "")
-                    self.tools[call] = name
                     args = block.get("input") if isinstance(block.get("input"), dict) else {}
+                    self._called(call, name, args)
                     entry = {"kind": "tool_call", "tool": name, "call": call,
                              "text": self.tool_sentence(name, args)}
                     if name == "Bash" and args.get("description"):
@@ -240,18 +267,13 @@ class Normalizer:
                 call = str(block.get("tool_use_id") or "")
                 tool = self.tools.get(call, "")
                 error = bool(block.get("is_error"))
-                found = _EXIT.search(content) if error else None
                 entry = {"kind": "tool_result", "tool": tool, "call": call, "ok": not error,
                          "detail": first_lines(content)}
-                if found:
-                    entry["exit"] = int(found.group(1))
-                if error and _REFUSAL.search(content[:500]):
-                    entry["kind"] = "refusal"
-                    said = _TOOL_ERROR_TAG.sub("", first_lines(content, 1)).strip()
-                    entry["text"] = f"{tool or 'The tool call'} was refused: {_cut(said, 240)}"
-                elif error:
-                    entry["text"] = (f"failed with exit status {entry['exit']}" if "exit" in entry
-                                     else f"failed: {_cut(first_lines(content, 1), 240)}")
+                outcome, code = tool_outcomes.of_claude(tool, content, error, self.commands.get(call, ""))
+                if code is not None:  # claude reports a failed command as an error ("Exit code N")
+                    entry["exit"] = code
+                if outcome or error:
+                    self._unsuccessful(entry, outcome or "failed", content)
                 else:
                     rows = [row for row in content.splitlines() if row.strip()]
                     many = f"{len(rows)} line{'s' if len(rows) != 1 else ''}"
@@ -260,7 +282,7 @@ class Normalizer:
                     elif tool == "Read":
                         entry["text"] = f"{many} read"
                     elif tool == "Bash":  # claude reports a failed command as an error: this one exited 0
-                        entry["text"], entry["exit"] = f"exit status 0 · {many} of output", 0
+                        entry["text"] = f"exit status 0 · {many} of output"
                     else:
                         entry["text"] = f"{many} of output"
                 out.append(entry)
@@ -318,7 +340,7 @@ class Normalizer:
         if what == "command_execution":
             out = []
             if kind == "item.started" or (done and call not in self.tools):
-                self.tools[call] = "shell"
+                self._called(call, "shell", item)
                 out.append({"kind": "tool_call", "tool": "shell", "call": call,
                             "text": f"Runs {_code(item.get('command') or '')}"})
             if done:
@@ -328,9 +350,13 @@ class Normalizer:
                          "detail": first_lines(str(item.get("aggregated_output") or ""))}
                 if isinstance(code, int) and not isinstance(code, bool):
                     entry["exit"] = code
-                if status == "declined":
-                    entry.update(kind="refusal", ok=False, text="The command was refused (declined by the sandbox "
-                                                                "policy)")
+                output = str(item.get("aggregated_output") or "")
+                outcome = tool_outcomes.classify(entry.get("exit"), output, str(item.get("command") or ""),
+                                                 refused=status == "declined",
+                                                 error=status in ("failed", "declined") or entry.get("exit", 0) != 0)
+                if outcome:
+                    self._unsuccessful(entry, outcome, output, "The command was refused (declined by the sandbox "
+                                                               "policy)" if status == "declined" else "")
                 else:
                     entry["ok"] = code == 0 and status != "failed"
                     entry["text"] = (f"exit status {code}" if isinstance(code, int) else status or "ended")
@@ -341,9 +367,9 @@ class Normalizer:
             names = ", ".join(f"{self._path(c.get('path'))} ({c.get('kind', 'changed')})" for c in changes
                               if isinstance(c, dict))
             status = str(item.get("status") or "")
-            if status == "failed":
-                return [{"kind": "refusal", "ok": False, "tool": "apply_patch", "call": call,
-                         "text": f"A change of files was refused: {_cut(names, 400)}"}]
+            if status == "failed":  # not applied, or declined: codex's exec schema says "failed" for both
+                return [{"kind": "tool_result", "ok": False, "tool": "apply_patch", "call": call,
+                         "text": f"A change of files failed (not applied, or declined): {_cut(names, 400)}"}]
             return [{"kind": "tool_call", "tool": "apply_patch", "call": call, "ok": True,
                      "text": f"Changed {_cut(names, 400) or 'files'}"}]
         if what == "mcp_tool_call" and kind == "item.started":
@@ -383,8 +409,8 @@ class Normalizer:
                     out.append({"kind": "thinking", "text": _cut(str(block["thinking"]), 600)})
                 elif block.get("type") == "toolCall":
                     name, call = str(block.get("name") or ""), str(block.get("id") or "")
-                    self.tools[call] = name
                     args = block.get("arguments") if isinstance(block.get("arguments"), dict) else {}
+                    self._called(call, name, args)
                     text = self.tool_sentence(_PI_TOOLS.get(name, name), args)
                     if name == "edit" and isinstance(args.get("edits"), list):
                         text += f" ({len(args['edits'])} replacement{'s' if len(args['edits']) != 1 else ''})"
@@ -408,19 +434,11 @@ class Normalizer:
             content = str(content or "")
             error = bool(event.get("isError"))
             entry = {"kind": "tool_result", "tool": name, "call": call, "ok": not error, "detail": first_lines(content)}
-            found = re.search(r"Command exited with code (-?\d+)\s*$", content) if name == "bash" else None
-            if name == "bash":
-                entry["exit"] = int(found.group(1)) if found else (None if error else 0)
-            if error and content.strip() == f"Tool {name} not found":
-                entry.update(kind="refusal", text=f"{name or 'The tool call'} was refused: the tool is not available "
-                                                  f"to this role")
-            elif error and (_REFUSAL.search(content[:500]) or re.search(r"read-only file system|EROFS|EACCES",
-                                                                         content[:500], re.IGNORECASE)):
-                entry.update(kind="refusal", text=f"{name or 'The tool call'} was refused: "
-                                                  f"{_cut(first_lines(content, 1), 240)}")
-            elif error:
-                entry["text"] = (f"failed with exit status {entry['exit']}" if entry.get("exit") is not None
-                                 else f"failed: {_cut(first_lines(content, 1), 240)}")
+            outcome, entry["exit"] = tool_outcomes.of_pi(name, content, error, self.commands.get(call, ""))
+            if outcome or error:
+                unavailable = error and content.strip() == f"Tool {name} not found"
+                self._unsuccessful(entry, outcome or "failed", content, f"{name or 'The tool call'} was refused: the "
+                                   f"tool is not available to this role" if unavailable else "")
             else:
                 rows = [row for row in content.splitlines() if row.strip()]
                 many = f"{len(rows)} line{'s' if len(rows) != 1 else ''}"
@@ -468,8 +486,8 @@ class Normalizer:
             return [{"kind": "text", "text": _cut(str(event["content"]))}]
         if kind == "tool_use":
             name, call = str(event.get("tool_name") or ""), str(event.get("tool_id") or "")
-            self.tools[call] = name
             args = dict(event.get("parameters")) if isinstance(event.get("parameters"), dict) else {}
+            self._called(call, name, args)
             if "dir_path" in args and "path" not in args:
                 args["path"] = args["dir_path"]
             entry = {"kind": "tool_call", "tool": name, "call": call,
@@ -484,14 +502,15 @@ class Normalizer:
             output = str(event.get("output") or error.get("message") or "")
             entry = {"kind": "tool_result", "tool": tool, "call": call, "ok": event.get("status") == "success",
                      "detail": first_lines(output)}
-            if entry["ok"]:
+            outcome, code = tool_outcomes.of_gemini(tool, str(event.get("status") or ""), str(error.get("type") or ""),
+                                                    output, self.commands.get(call, ""))
+            if code is not None:
+                entry["exit"] = code
+            if outcome or not entry["ok"]:
+                self._unsuccessful(entry, outcome or "failed", output)
+            else:
                 rows = [row for row in output.splitlines() if row.strip()]
                 entry["text"] = "done" if not rows else f"{len(rows)} line{'s' if len(rows) != 1 else ''} of output"
-            elif error.get("type") == "tool_not_registered" or _REFUSAL.search(output[:500]):
-                entry["kind"] = "refusal"
-                entry["text"] = f"{tool or 'The tool call'} was refused: {_cut(first_lines(output, 1), 240)}"
-            else:
-                entry["text"] = f"failed: {_cut(first_lines(output, 1), 240)}"
             return [entry]
         if kind == "error":
             return [{"kind": "error", "ok": False, "text": _cut(str(event.get("message") or ""), 400)}]

@@ -186,6 +186,9 @@ def test_the_attempt_page_is_readable(staff, evidence):
     assert "<b>repair</b>" in verdict and "<code>app/core.py:4</code>" in verdict
     assert "Say where 42 comes from." in verdict
     assert "<b>Bash</b>" in field(text, "refusals_shown") and "elsewhere.invalid refused" in text
+    # a record older than outcomes (engine/tool_outcomes.py) shows as what it meant then
+    assert "1 tool call refused or failed" in field(text, "refusals_shown")
+    assert "[refused or failed]" in field(text, "refusals_shown")
     network = html.unescape(field(text, "network_shown"))
     assert ('<pre class="cp-yaml">allow:\n- api.example.invalid\nconnected:\n- at: \'2025-03-04T05:06:08Z\'\n'
             '  host: api.example.invalid\n  port: 443\n') in network

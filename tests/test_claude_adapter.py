@@ -87,6 +87,7 @@ def test_a_stage_run_by_the_real_cli_against_the_scripted_endpoint(claude_pipeli
     review = Attempt.objects.get(run=run, operation="review")
     assert review.role == "reviewer" and review.status == "succeeded" and review.session_id != attempt.session_id
     assert {r["tool"] for r in review.refusals} == {"Write", "Edit", "Bash"}, review.refusals
+    assert {r["outcome"] for r in review.refusals} == {"refused"}, review.refusals
     assert review.verdict == {"verdict": "pass", "summary": "answer() returns 42", "findings": []}
     assert not (Path(run.worktree) / "review-was-here.txt").exists()
     assert not (Path(run.worktree) / "made-by-reviewer.txt").exists()
@@ -248,6 +249,32 @@ def test_c28_a_permissive_worker_home_does_not_loosen_the_reviewer(tmp_path, mon
     assert result.final_message == '{"verdict": "pass", "findings": []}'
     refused = {r["tool"] for r in result.extra["refusals"]}
     assert refused == {"Write", "Edit", "Bash"}, result.extra["refusals"]
+
+
+@needs_claude
+@pytest.mark.slow
+def test_claude_says_what_happened_to_each_command(tmp_path):
+    commands = ("cp-missing-program -m pytest", "false", "echo hi > /etc/cp-outcome-probe")
+    scenario = {"turns": [*({"tools": [{"tool": "Bash", "input": {"command": command}}]} for command in commands),
+                          {"text": "done"}]}
+    work = tmp_path / "work"
+    work.mkdir()
+    request = AgentRequest(
+        role="implementer", operation="implement", prompt="do it", workspace=str(work),
+        profile=claude_profile({"default": scenario}), deadline_seconds=60, log_path=str(tmp_path / "out.log"),
+        raw_path=str(tmp_path / "out.raw"), env=dict(os.environ), stage_key="s", attempt_number=1,
+        control_dir=str(tmp_path), prompt_path=str(tmp_path / "prompt.md"), home_dir=str(tmp_path / "attempt-home"))
+    (tmp_path / "prompt.md").write_text("Do it.\n")
+    result = ClaudeCodeAdapter().run(request)
+    assert result.exit_code == 0, (tmp_path / "out.log").read_text()[-2000:]
+    assert [(r["tool"], r["exit_code"], r["outcome"]) for r in result.extra["refusals"]] == [
+        ("Bash", 127, "command_not_found"), ("Bash", 1, "failed"), ("Bash", 1, "refused")], result.extra["refusals"]
+    entries = [json.loads(line) for line in (tmp_path / "transcript.jsonl").read_text().splitlines()]
+    said = [(e["kind"], e["text"]) for e in entries if e["kind"] in ("tool_result", "refusal")]
+    assert said == [("tool_result", "command not found: cp-missing-program (exit status 127)"),
+                    ("tool_result", "failed with exit status 1"),
+                    ("refusal", "Bash was refused (exit status 1): /bin/bash: line 1: /etc/cp-outcome-probe: "
+                                "Read-only file system")], said
 
 
 @needs_claude
@@ -434,3 +461,30 @@ def test_a_documenter_that_reads_and_writes_again_after_a_refusal_documents(make
     assert [(r["tool"], r.get("recovered")) for r in attempt.refusals] == [("Write", True)], attempt.refusals
     assert run.status == "succeeded", run.stop_message
     assert "docs/answer.md" in git(repo, "show", f"{run.stages.get().checkpoint_commit}:docs/INDEX.md")
+
+
+def test_each_failed_tool_call_says_what_happened_to_it(tmp_path):
+    """Claude Code 2.1.197's Bash errors (as test_claude_says_what_happened_to_each_command saw them):
+    exit 127 is a missing program, a read-only file system the sandbox's refusal, a permission the
+    CLI did not grant a refusal, anything else a failure."""
+    def use(call, tool, given):
+        return {"type": "assistant", "message": {"content": [{"type": "tool_use", "id": call, "name": tool,
+                                                              "input": given}]}}
+
+    def result(call, content):
+        return {"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": call,
+                                                         "is_error": True, "content": content}]}}
+
+    raw = tmp_path / "out.raw"
+    events = [use("1", "Bash", {"command": "python -m pytest"}),
+              result("1", "Exit code 127\n/bin/bash: line 1: python: command not found"),
+              use("2", "Bash", {"command": "false"}), result("2", "Exit code 1"),
+              use("3", "Bash", {"command": "echo hi > /etc/x"}),
+              result("3", [{"type": "text", "text": "Exit code 1\n/bin/bash: line 1: /etc/x: Read-only file system"}]),
+              use("4", "Write", {"file_path": "/w/a.py", "content": "x"}),
+              result("4", "Claude requested permissions to write to /w/a.py, but you haven't granted it yet.")]
+    raw.write_text("".join(json.dumps(e) + "\n" for e in events))
+    refusals = parse_stream(str(raw))["refusals"]
+    assert [(r["tool"], r["outcome"], r.get("exit_code")) for r in refusals] == [
+        ("Bash", "command_not_found", 127), ("Bash", "failed", 1), ("Bash", "refused", 1), ("Write", "refused", None)]
+    assert refusals[0]["message"] == "Exit code 127\n/bin/bash: line 1: python: command not found"

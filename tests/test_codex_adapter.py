@@ -15,7 +15,7 @@ import psutil
 import pytest
 from django.conf import settings
 
-from engine import operations
+from engine import operations, transcript
 from engine.agents import AgentRequest, AgentResult, get_adapter
 from engine.agents.codex import CodexAdapter, build_argv, parse_events, usage_of
 from engine.agents.claude import find_executable
@@ -183,8 +183,32 @@ def test_a_reviewer_in_the_read_only_sandbox_writes_nothing_and_the_refusal_is_l
     assert result.final_message == '{"verdict": "pass", "findings": []}'
     denials = result.extra["refusals"]
     assert [d["command"] for d in denials] == ["touch x", "echo hi > y"] and all(d["sandbox_denied"] for d in denials)
+    assert all(d["outcome"] == "refused" for d in denials)
     log = log_of(request)
     assert "sandbox refused 2 command(s)" in log and log.count("Read-only file system") >= 2
+
+
+#: A missing program, a plain failure and a write the sandbox refuses (/etc is read-only in it).
+OUTCOME_COMMANDS = ("cp-missing-program -m pytest", "false", "echo hi > /etc/cp-outcome-probe")
+
+
+@needs_codex
+@pytest.mark.slow
+def test_codex_says_what_happened_to_each_command(tmp_path):
+    scenario = {"turns": [*({"tool": "exec_command", "input": {"cmd": cmd}} for cmd in OUTCOME_COMMANDS),
+                          {"text": "done"}]}
+    request = make_request(tmp_path, "implementer", scenario)
+    result = CodexAdapter().run(request)
+    assert result.exit_code == 0 and result.failure_kind is None, log_of(request)[-3000:]
+    assert [(r["command"], r["exit_code"], r["outcome"]) for r in result.extra["refusals"]] == [
+        ("cp-missing-program -m pytest", 127, "command_not_found"), ("false", 1, "failed"),
+        ("echo hi > /etc/cp-outcome-probe", 1, "refused")], result.extra["refusals"]
+    said = [(e["kind"], e.get("exit"), e["text"]) for e in map(json.loads, Path(request.raw_path).with_name(
+        "transcript.jsonl").read_text().splitlines()) if e["kind"] in ("tool_result", "refusal")]
+    assert said == [("tool_result", 127, "command not found: cp-missing-program (exit status 127)"),
+                    ("tool_result", 1, "failed with exit status 1"),
+                    ("refusal", 1, "The sandbox refused it (exit status 1): /bin/bash: line 1: /etc/cp-outcome-probe: "
+                                   "Read-only file system")], said
 
 
 @needs_codex
@@ -415,10 +439,58 @@ def test_refusals_the_stream_reports_itself_are_recorded(tmp_path):
     assert result.failure_kind is None
     assert result.extra["refusals"] == [
         {"tool": "exec_command", "command": "rm -rf /x", "exit_code": None, "message": "declined",
-         "sandbox_denied": True},
+         "sandbox_denied": True, "outcome": "refused"},
         {"tool": "apply_patch", "command": "update /w/a.py, add /w/b.py", "exit_code": None,
-         "message": "codex reported the patch as failed (not applied, or declined)", "sandbox_denied": False}]
+         "message": "codex reported the patch as failed (not applied, or declined)", "sandbox_denied": False,
+         "outcome": "failed"}]
     assert "sandbox refused 1 command(s)" in log_of(make_request(tmp_path, "implementer"))
+
+
+def session_item(payload: dict) -> dict:
+    return {"timestamp": "2026-12-06T18:27:13.284Z", "type": "response_item", "payload": payload}
+
+
+def test_each_failed_command_says_what_happened_to_it(tmp_path):
+    """The session record of codex 0.171.0 (shapes of test_codex_says_what_happened_to_each_command):
+    exit 127 is a missing program whatever its output says, not a refusal, and codex reports it in its
+    JSONL itself; a read-only file system is the sandbox's refusal; anything else failed."""
+    thread = "01a24c9c-2c89-7381-844c-6250b01147a7"
+    commands = [("c1", "python -m pytest", 127, "/bin/bash: line 1: python: command not found\n"),
+                ("c2", "python3 -m pytest", 127, "/bin/bash: line 1: /usr/bin/python3: Permission denied\n"),
+                ("c3", "false", 1, ""),
+                ("c4", "echo hi > /etc/probe", 1, "/bin/bash: line 1: /etc/probe: Read-only file system\n")]
+    request = make_request(tmp_path, "implementer")
+    record = Path(request.home_dir) / "sessions" / "2026" / "12" / "06" / f"rollout-2026-12-06T18-27-13-{thread}.jsonl"
+    record.parent.mkdir(parents=True)
+    write_jsonl(record, [item for call, command, code, output in commands for item in (
+        session_item({"type": "function_call", "name": "exec_command", "arguments": json.dumps({"cmd": command}),
+                      "call_id": call}),
+        session_item({"type": "function_call_output", "call_id": call,
+                      "output": f"Chunk ID: 6ca398\nWall time: 0.0000 seconds\nProcess exited with code {code}\n"
+                                f"Original token count: 15\nOutput:\n{output}"}))])
+    events = [{"type": "thread.started", "thread_id": thread}, {"type": "turn.started"}] + [
+        {"type": "item.completed", "item": {"id": call, "type": "command_execution", "command": f"/bin/bash -lc '{cmd}'",
+                                            "aggregated_output": output, "exit_code": code, "status": "failed"}}
+        for call, cmd, code, output in commands[:3]] + [{"type": "turn.completed", "usage": {"input_tokens": 1}}]
+    write_jsonl(Path(request.raw_path), events)
+    transcript.build(request.raw_path, "codex", request.workspace)
+    result = CodexAdapter()._result(ProcessResult(argv=["codex"], cwd=request.workspace, exit_code=0,
+                                                  elapsed_seconds=1.0), request, "codex-cli 0.171.0")
+    refusals = result.extra["refusals"]
+    assert [(r["command"], r["exit_code"], r["outcome"]) for r in refusals] == [
+        ("python -m pytest", 127, "command_not_found"), ("python3 -m pytest", 127, "command_not_found"),
+        ("false", 1, "failed"), ("echo hi > /etc/probe", 1, "refused")]
+    assert [r["sandbox_denied"] for r in refusals] == [False, True, False, True]  # the key keeps its meaning
+    # only the sandbox's refusal, which codex's JSONL left out, is added to the log and the conversation
+    log = log_of(request)
+    assert "sandbox refused 1 command(s)" in log and "/etc/probe" in log and "python3" not in log
+    said = [(e["kind"], e["text"]) for e in map(json.loads, transcript.transcript_path(request.raw_path).read_text()
+                                                 .splitlines()) if e["kind"] in ("tool_result", "refusal")]
+    assert said == [("tool_result", "command not found: python (exit status 127)"),
+                    ("tool_result", "command not found: python3 (exit status 127)"),
+                    ("tool_result", "failed with exit status 1"),
+                    ("refusal", "The sandbox refused it (exit status 1): /bin/bash: line 1: /etc/probe: Read-only "
+                                "file system")]
 
 
 def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch):

@@ -78,6 +78,39 @@ def test_run_status_says_a_pending_run_needs_start(make_pipeline, repo, capsys):
     assert "unknown_run" in str(info.value)
 
 
+#: An attempt's records of its tool calls that did not succeed, as the adapters leave them (the last
+#: one written before outcomes existed: it still counts, as what it meant then).
+TOOL_CALLS = [
+    {"tool": "exec_command", "command": "python -m pytest", "exit_code": 127, "sandbox_denied": False,
+     "message": "bash: python: command not found", "outcome": "command_not_found"},
+    {"tool": "exec_command", "command": "false", "exit_code": 1, "message": "", "sandbox_denied": False,
+     "outcome": "failed"},
+    {"tool": "Bash", "message": "Exit code 1\nF", "exit_code": 1, "outcome": "failed"},
+    {"tool": "exec_command", "command": "touch /etc/x", "exit_code": 1, "sandbox_denied": True,
+     "message": "touch: cannot touch '/etc/x': Read-only file system", "outcome": "refused"},
+    {"tool": "Write", "message": "written before outcomes existed"}]
+
+
+@pytest.mark.django_db
+def test_run_status_says_what_happened_to_each_tool_call(make_pipeline, repo, capsys):
+    from .test_run_page import live_attempt
+
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    live_attempt(run, "done\n", status="succeeded", exit_code=0, refusals=TOOL_CALLS)
+    live_attempt(run, "done\n", status="succeeded", exit_code=0, refusals=[])
+    call_command("run_status", str(run.pk))
+    out = capsys.readouterr().out
+    first, second = [line for line in out.splitlines() if line.strip().startswith("attempt ")]
+    assert first.endswith(", tool calls: 1 command not found, 2 failed, 1 refused, 1 tool call refused or failed")
+    assert "tool call" not in second  # an attempt whose calls all succeeded says nothing of them
+    assert "tool call(s) refused" not in out
+    call_command("run_status", str(run.pk), json=True)
+    attempts = json.loads(capsys.readouterr().out)["stages"][0]["attempts"]
+    assert attempts[0]["tool_outcomes"] == {"command_not_found": 1, "failed": 2, "refused": 1, "refused_or_failed": 1}
+    assert attempts[0]["refusals"] == TOOL_CALLS  # the records themselves, unchanged
+    assert attempts[1]["tool_outcomes"] == {"command_not_found": 0, "failed": 0, "refused": 0, "refused_or_failed": 0}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_start_run_queues_and_run_status_says_it_waits_for_a_worker(make_pipeline, repo, capsys, monkeypatch):
     from engine import runner

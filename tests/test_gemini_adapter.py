@@ -142,10 +142,32 @@ def test_a_reviewer_cannot_write_or_run_and_its_refused_calls_are_recorded(tmp_p
     refusals = result.extra["refusals"]
     assert [r["tool"] for r in refusals] == ["write_file", "replace", "run_shell_command", "enter_plan_mode"]
     assert all(r["error_type"] == "tool_not_registered" and "not found" in r["message"] for r in refusals)
+    assert all(r["outcome"] == "refused" for r in refusals)
     assert refusals[0]["path"] == str(work / "made-by-reviewer.txt")
     said = conversation(request)
     assert [kind for kind, _ in said].count("refusal") == 4, said
     assert ("tool_call", "Reads README.md") in said
+
+
+@needs_gemini
+@pytest.mark.slow
+def test_gemini_says_what_happened_to_each_command(tmp_path):
+    """Its shell tool reports a command that exited non-zero as a success, its output what the command
+    printed: the exit status is known only when it printed nothing ("Command exited with code: 1")."""
+    commands = ("cp-missing-program -m pytest", "false", "echo hi > /etc/cp-outcome-probe")
+    scenario = {"turns": [*({"tool": "run_shell_command", "input": {"command": command}} for command in commands),
+                          {"text": "done"}]}
+    request = make_request(tmp_path, "implementer", scenario)
+    result = GeminiCliAdapter().run(request)
+    assert result.exit_code == 0 and result.failure_kind is None, (result.failure_message, log_of(request)[-3000:])
+    assert [(r["command"], r.get("exit_code"), r["outcome"]) for r in result.extra["refusals"]] == [
+        (commands[0], None, "command_not_found"), (commands[1], 1, "failed"), (commands[2], None, "refused")]
+    assert "cp-missing-program: command not found" in result.extra["refusals"][0]["message"]
+    results = [(kind, text) for kind, text in conversation(request) if kind in ("tool_result", "refusal")]
+    assert results[:2] == [("tool_result", "command not found: cp-missing-program"),
+                           ("tool_result", "failed with exit status 1")], results
+    assert results[2][0] == "refusal" and results[2][1].startswith("run_shell_command was refused: ")
+    assert results[2][1].endswith(": /etc/cp-outcome-probe: Read-only file system")
 
 
 @needs_gemini
@@ -310,13 +332,44 @@ def test_the_parser_finds_session_text_refusals_and_usage(tmp_path):
     assert parsed["session_id"] == "b691f068-2e47-4c9b-8df8-da4d473a6a14" and parsed["model"] == "gemini-2.5-pro"
     assert parsed["last_text"] == "All done." and parsed["tool_calls"] == 2 and not parsed["auth_error"]
     assert parsed["refusals"] == [{"tool": "write_file", "message": "File path must be within the workspace",
-                                   "error_type": "invalid_tool_params", "path": "/w/a.txt", "recovered": True}]
+                                   "error_type": "invalid_tool_params", "outcome": "refused", "path": "/w/a.txt",
+                                   "recovered": True}]
     assert parsed["stderr_tail"] == []
     assert usage_of(parsed["result"]) == {"input_tokens": 777, "output_tokens": 7, "cached_tokens": 100,
                                           "reasoning_tokens": None, "cache_creation_tokens": None, "cost_usd": None}
     # thoughts come from the session record only; without stats nothing is made up
     assert usage_of(parsed["result"], {"thoughts": 5})["reasoning_tokens"] == 5
     assert all(value is None for value in usage_of({"type": "result", "status": "success"}).values())
+
+
+def test_each_shell_command_that_did_not_succeed_is_recorded_with_what_happened(tmp_path):
+    """gemini 0.61.0 reports a command that exited non-zero as a *success* of run_shell_command (as
+    test_gemini_says_what_happened_to_each_command saw it): its output, or "Command exited with code:
+    N" when it printed nothing. A missing program and a sandbox refusal are read from the shell's own
+    line; a tool not given to the role is refused; output with no exit status is not a failure."""
+    calls = [("s1", "run_shell_command", {"command": "python -m pytest"}, "success", None,
+              "/usr/bin/bash: line 4: python: command not found"),
+             ("s2", "run_shell_command", {"command": "false"}, "success", None, "Command exited with code: 1"),
+             ("s3", "run_shell_command", {"command": "echo hi > /etc/x"}, "success", None,
+              "/usr/bin/bash: line 4: /etc/x: Read-only file system"),
+             ("s4", "run_shell_command", {"command": "cat < missing.txt"}, "success", None,
+              "/usr/bin/bash: line 4: missing.txt: No such file or directory"),  # its exit status is unknown
+             ("s5", "run_shell_command", {"command": "ls"}, "success", None, "README.md"),
+             ("w1", "write_file", {"file_path": "/w/a.txt"}, "error",
+              {"type": "tool_not_registered", "message": 'Tool "write_file" not found'}, None)]
+    raw = tmp_path / "out.raw"
+    write_jsonl(raw, [STREAM[1]] + [event for call, tool, params, status, error, output in calls for event in (
+        {"type": "tool_use", "tool_name": tool, "tool_id": call, "parameters": params},
+        {"type": "tool_result", "tool_id": call, "status": status,
+         **({"error": error} if error else {}), **({"output": output} if output else {})})] + [STREAM[-1]])
+    refusals = parse_stream(str(raw))["refusals"]
+    assert [(r["tool"], r.get("command"), r["outcome"], r.get("exit_code")) for r in refusals] == [
+        ("run_shell_command", "python -m pytest", "command_not_found", None),
+        ("run_shell_command", "false", "failed", 1),
+        ("run_shell_command", "echo hi > /etc/x", "refused", None),
+        ("write_file", None, "refused", None)]
+    assert refusals[0]["message"] == "/usr/bin/bash: line 4: python: command not found"
+    assert refusals[3]["error_type"] == "tool_not_registered"
 
 
 def test_session_tokens_are_read_from_the_attempts_own_record(tmp_path):

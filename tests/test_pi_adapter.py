@@ -138,10 +138,29 @@ def test_a_reviewer_is_read_only_and_its_refused_calls_are_recorded(tmp_path):
         ("write", "Tool write not found", True), ("bash", "Tool bash not found", True),
         ("edit", "Tool edit not found", True)], refusals
     assert refusals[0]["path"] == "made-by-reviewer.txt" and refusals[1]["command"] == "echo hi > README.md"
+    assert all(r["outcome"] == "refused" for r in refusals)
     assert result.final_message.endswith('{"verdict": "pass", "findings": []}\n```')
     assert [kind for kind, _ in said(request)].count("refusal") == 3
     assert ("refusal", "write was refused: the tool is not available to this role") in said(request)
     assert ("tool_result", "1 line read") in said(request)
+
+
+@needs_pi
+@pytest.mark.slow
+def test_pi_says_what_happened_to_each_command(tmp_path):
+    commands = ("cp-missing-program -m pytest", "false", "echo hi > /etc/cp-outcome-probe")
+    scenario = {"turns": [*({"tool": "bash", "input": {"command": command}} for command in commands),
+                          {"text": "done"}]}
+    request = make_request(tmp_path, "implementer", scenario)
+    result = PiAdapter().run(request)
+    assert result.exit_code == 0 and result.failure_kind is None, (result.failure_message, log_of(request)[-3000:])
+    assert [(r["command"], r["exit_code"], r["outcome"]) for r in result.extra["refusals"]] == [
+        (commands[0], 127, "command_not_found"), (commands[1], 1, "failed"), (commands[2], 1, "refused")]
+    results = [(kind, text) for kind, text in said(request) if kind in ("tool_result", "refusal")]
+    assert results == [("tool_result", "command not found: cp-missing-program (exit status 127)"),
+                       ("tool_result", "failed with exit status 1"),
+                       ("refusal", "bash was refused (exit status 1): /bin/bash: line 1: /etc/cp-outcome-probe: "
+                                   "Read-only file system")], results
 
 
 @needs_pi
@@ -428,13 +447,34 @@ def test_the_parser_sums_usage_and_records_refusals(tmp_path):
                                          "cache_creation_tokens": 30, "reasoning_tokens": None, "cost_usd": 0.015}
     assert parsed["refusals"] == [
         {"tool": "write", "message": "EROFS: read-only file system, open 'a.py'", "unavailable": False,
-         "sandbox_denied": True, "path": "a.py", "recovered": True},
+         "sandbox_denied": True, "outcome": "refused", "path": "a.py", "recovered": True},
         {"tool": "bash", "message": "Command exited with code 1", "unavailable": False, "sandbox_denied": False,
-         "command": "false"}]
+         "outcome": "failed", "command": "false", "exit_code": 1}]
     # nothing reported: unknown, never 0
     write_jsonl(raw, [EVENTS[0], assistant([{"type": "text", "text": "x"}]), {"type": "agent_end"}])
     assert all(value is None for value in usage_of(parse_stream(str(raw))["usage"]).values())
     assert parse_stream(str(tmp_path / "missing.raw"))["usage"] is None
+
+
+def test_each_failed_tool_call_says_what_happened_to_it(tmp_path):
+    """pi 0.73.1's bash results (as test_pi_says_what_happened_to_each_command saw them): exit 127 is a
+    missing program, EROFS the sandbox's refusal, a tool not in the allowlist a refusal, else failed."""
+    calls = [("t1", "bash", {"command": "python -m pytest"},
+              "/bin/bash: line 1: python: command not found\n\n\nCommand exited with code 127"),
+             ("t2", "bash", {"command": "false"}, "(no output)\n\nCommand exited with code 1"),
+             ("t3", "bash", {"command": "echo hi > /etc/x"},
+              "/bin/bash: line 1: /etc/x: Read-only file system\n\n\nCommand exited with code 1"),
+             ("t4", "write", {"path": "a.py", "content": "x"}, "Tool write not found")]
+    raw = tmp_path / "out.raw"
+    write_jsonl(raw, [EVENTS[0]] + [event for call, name, args, text in calls for event in (
+        {"type": "tool_execution_start", "toolCallId": call, "toolName": name, "args": args},
+        {"type": "tool_execution_end", "toolCallId": call, "toolName": name, "isError": True,
+         "result": {"content": [{"type": "text", "text": text}]}})] + [{"type": "agent_end"}])
+    refusals = parse_stream(str(raw))["refusals"]
+    assert [(r["tool"], r["outcome"], r.get("exit_code")) for r in refusals] == [
+        ("bash", "command_not_found", 127), ("bash", "failed", 1), ("bash", "refused", 1), ("write", "refused", None)]
+    assert refusals[0]["command"] == "python -m pytest" and not refusals[0]["sandbox_denied"]
+    assert refusals[2]["sandbox_denied"] and refusals[3]["unavailable"]
 
 
 def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch):

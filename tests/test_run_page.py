@@ -25,6 +25,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from controlpanel.views import TAIL_BYTES
+from controlpanel.readable import refusals_html
 from engine import operations
 from engine.models import Attempt, Check, Decision, Run, RunEvent, StartRequest
 
@@ -586,6 +587,33 @@ def test_every_field_of_the_page_has_an_id_of_its_own(staff, make_pipeline, repo
     ids = re.findall(r'\sid="(id_[^"]+)"', text)
     assert ids and len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     assert 'for="id_recover_note"' in text and 'for="id_recheck_note"' in text
+
+
+def test_an_attempt_says_what_happened_to_each_tool_call(staff, make_pipeline, repo):
+    """A missing program is not a refusal: the attempt's row counts each outcome and names it for each call;
+    a record written before outcomes existed still shows, as what it meant then."""
+    run = pending_run(make_pipeline, repo)
+    attempt, _ = live_attempt(run, "done\n", status="succeeded", exit_code=0, refusals=[
+        {"tool": "exec_command", "command": "python -m pytest", "exit_code": 127, "sandbox_denied": False,
+         "message": "bash: python: command not found", "outcome": "command_not_found"},
+        {"tool": "Bash", "message": "Exit code 1", "exit_code": 1, "outcome": "failed"},
+        {"tool": "bash", "message": "bash: /etc/x: Read-only file system", "outcome": "refused"},
+        {"tool": "Write", "message": "File has not been read yet."}])
+    text = page(staff, run)
+    more = text[text.index(f'id="attempt-{attempt.pk}"'):]
+    said = re.search(r'<p class="cp-failure cp-tool-outcomes">(.*?)</p>', more, re.S).group(1)
+    assert said.startswith("Tool calls: 1 command not found, 1 failed, 1 refused, 1 tool call refused or failed: ")
+    assert "<code>exec_command</code> <b>command not found</b> bash: python: command not found" in said
+    assert "<code>bash</code> <b>refused</b>" in said and "<code>Write</code> <b>refused or failed</b>" in said
+    assert "4 tool calls refused" not in text
+    shown = refusals_html(attempt.refusals)  # the attempt's record page
+    assert "<b>exec_command</b> <span class=\"cp-outcome\">[command not found]</span>" in shown
+    assert shown.startswith("<p>1 command not found, 1 failed, 1 refused, 1 tool call refused or failed</p>")
+    attempt.refusals = [{"tool": "exec_command", "exit_code": 127, "message": "bash: python: command not found",
+                         "outcome": "command_not_found"}]
+    attempt.save(update_fields=["refusals"])
+    said = re.search(r'class="cp-failure cp-tool-outcomes">(.*?)</p>', page(staff, run), re.S).group(1)
+    assert said.startswith("Tool calls: 1 command not found: ") and "refused" not in said
 
 
 # ----------------------------------------------------------------------------- editing a pipeline

@@ -230,3 +230,100 @@ def test_the_conversation_box_polls_while_the_attempt_runs_and_204s_while_nothin
     text = page(staff, run)
     assert text.index('id="live"') < text.index('id="actions"') < text.index('id="timeline"')
     assert f'hx-get="{url}" hx-trigger="load"' in text and "watch it at the top of the page" in text
+
+
+# ----------------------------------------------------------------------------- what happened to each command
+# The results as each real CLI reported them in its sandbox (the adapters' tests run them:
+# ``test_*_says_what_happened_to_each_command``): a missing program, a plain failure, a sandbox refusal.
+
+MISSING, FAILS, DENIED = "cp-missing-program -m pytest", "false", "echo hi > /etc/cp-probe"
+NOT_FOUND_LINE = "/bin/bash: line 1: cp-missing-program: command not found"
+EROFS_LINE = "/bin/bash: line 1: /etc/cp-probe: Read-only file system"
+
+
+def claude_commands() -> bytes:
+    calls = [("c1", MISSING, f"Exit code 127\n{NOT_FOUND_LINE}"), ("c2", FAILS, "Exit code 1"),
+             ("c3", DENIED, f"Exit code 1\n{EROFS_LINE}")]
+    return lines(*[event for call, command, said in calls for event in (
+        {"type": "assistant", "message": {"content": [{"type": "tool_use", "id": call, "name": "Bash",
+                                                       "input": {"command": command}}]}},
+        {"type": "user", "message": {"content": [{"type": "tool_result", "tool_use_id": call, "is_error": True,
+                                                  "content": said}]}})])
+
+
+def codex_commands() -> bytes:  # codex leaves what its sandbox refused out of its JSON (the adapter adds it)
+    return lines(*[{"type": "item.completed", "item": {"id": call, "type": "command_execution", "command": command,
+                                                       "aggregated_output": said, "exit_code": code,
+                                                       "status": "failed"}}
+                   for call, command, said, code in (
+                       ("i1", f"/bin/bash -lc '{MISSING}'", NOT_FOUND_LINE + "\n", 127),
+                       ("i2", f"/bin/bash -lc {FAILS}", "", 1),
+                       ("i3", f"/bin/bash -lc '{DENIED}'", EROFS_LINE + "\n", 1))])
+
+
+def pi_commands() -> bytes:
+    calls = [("p1", MISSING, f"{NOT_FOUND_LINE}\n\n\nCommand exited with code 127"),
+             ("p2", FAILS, "(no output)\n\nCommand exited with code 1"),
+             ("p3", DENIED, f"{EROFS_LINE}\n\n\nCommand exited with code 1")]
+    return lines(*[event for call, command, said in calls for event in (
+        {"type": "message_end", "message": {"role": "assistant", "content": [
+            {"type": "toolCall", "id": call, "name": "bash", "arguments": {"command": command}}]}},
+        {"type": "tool_execution_end", "toolCallId": call, "toolName": "bash", "isError": True,
+         "result": {"content": [{"type": "text", "text": said}]}})])
+
+
+def gemini_commands() -> bytes:  # a command that exits non-zero is a *success* of gemini's shell tool
+    calls = [("g1", MISSING, "/usr/bin/bash: line 4: cp-missing-program: command not found"),
+             ("g2", FAILS, "Command exited with code: 1"),
+             ("g3", DENIED, "/usr/bin/bash: line 4: /etc/cp-probe: Read-only file system")]
+    return lines(*[event for call, command, said in calls for event in (
+        {"type": "tool_use", "tool_name": "run_shell_command", "tool_id": call, "parameters": {"command": command}},
+        {"type": "tool_result", "tool_id": call, "status": "success", "output": said})])
+
+
+@pytest.mark.parametrize("fmt, stream, tool, exits", [
+    ("claude", claude_commands, "Bash", (127, 1, 1)),
+    ("codex", codex_commands, "shell", (127, 1, 1)),
+    ("pi", pi_commands, "bash", (127, 1, 1)),
+    ("gemini", gemini_commands, "run_shell_command", (None, 1, None)),  # with output gemini says no exit status
+])
+def test_each_cli_says_what_happened_to_each_command(tmp_path, fmt, stream, tool, exits):
+    results = [e for e in normalize(fmt, stream(), tmp_path) if e["kind"] in ("tool_result", "refusal")]
+    found = [(e["kind"], e["ok"], e.get("exit"), e["text"]) for e in results]
+    status = [f" (exit status {code})" if code is not None else "" for code in exits]
+    shell = "/usr/bin/bash: line 4" if fmt == "gemini" else "/bin/bash: line 1"
+    assert found == [
+        # a missing program is its own result, not a refusal
+        ("tool_result", False, exits[0], f"command not found: cp-missing-program{status[0]}"),
+        ("tool_result", False, 1, "failed with exit status 1"),  # a plain failure
+        ("refusal", False, exits[2], f"{tool} was refused{status[2]}: {shell}: /etc/cp-probe: Read-only file "
+                                     "system"),
+    ]
+    assert "cp-missing-program: command not found" in results[0]["detail"]  # what the shell said, kept
+
+
+def test_exit_127_wins_over_refusal_wording_and_a_cli_refusal_stays_a_refusal(tmp_path):
+    data = lines(
+        {"type": "assistant", "message": {"content": [
+            {"type": "tool_use", "id": "a", "name": "Bash", "input": {"command": "python -m pytest"}},
+            {"type": "tool_use", "id": "b", "name": "Write", "input": {"file_path": f"{WS}/x.py", "content": "x"}}]}},
+        {"type": "user", "message": {"content": [
+            {"type": "tool_result", "tool_use_id": "a", "is_error": True,
+             "content": "Exit code 127\n/bin/bash: line 1: python: Permission denied"},
+            {"type": "tool_result", "tool_use_id": "b", "is_error": True,
+             "content": "Claude requested permissions to write to x.py, but you haven't granted it yet."}]}})
+    first, second = [e for e in normalize("claude", data, tmp_path) if e["kind"] != "tool_call"]
+    assert (first["kind"], first["exit"], first["text"]) == ("tool_result", 127, "command not found: python "
+                                                                                "(exit status 127)")
+    assert (second["kind"], second["text"]) == ("refusal", "Write was refused: Claude requested permissions to "
+                                                           "write to x.py, but you haven't granted it yet.")
+    # a tool gemini does not give the role is refused; a failed edit only failed
+    data = lines({"type": "tool_use", "tool_name": "write_file", "tool_id": "w", "parameters": {"file_path": "a"}},
+                 {"type": "tool_result", "tool_id": "w", "status": "error",
+                  "error": {"type": "tool_not_registered", "message": 'Tool "write_file" not found'}},
+                 {"type": "tool_use", "tool_name": "replace", "tool_id": "r", "parameters": {"file_path": "a"}},
+                 {"type": "tool_result", "tool_id": "r", "status": "error",
+                  "error": {"type": "edit_no_occurrence_found", "message": "0 occurrences found for old_string"}})
+    said = [(e["kind"], e["text"]) for e in normalize("gemini", data, tmp_path) if e["kind"] != "tool_call"]
+    assert said == [("refusal", 'write_file was refused: Tool "write_file" not found'),
+                    ("tool_result", "failed: 0 occurrences found for old_string")]

@@ -30,6 +30,7 @@ import shutil
 from pathlib import Path
 
 from . import gateways, sandbox
+from .. import tool_outcomes
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
                           var_dir)
@@ -114,11 +115,13 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     """Read a stream-json capture line by line (bounded memory).
 
     Returns ``{"result": dict | None, "last_text": str, "session_id": str, "version": str,
-    "auth_error": bool, "refusals": [{"tool", "message"}]}``: the last ``result`` object (None
+    "auth_error": bool, "refusals": [{"tool", "message", "outcome"}]}``: the last ``result`` object (None
     when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
     message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
     CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
-    permission; at most 200; with ``"path"`` when the call named a file, and ``"recovered": True``
+    permission; at most 200; ``"outcome"``: engine/tool_outcomes.py ``of_claude``, a missing program
+    ``command_not_found``, what the permission rules refused ``refused``, else ``failed``; ``"exit_code"``
+    when the error says "Exit code N"; with ``"path"`` when the call named a file, and ``"recovered": True``
     when a later file-writing call on that file succeeded), and ``"truncated_lines": int``: lines longer than
     engine/agents/lines.py MAX_LINE_BYTES, read in bounded chunks and not parsed (whole in the raw log);
     ``"structured": bool``: whether any line was a JSON event, and ``"plain_text": str``: the
@@ -133,6 +136,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
             found["auth_error"] = True
     tools: dict[str, str] = {}
     paths: dict[str, str] = {}  # tool_use id -> the file it writes or reads
+    commands: dict[str, str] = {}  # tool_use id -> a Bash command line
 
     def auth_text(line: bytes) -> None:
         if any(text.encode() in line for text in AUTH_TEXTS):
@@ -156,6 +160,9 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
                     target = given.get("file_path") or given.get("notebook_path")
                     if isinstance(target, str):
                         paths[str(block.get("id"))] = target[:1000]
+                    command = given.get("command")
+                    if block.get("name") == "Bash" and isinstance(command, str) and len(commands) < 10_000:
+                        commands[str(block.get("id"))] = command[:2000]
         elif kind == "user":
             for block in (event.get("message") or {}).get("content") or []:
                 if not (isinstance(block, dict) and block.get("type") == "tool_result"):
@@ -168,10 +175,16 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
                             if refusal.get("path") == paths[call]:
                                 refusal["recovered"] = True
                     continue
-                text = block.get("content")
-                text = text if isinstance(text, str) else json.dumps(text)
+                content = block.get("content")
+                text = content if isinstance(content, str) else json.dumps(content)
                 if len(found["refusals"]) < 200:
-                    refusal = {"tool": tools.get(call, "?"), "message": text[:500]}
+                    said = text if isinstance(content, str) else "\n".join(  # as the conversation reads it
+                        str(part.get("text") or "") for part in (content if isinstance(content, list) else [])
+                        if isinstance(part, dict))
+                    outcome, code = tool_outcomes.of_claude(tools.get(call, "?"), said, True, commands.get(call, ""))
+                    refusal = {"tool": tools.get(call, "?"), "message": text[:500], "outcome": outcome}
+                    if code is not None:
+                        refusal["exit_code"] = code
                     if call in paths:
                         refusal["path"] = paths[call]
                     found["refusals"].append(refusal)
@@ -215,7 +228,8 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network)
+                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
+                        binds=request.binds)
 
 
 class ClaudeCodeAdapter(CliAdapter):

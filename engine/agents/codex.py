@@ -44,7 +44,9 @@ binary from tools/agents against engine/scripted_endpoint.py (tests/test_codex_a
   ``function_call_output``), from which the adapter copies them into the log and records
   every non-zero command (refused or failed) in ``extra["refusals"]``, with what the JSONL
   reports as refused itself (``rejected_item``: a declined command, a failed patch; neither
-  seen offline);
+  seen offline); each says its ``outcome`` (engine/tool_outcomes.py): exit status 127 is
+  ``command_not_found`` (``bash: python: command not found``, which codex reports in its JSONL),
+  a sandbox denial ``refused``, anything else ``failed``;
 * ``check()``: the role's options and sandbox mode must be listed in ``codex exec --help``
   (0.171.0 lists ``--sandbox`` with ``read-only, workspace-write, danger-full-access``);
 * the ``-o`` file holds the final agent text; it is written empty when the turn fails. It is
@@ -81,7 +83,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import gateways, sandbox
-from .. import transcript
+from .. import tool_outcomes, transcript
 from ..redaction import redact_text
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
 from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint,
@@ -199,7 +201,7 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
                         hide=sandbox.private_paths(var_dir()), visible=visible, user_namespace=True,
-                        network=network, replace=replace)
+                        network=network, replace=replace, binds=request.binds)
 
 
 def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None,
@@ -341,10 +343,10 @@ def rejected_item(item: dict) -> dict | None:
 
     * ``command_execution`` with ``status: "declined"`` (exec schema ``CommandExecutionStatus``):
       ``{"tool": "exec_command", "command", "exit_code", "message": its output,
-      "sandbox_denied": True}``;
+      "sandbox_denied": True, "outcome": "refused"}``;
     * ``file_change`` with ``status: "failed"`` (``PatchApplyStatus``; a declined patch is
       reported as failed too): ``{"tool": "apply_patch", "command": "update a.py, add b.py",
-      "exit_code": None, "message": ..., "sandbox_denied": False}``.
+      "exit_code": None, "message": ..., "sandbox_denied": False, "outcome": "failed"}``.
 
     Not seen from codex 0.171.0 offline: with ``approval_policy=never`` (codex exec) nothing is
     declined, a command its sandbox refused is left out of the stream altogether (it is in the
@@ -353,15 +355,18 @@ def rejected_item(item: dict) -> dict | None:
     kind, status = item.get("type"), item.get("status")
     if kind == "command_execution" and status == "declined":
         code = item.get("exit_code")
-        return {"tool": "exec_command", "command": str(item.get("command") or "")[:OUTPUT_CHARS],
-                "exit_code": code if isinstance(code, int) and not isinstance(code, bool) else None,
-                "message": str(item.get("aggregated_output") or "declined")[-OUTPUT_CHARS:], "sandbox_denied": True}
+        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        command, output = str(item.get("command") or ""), str(item.get("aggregated_output") or "declined")
+        return {"tool": "exec_command", "command": command[:OUTPUT_CHARS], "exit_code": code,
+                "message": output[-OUTPUT_CHARS:], "sandbox_denied": True,
+                "outcome": tool_outcomes.classify(code, output, command, refused=True)}
     if kind == "file_change" and status == "failed":
         changes = item.get("changes") if isinstance(item.get("changes"), list) else []
         files = ", ".join(f"{change.get('kind', '?')} {change.get('path', '?')}" for change in changes
                           if isinstance(change, dict))
         return {"tool": "apply_patch", "command": files[:OUTPUT_CHARS], "exit_code": None,
-                "message": "codex reported the patch as failed (not applied, or declined)", "sandbox_denied": False}
+                "message": "codex reported the patch as failed (not applied, or declined)", "sandbox_denied": False,
+                "outcome": "failed"}
     return None
 
 
@@ -402,9 +407,11 @@ def refusals_of(record: Path | None) -> list[dict]:
     """The commands that failed or that the sandbox refused, from a session record (bounded memory).
 
     Returns up to MAX_REFUSALS ``{"tool": "exec_command", "command": str, "exit_code": int,
-    "message": str, "sandbox_denied": bool}`` in call order: every ``exec_command`` whose output
-    says "Process exited with code N" with N != 0; ``message`` is the command's output cut to
-    OUTPUT_CHARS characters; ``sandbox_denied`` is set when it names a DENIAL_PATTERNS text.
+    "message": str, "sandbox_denied": bool, "outcome": str}`` in call order: every ``exec_command``
+    whose output says "Process exited with code N" with N != 0; ``message`` is the command's output
+    cut to OUTPUT_CHARS characters; ``sandbox_denied`` is set when it names a DENIAL_PATTERNS text;
+    ``outcome`` (engine/tool_outcomes.py): ``command_not_found`` for exit status 127 (whatever the
+    output says), ``refused`` for a sandbox denial, else ``failed``.
     ``codex exec --json`` 0.171.0 shows the failed commands but not the refused ones.
     """
     if record is None:
@@ -440,9 +447,11 @@ def refusals_of(record: Path | None) -> list[dict]:
                 if not status or status.group(1) == "0" or len(found) >= MAX_REFUSALS:
                     continue
                 body = output.split("Output:\n", 1)[-1].strip()
-                found.append({"tool": "exec_command", "command": calls[str(payload.get("call_id"))],
-                              "exit_code": int(status.group(1)), "message": body[-OUTPUT_CHARS:],
-                              "sandbox_denied": any(text in output for text in DENIAL_PATTERNS)})
+                command, code = calls[str(payload.get("call_id"))], int(status.group(1))
+                denied = any(text in output for text in DENIAL_PATTERNS)
+                found.append({"tool": "exec_command", "command": command, "exit_code": code,
+                              "message": body[-OUTPUT_CHARS:], "sandbox_denied": denied,
+                              "outcome": tool_outcomes.classify(code, body, command, refused=denied)})
     return found
 
 
@@ -567,7 +576,8 @@ class CodexAdapter(CliAdapter):
         for refusal in refusals:  # the session record is not redacted: these go to the database
             refusal["command"], _ = redact_text(refusal["command"], request.secrets)
             refusal["message"], _ = redact_text(refusal["message"], request.secrets)
-        denials = [r for r in refusals if r["sandbox_denied"]]
+        # codex's JSON leaves out what its sandbox refused (a missing program it reports: exit 127)
+        denials = [r for r in refusals if r["sandbox_denied"] and r.get("outcome") == "refused"]
         if denials:
             self._log_denials(request, denials)
         return AgentResult(
@@ -616,9 +626,9 @@ class CodexAdapter(CliAdapter):
         entries = []
         for denial in denials:
             entries.append({"kind": "tool_call", "tool": "shell", "text": f"Runs `{denial['command'][:300]}`"})
-            entries.append({"kind": "refusal" if denial.get("sandbox_denied") else "tool_result", "tool": "shell",
-                            "ok": False, "exit": denial.get("exit_code"),
-                            "text": ("The sandbox refused it" if denial.get("sandbox_denied")
-                                     else f"failed with exit status {denial.get('exit_code')}"),
+            said, code = transcript.first_lines(denial["message"], 1), denial.get("exit_code")
+            entries.append({"kind": "refusal", "tool": "shell", "ok": False, "exit": code,
+                            "text": "The sandbox refused it" + (f" (exit status {code})" if code is not None else "")
+                                    + (f": {said}" if said else ""),
                             "detail": transcript.first_lines(denial["message"])})
         transcript.append(transcript.transcript_path(request.raw_path), entries, request.secrets)

@@ -78,6 +78,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from . import gateways, sandbox
+from .. import tool_outcomes
 from ..redaction import redact_text
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, var_dir
@@ -203,7 +204,8 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
     return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                         read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network)
+                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
+                        binds=request.binds)
 
 
 def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
@@ -215,9 +217,12 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
 
     * ``result``: the last ``result`` event (None when missing or cut);
     * ``last_text``: the assistant text after the last tool call (its deltas joined);
-    * ``refusals``: tool results with status ``error``, in call order (at most MAX_REFUSALS):
-      ``{"tool", "message", "error_type", "path"?}`` (``path`` when the call named a
-      ``file_path``), ``"recovered": True`` when a later successful call wrote that file;
+    * ``refusals``: tool results with status ``error``, and the run_shell_command results with
+      status ``success`` whose command did not succeed as far as gemini says (its program not found,
+      "Command exited with code: N"), in call order (at most MAX_REFUSALS): ``{"tool", "message",
+      "error_type", "outcome", "path"?, "command"?, "exit_code"?}`` (``outcome``:
+      engine/tool_outcomes.py ``of_gemini``; ``path`` when the call named a ``file_path``,
+      ``command`` a shell command), ``"recovered": True`` when a later successful call wrote that file;
     * ``errors``: the last five ``error`` event messages; ``stderr_tail`` the last five non-JSON
       lines (without the CLI's colour and ripgrep notices);
     * ``auth_error``/``trust_error``: a line matched AUTH_PATTERNS / the untrusted-folder text;
@@ -244,7 +249,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
 
     for said in stderr_lines(stderr_path):
         other_line(said)
-    calls: dict[str, tuple[str, str]] = {}  # tool_id -> (tool name, file path)
+    calls: dict[str, tuple[str, str, str]] = {}  # tool_id -> (tool name, file path, shell command)
     text: list[str] = []
     stream = JsonEvents(raw_path, on_text=lambda line: other_line(line.decode("utf-8", errors="replace")))
     for event in stream:
@@ -263,26 +268,33 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
             found["tool_calls"] += 1
             text = []
             params = event.get("parameters") if isinstance(event.get("parameters"), dict) else {}
-            target = params.get("file_path") or params.get("dir_path")
+            target, command = params.get("file_path") or params.get("dir_path"), params.get("command")
             if len(calls) < 10_000:
                 calls[str(event.get("tool_id"))] = (str(event.get("tool_name") or "?"),
-                                                    target[:1000] if isinstance(target, str) else "")
+                                                    target[:1000] if isinstance(target, str) else "",
+                                                    command[:2000] if isinstance(command, str) else "")
         elif kind == "tool_result":
-            tool, path = calls.get(str(event.get("tool_id")), ("?", ""))
-            if event.get("status") == "success":
-                if path and tool in ("write_file", "replace"):
-                    for refusal in found["refusals"]:
-                        if refusal.get("path") == path:
-                            refusal["recovered"] = True
-                continue
+            tool, path, command = calls.get(str(event.get("tool_id")), ("?", "", ""))
             error = event.get("error") if isinstance(event.get("error"), dict) else {}
-            message = str(error.get("message") or event.get("output") or "failed")
-            if len(found["refusals"]) < MAX_REFUSALS:
-                refusal = {"tool": tool, "message": message[:OUTPUT_CHARS],
-                           "error_type": str(error.get("type") or "")}
-                if path:
-                    refusal["path"] = path
-                found["refusals"].append(refusal)
+            status, output = str(event.get("status") or ""), str(event.get("output") or "")
+            outcome, code = tool_outcomes.of_gemini(tool, status, str(error.get("type") or ""),
+                                                    output or str(error.get("message") or ""), command)
+            if status == "success" and path and tool in ("write_file", "replace"):
+                for refusal in found["refusals"]:
+                    if refusal.get("path") == path:
+                        refusal["recovered"] = True
+            if (status == "success" and outcome is None) or len(found["refusals"]) >= MAX_REFUSALS:
+                continue
+            message = str(error.get("message") or output or "failed")
+            refusal = {"tool": tool, "message": message[:OUTPUT_CHARS], "error_type": str(error.get("type") or ""),
+                       "outcome": outcome or "failed"}
+            if path:
+                refusal["path"] = path
+            if command:
+                refusal["command"] = command[:OUTPUT_CHARS]
+            if code is not None:
+                refusal["exit_code"] = code
+            found["refusals"].append(refusal)
         elif kind == "error":
             message = str(event.get("message") or "")
             errors.append(message[:OUTPUT_CHARS])
@@ -484,7 +496,9 @@ class GeminiCliAdapter(CliAdapter):
         usage = usage_of(outcome, tokens) if failure_kind != "auth_failed" else empty_usage()
         refusals = parsed["refusals"]
         for refusal in refusals:  # the stream is redacted at capture; the messages go to the database
-            refusal["message"], _ = redact_text(refusal["message"], request.secrets)
+            for key in ("message", "command"):
+                if key in refusal:
+                    refusal[key], _ = redact_text(refusal[key], request.secrets)
         return AgentResult(
             exit_code=result.exit_code, signal=result.signal, elapsed_seconds=result.elapsed_seconds,
             failure_kind=failure_kind, failure_message=failure_message, usage=usage,

@@ -91,6 +91,7 @@ from collections import deque
 from pathlib import Path
 
 from . import gateways, sandbox
+from .. import tool_outcomes
 from ..redaction import redact_text
 from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, probe_output, var_dir
@@ -277,7 +278,8 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
     visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
     wrapped = sandbox.wrap(argv, writable=[folder for folder in writable if folder],
                            read_only=[os.path.join(request.workspace, ".git")],
-                           hide=sandbox.private_paths(var_dir()), visible=visible, network=network)
+                           hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
+                           binds=request.binds)
     mask = project_config_mask(request.workspace)
     if mask:  # after every bind of wrap(), before the root is made read-only and the command starts
         end = wrapped.index("--")
@@ -318,7 +320,9 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
       ``isError``), at most MAX_REFUSALS, in order: ``{"tool": name, "message": the result text
       (OUTPUT_CHARS), "path"?: the file named, "command"?: a bash command, "unavailable": the
       tool is not in the allowlist ("Tool X not found"), "sandbox_denied": DENIAL_TEXTS in it,
-      "recovered"?: True when a later write or edit of that file succeeded}``;
+      "outcome": engine/tool_outcomes.py ``of_pi`` (bash's exit status 127 ``command_not_found``, a
+      tool not in the allowlist or a sandbox denial ``refused``, else ``failed``), "exit_code"?: bash's
+      "Command exited with code N", "recovered"?: True when a later write or edit of that file succeeded}``;
     * ``stderr_tail``: the last five lines of ``stderr_path`` and of the raw log that are not JSON
       (pi's stderr);
     * ``structured``: whether any line was a JSON event; ``plain_text``: the raw log's lines that
@@ -407,13 +411,17 @@ def _tool_end(found: dict, event: dict, calls: dict) -> None:
         return
     result = event.get("result")
     text = _text_of(result.get("content")) if isinstance(result, dict) else str(result or "")
+    command = args.get("command") if isinstance(args.get("command"), str) else ""
+    outcome, code = tool_outcomes.of_pi(name, text, True, command)
     refusal = {"tool": name, "message": text.strip()[-OUTPUT_CHARS:],
                "unavailable": text.strip() == f"Tool {name} not found",
-               "sandbox_denied": any(denial in text for denial in DENIAL_TEXTS)}
+               "sandbox_denied": any(denial in text for denial in DENIAL_TEXTS), "outcome": outcome}
     if path:
         refusal["path"] = path[:1000]
-    if isinstance(args.get("command"), str):
-        refusal["command"] = args["command"][:OUTPUT_CHARS]
+    if command:
+        refusal["command"] = command[:OUTPUT_CHARS]
+    if code is not None:
+        refusal["exit_code"] = code
     found["refusals"].append(refusal)
 
 

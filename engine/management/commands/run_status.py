@@ -3,10 +3,15 @@
 import time
 
 
-from engine import answers, operations
+from engine import answers, operations, tool_outcomes
 from engine.models import RunEvent
 
 from ._base import EngineCommand
+
+
+def tool_sentence(attempt: dict) -> str:
+    """What happened to an attempt's tool calls that did not succeed: "1 command not found, 2 failed, 1 refused"."""
+    return tool_outcomes.sentence(attempt.get("tool_outcomes") or tool_outcomes.counts(attempt.get("refusals")))
 
 
 def waiting_hint(data: dict) -> str:
@@ -162,7 +167,7 @@ class Command(EngineCommand):
                                 else "")
                              + (f", verdict {a['verdict']['verdict']}" if a["verdict"] else "")
                              + (f", invalid verdict: {a['verdict_problem']}" if a["verdict_problem"] else "")
-                             + (f", {len(a['refusals'])} tool call(s) refused" if a["refusals"] else ""))
+                             + (f", tool calls: {tool_sentence(a)}" if a["refusals"] else ""))
             for c in stage["checks"]:
                 lines.append(f"    check {c['name']}: {check_outcome(c)} `{c['command']}`"
                              + (" [stale]" if c["stale"] else "") + tests_counts(c.get("tests")))
