@@ -109,6 +109,29 @@ def test_code_under_test_that_skips_an_agreed_test_stops_with_its_id(make_pipeli
     assert "[pytest: 1 skipped; agreed 0 of 1 passed again]" in shown
 
 
+def test_a_test_that_skips_itself_at_the_starting_commit_too_is_not_held_against_the_stage(make_pipeline, repo, sent):
+    """An optional dependency missing (``pytest.importorskip``) skips a test at run time, which collecting
+    cannot tell: the gate runs once at the stage's starting commit, where it skipped too, so it is excused;
+    the test the stage had to make pass is not (it failed there), nor one code under test makes skip."""
+    from .conftest import git
+
+    (Path(repo) / "tests" / "test_optional.py").write_text(
+        "import pytest\n\n\ndef test_with_numpy_pandas():\n    pytest.importorskip('a_module_nobody_installed')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "an optional test")
+    run = operations.create_run(make_pipeline(stages=[STAGE]), str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert run.status == "succeeded", run.stop_message
+    check = Check.objects.filter(run=run, name="unit", kind="gate").order_by("-id").first()
+    assert check.passed and check.tests["agreed"]["skipped_at_start"] == 1 and check.tests["agreed"]["missing"] == 0
+    ledger = run.stages.get().agreed_tests["unit"]
+    assert ledger["skipped_at_start"] == ["tests/test_optional.py::test_with_numpy_pandas"]
+    assert "1 skipped" in (Path(settings.VAR_DIR) / ledger["skipped_log"]).read_text()
+    final = Check.objects.get(run=run, name="unit", kind="final")
+    assert final.passed and final.tests["agreed"]["skipped_at_start"] == 1
+
+
 def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pipeline, repo, sent):
     core = '"""Core."""\n\n\ndef answer():\n    return 42\n\n\ndef bonus():\n    return 43\n'
     more = "from app import core\n\n\ndef test_bonus():\n    assert core.bonus() == 43\n"

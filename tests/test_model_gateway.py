@@ -551,3 +551,28 @@ def test_only_a_post_to_a_whole_model_path_goes_upstream_and_no_call_after_the_e
         for thread in threads:
             thread.join()
         assert gateway.stop_kind == "stalled" and len(endpoint.requests) == 2 and answers.count(200) == 2
+
+
+@pytest.mark.parametrize("fmt, body, exit_code", [
+    ("gemini", {"contents": [{"role": "user", "parts": [{"functionResponse": {
+        "name": "run_shell_command", "response": {"output": "Output: hi\nExit Code: 3\nProcess Group PGID: 22"}}}]}]}, 3),
+    ("gemini", {"contents": [{"role": "user", "parts": [{"functionResponse": {
+        "name": "run_shell_command", "response": {"output": "Output: (empty)\nProcess Group PGID: 22"}}}]}]}, 0),
+    ("responses", {"input": [{"type": "function_call_output", "call_id": "c1",
+                              "output": "Wall time: 0.1 seconds\nProcess exited with code 127\nOutput:\nnope"}]}, 127),
+    ("anthropic", {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                              "content": "out\n\nCommand exited with code 2"}]}]}, 2),
+])
+def test_the_wire_conversation_says_the_exit_status_each_cli_told_its_model(fmt, body, exit_code, tmp_path):
+    """Only Claude Code flags a failed command itself: the status codex, gemini and pi tell their model in
+    the result's text makes the wire conversation's entry a failure with that status, never "exit status 0"."""
+    from engine import transcript
+    from engine.model_gateway.conversation import results_of
+
+    blocks = results_of(fmt, body)
+    assert len(blocks) == 1 and blocks[0]["is_error"] == (exit_code != 0)
+    normalizer = transcript.Normalizer("claude")
+    normalizer.tools[blocks[0]["tool_use_id"]] = "Bash"
+    entries = normalizer.line(json.dumps({"type": "user", "message": {"content": blocks}}).encode())
+    results = [e for e in entries if e["kind"] in ("tool_result", "refusal")]
+    assert [(e.get("exit"), e["ok"]) for e in results] == [(exit_code, exit_code == 0)], results

@@ -21,6 +21,7 @@ which the CLI's own account is checked (``unasked``).
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -71,8 +72,31 @@ def _text_of(content) -> str:
     return str(content or "")
 
 
+#: How each CLI tells its model a command's exit status in a tool result: codex 0.171.0 ("Process exited
+#: with code N"), gemini 0.61.0 ("Exit Code: N", only when it is not 0), pi 0.73.1 ("Command exited with
+#: code N"), Claude Code ("Exit code N", with ``is_error``).
+_EXIT_SAID = re.compile(r"(?:Process exited with code|Exit Code:|Command exited with code|Exit code:?)\s*(-?\d+)")
+
+
+def _with_exit(block: dict) -> dict:
+    """A tool result whose text names a non-zero exit status is an error, said as the transcript's claude
+    format reads it ("Exit code N"): only Claude Code flags its failed commands itself, and a result the
+    model was told failed must not read as "exit status 0" on the page."""
+    found = _EXIT_SAID.search(block["content"][:4000])
+    if found and int(found.group(1)) != 0:
+        block = {**block, "is_error": True}
+        if not block["content"].startswith("Exit code "):
+            block["content"] = f"Exit code {int(found.group(1))}\n{block['content']}"
+    return block
+
+
 def results_of(fmt: str, body) -> list[dict]:
-    """The tool results at the end of a request (since the model's last turn), as ``tool_result`` blocks."""
+    """The tool results at the end of a request (since the model's last turn), as ``tool_result`` blocks
+    (``_with_exit``: a non-zero exit status the CLI told its model makes the block an error)."""
+    return [_with_exit(block) for block in _results_of(fmt, body)]
+
+
+def _results_of(fmt: str, body) -> list[dict]:
     if not isinstance(body, dict):
         return []
     found = []

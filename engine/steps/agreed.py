@@ -86,7 +86,9 @@ def after(stage: StageRun, name: str) -> dict | None:
                     .order_by("-id").first())
         if accepted is not None:
             ids |= passed_ids(accepted)
-    return {"ids": sorted(ids), "from": f"stage '{stage.key}'", "log": entry.get("log"), "record": entry.get("record")}
+    carried = {"skipped_at_start": entry["skipped_at_start"]} if "skipped_at_start" in entry else {}
+    return {"ids": sorted(ids), "from": f"stage '{stage.key}'", "log": entry.get("log"), "record": entry.get("record"),
+            **carried}
 
 
 def final_ledger(run: Run, name: str) -> dict | None:
@@ -134,6 +136,26 @@ def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lea
     ids = sorted(set(found["listed"]) - set(found["marked"]))
     return {"ids": ids, "from": f"the starting commit {stage.base_commit[:12]}", "log": found["log_path"],
             "record": found["record_path"], "exit_code": found["exit_code"]}
+
+
+def skipped_at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lease: str | None) -> list[str]:
+    """The agreed ids of ``gate`` that skip themselves at the stage's starting commit: the gate run for real
+    once on a fresh checkout of it (its log and record kept under the run's ``agreed/`` records), kept on
+    the stage's ledger (``skipped_at_start``, ``skipped_log``) so it runs once per stage."""
+    entry = dict((stage.agreed_tests or {}).get(gate["name"]) or {})
+    if "skipped_at_start" in entry:
+        return list(entry["skipped_at_start"])
+    log_rel = control_path(run, "agreed", f"{stage.order + 1:02d}-{stage.key}-{gate['name']}-at-start.log")
+    with _checkout(run, stage.base_commit, f"baseline-{stage.order + 1:02d}-{stage.base_commit[:12]}", env) as (
+            folder, start_env):
+        found = collect_tests(run, gate, folder, start_env, should_stop, lease, log_rel, collect_only=False)
+    skipped = sorted(test for test, outcome in found["outcomes"].items()
+                     if outcome == "skipped" and test in set(entry.get("ids") or []))
+    entry.update(skipped_at_start=skipped, skipped_log=found["log_path"], skipped_record=found["record_path"])
+    known = {**(stage.agreed_tests or {}), gate["name"]: entry}
+    StageRun.objects.filter(pk=stage.pk).update(agreed_tests=known)
+    stage.agreed_tests = known
+    return skipped
 
 
 def dropped(run: Run, stage: StageRun, tree: str, folder: str, env: dict, should_stop,
@@ -216,28 +238,46 @@ def gate_checks(run: Run, stage: StageRun, gate: dict, kind: str, digest: str, c
     unittest = test_reports.runner_of(gate["command"]) == "unittest"
     new = [change["path"] for change in changes if change.get("status") != "deleted" and change["path"] not in files
            and (unittest or (change["path"].endswith(".py") and protected.is_test_file(change["path"])))] if files else []
+    def at_start() -> list[str]:
+        return skipped_at_start(run, stage, gate, env, should_stop, lease)
+
     if not new:
-        yield hold(run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease), entry)
+        yield hold(run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease), entry, at_start)
         return
     first = hold(run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease,
-                          apart=("only", files)), entry)
+                          apart=("only", files)), entry, at_start)
     yield first
     if first.passed and not should_stop():
         yield run_gate(run, stage, gate, kind, digest, env, should_stop, round_no, lease=lease, apart=("except", files))
 
 
-def hold(check: Check, entry: dict | None) -> Check:
+def hold(check: Check, entry: dict | None, at_start=None) -> Check:
     """``check`` held to its gate's ledger ``entry``: a check that passed fails ``tests_missing`` (or
-    ``tests_failed``) when an agreed id was not reported passed; ``tests.agreed`` records the count."""
+    ``tests_failed``) when an agreed id was not reported passed; ``tests.agreed`` records the count.
+
+    An agreed test the check reports skipped is excused when it skipped at the stage's starting commit
+    too (a test that skips itself at run time: an optional dependency missing, another platform), which
+    collecting alone cannot tell: ``at_start()`` then runs the gate once on a fresh checkout of that
+    commit (``skipped_at_start``) and the ids it reports skipped there are kept on the ledger
+    (``skipped_at_start``, with that run's log and record). A test that ran at the start and skips now
+    is still missing."""
     if entry is None or not entry["ids"]:
         return check
     record = _record_of(check)
     outcomes = record.outcomes if record else {}
     missing = [test for test in entry["ids"] if outcomes.get(test) != "passed"]
+    excused: list[str] = []
+    if check.passed and any(outcomes.get(test) == "skipped" for test in missing):
+        before = set(entry["skipped_at_start"]) if "skipped_at_start" in entry else (
+            set(at_start()) if at_start is not None else set())
+        excused = [test for test in missing if outcomes.get(test) == "skipped" and test in before]
+        missing = [test for test in missing if test not in excused]
     failed = [test for test in missing if outcomes.get(test) in ("failed", "error")]
     agreed = {"count": len(entry["ids"]), "from": entry["from"], "missing": len(missing),
               "missing_ids": missing[:NAMED],
               "how": {test: outcomes.get(test) or "not run" for test in missing[:NAMED]}}
+    if excused:
+        agreed["skipped_at_start"] = len(excused)
     tests = {**(check.tests or {}), "agreed": agreed}
     if not missing or not check.passed:
         Check.objects.filter(pk=check.pk).update(tests=tests)

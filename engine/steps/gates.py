@@ -132,23 +132,27 @@ def process_failure(result) -> str:
 
 
 def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease: str | None,
-                  log_rel: str) -> dict:
+                  log_rel: str, collect_only: bool = True) -> dict:
     """The gate's command run in ``cwd`` with ``--collect-only`` added for pytest (``CP_TEST_COLLECT_ONLY``
     for unittest: nothing runs), in
     the gates' sandbox and under their limits, recorded as no Check: what engine/steps/agreed.py
     keeps as the stage's agreed tests. Returns ``{"exit_code", "log_path", "record_path",
-    "listed", "marked"}`` (``record_path`` None when no runner recorded anything)."""
+    "listed", "marked", "outcomes"}`` (``record_path`` None when no runner recorded anything).
+    ``collect_only`` False runs the tests (``outcomes``: each test's, as its runner recorded it)."""
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
-    env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"])),
-           "CP_TEST_COLLECT_ONLY": "1"}  # python -m unittest: engine/test_reports/unittest_hook.py lists, runs none
+    if collect_only:
+        env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"])),
+               "CP_TEST_COLLECT_ONLY": "1"}  # python -m unittest: engine/test_reports/unittest_hook.py lists, runs none
     env, launch, reporter = _gate_sandbox(run, argv, cwd, env)
     try:
-        result, _ = _bounded(run, gate, cwd, env, launch, log_rel, should_stop, lease, f"collect-{gate['name']}")
+        result, _ = _bounded(run, gate, cwd, env, launch, log_rel, should_stop, lease,
+                             f"{'collect' if collect_only else 'baseline'}-{gate['name']}")
         record = test_reports.parse(reporter.record)
         return {"exit_code": result.exit_code, "log_path": log_rel,
                 "record_path": _keep_record(reporter, log_rel) if record is not None else None,
                 "listed": sorted(set(record.listed)) if record else [],
-                "marked": sorted(record.marked) if record else []}
+                "marked": sorted(record.marked) if record else [],
+                "outcomes": dict(record.outcomes) if record else {}}
     finally:
         shutil.rmtree(env["HOME"], ignore_errors=True)
         reporter.remove()
