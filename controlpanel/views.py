@@ -433,6 +433,8 @@ class StageBlock:
     repair_allowance: int
     human_gate: bool
     duration: str
+    #: what a block of no stage holds: "setup" (the run's setup step, first) or "" (the checks of no stage)
+    part: str = ""
     title: str = ""
     requirement: str = ""
     requirement_folded: bool = False
@@ -535,6 +537,9 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
     elif check.kind == Check.Kind.FINAL:
         where = format_html("<code>{}</code> (a fresh checkout of the run's final commit, not its worktree "
                             "<code>{}</code>)", check.cwd, run.worktree or "—")
+    elif check.kind == Check.Kind.SETUP and check.cwd:
+        where = format_html("<code>{}</code> (a checkout of the run's commit of the setup's own, removed after it: "
+                            "nothing of it is kept but the environment)", check.cwd)
     else:
         where = format_html("<code>{}</code>", check.cwd or "—")
     if running:
@@ -544,6 +549,8 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
     if check.stage_id:
         stage = format_html('<a href="{}#stage-{}">stage {} ‘{}’</a>', detail_url, check.stage_id,
                             check.stage.order + 1, check.stage.key)
+    elif check.kind == Check.Kind.SETUP:
+        stage = "none (the run's setup step, before its first stage)"
     else:
         stage = "none (a check of the whole run)"
     if check.manifest_id:
@@ -589,9 +596,21 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
         ("stage", stage),
         ("files tested", files),
     ]
+    if check.setup:
+        facts.append(("environment", _environment_html(check.setup)))
     if check.network:
         facts.append(("network", yaml_block(check.network)))
     return facts
+
+
+def _environment_html(info: dict):
+    """A setup check's environment (engine/environments.py): its key, who made it, its size and folder."""
+    made_by = info.get("made_by") or {}
+    size = info.get("size_bytes")
+    how = (format_html("reused: made by run {}'s setup (check {}); nothing ran", made_by.get("run", "?"),
+                       made_by.get("check", "?")) if info.get("reused") else "made by this check")
+    return format_html("<code>{}</code> · {}{} · <code>{}</code>", str(info.get("key") or "")[:12], how,
+                       f" · {size / 1e6:.1f} MB" if isinstance(size, int) else "", info.get("folder") or "—")
 
 
 def manifest_rows(run: Run, manifests: list[Manifest], stage_keys: dict) -> list[ManifestRow]:
@@ -655,6 +674,7 @@ def build_page(run: Run) -> dict:
         blocks.append(block)
         by_id[stage.pk] = block
     loose = StageBlock(obj=None, repair_allowance=0, human_gate=False, duration="")  # checks of no stage
+    setup = StageBlock(obj=None, repair_allowance=0, human_gate=False, duration="", part="setup")  # the setup step
     step_seconds = 0.0
     for attempt in attempts:
         attempt.run = run
@@ -674,7 +694,7 @@ def build_page(run: Run) -> dict:
         check.run = run
         href = by_pk.get(check.manifest_id) or by_digest.get(check.manifest_digest, "")
         row = check_row(run, check, href)
-        block = by_id.get(check.stage_id, loose)
+        block = setup if check.kind == Check.Kind.SETUP else by_id.get(check.stage_id, loose)
         block.checks.append(row)
         step_seconds += check.elapsed_seconds or (_span(check.started_at, None) if row.running else 0) or 0
         block.boxes.append(Box(label=f"{check.kind} · {check.name}", outcome=row.outcome,
@@ -684,13 +704,15 @@ def build_page(run: Run) -> dict:
                                start=_moment(check.started_at, check.ended_at),
                                end=_moment(check.ended_at) if check.ended_at else float("nan"),
                                kind="final" if check.kind == Check.Kind.FINAL else "step"))
-    for block in blocks + [loose]:
+    for block in blocks + [loose, setup]:
         block.boxes.sort(key=lambda box: box.start)
         patched = [row for row in block.attempts if row.diff_url and row.obj.operation != "review"]
         if patched:
             patched[-1].patch_open = True  # the stage's latest change of files is shown open
     if loose.boxes:
         blocks.append(loose)
+    if setup.boxes:  # before the stages: the environment every agent and gate of the run sees
+        blocks.insert(0, setup)
     for block in blocks:
         block.usage = usage_text(block.usage)
 

@@ -190,3 +190,19 @@ def test_eviction_removes_environments_no_unfinished_run_uses_and_a_later_run_ma
     again = _start(make_pipeline(name="done", stages=ok, setup={**setup, "commands": [*setup["commands"], "true"]}),
                    repo, sent)
     assert again.status == "succeeded" and not _setup_check(again).setup["reused"], again.stop_message
+
+
+def test_the_run_page_shows_the_setup_first_and_its_check_page_the_environment(make_pipeline, repo, sent, admin_client):
+    from django.urls import reverse
+
+    pipeline = make_pipeline(stages=[{"key": "answer", "requirement": "r", "scope": ["app/**"],
+                                      "gates": [{"name": "env", "command": "test -x /cp/env/bin/python"}]}],
+                             setup={"commands": ['python -m venv --without-pip "$CP_ENV"']})
+    run = _start(pipeline, repo, sent)
+    assert run.status == "succeeded", run.stop_message
+    page = admin_client.get(reverse("admin:engine_run_detail", args=[run.pk])).content.decode()
+    assert page.index('id="setup"') < page.index("id=\"stage-") and "<h2>Setup</h2>" in page
+    assert run.environment["key"][:12] in page
+    check = _setup_check(run)
+    detail = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, check.pk])).content.decode()
+    assert "made by this check" in detail and "the run&#x27;s setup step" in detail and "+ python -m venv" in detail
