@@ -132,6 +132,26 @@ def test_a_test_that_skips_itself_at_the_starting_commit_too_is_not_held_against
     assert final.passed and final.tests["agreed"]["skipped_at_start"] == 1
 
 
+def test_code_an_earlier_stage_wrote_that_skips_an_agreed_test_later_is_not_excused(make_pipeline, repo, sent):
+    """A time bomb: stage 1's code passes its tests, and skips them from stage 2 on. The skip is judged
+    against the run's starting commit (where the test ran), not stage 2's start (stage 1's checkpoint,
+    whose code an agent wrote and where the test would skip too)."""
+    bomb = ('"""Core."""\nimport os\n\nimport pytest\n\n\ndef answer():\n'
+            '    if os.environ.get("CP_STAGE") == "second":\n        pytest.skip("later")\n    return 42\n')
+    stages = [STAGE, {**STAGE, "key": "second", "requirement": "Add a docstring.", "depends_on": ["answer"]}]
+    pipeline = make_pipeline(stages=stages, scenario={"stages": {
+        "answer": {"implement": [{"write": {"app/core.py": bomb}}]},
+        "second": {"implement": [{"write": {"app/notes.py": '"""Notes."""\n'}}]}}})
+    run = operations.create_run(pipeline, str(repo), "main")
+    operations.request_start(run, requested_by="test", source="test")
+    run = drive(run.pk, sent)
+    assert (run.status, run.stop_reason) == ("waiting_review", "gate_failed"), run.stop_message
+    check = Check.objects.filter(run=run, name="unit", kind="gate", stage__key="second").order_by("-id").first()
+    assert check.failure_kind == "tests_missing" and check.tests["agreed"]["how"] == {
+        "tests/test_core.py::test_answer": "skipped"}
+    assert run.stages.get(key="second").agreed_tests["unit"]["skipped_at_start"] == []
+
+
 def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pipeline, repo, sent):
     core = '"""Core."""\n\n\ndef answer():\n    return 42\n\n\ndef bonus():\n    return 43\n'
     more = "from app import core\n\n\ndef test_bonus():\n    assert core.bonus() == 43\n"

@@ -139,15 +139,16 @@ def _at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lea
 
 
 def skipped_at_start(run: Run, stage: StageRun, gate: dict, env: dict, should_stop, lease: str | None) -> list[str]:
-    """The agreed ids of ``gate`` that skip themselves at the stage's starting commit: the gate run for real
-    once on a fresh checkout of it (its log and record kept under the run's ``agreed/`` records), kept on
-    the stage's ledger (``skipped_at_start``, ``skipped_log``) so it runs once per stage."""
+    """The agreed ids of ``gate`` that skip themselves at the run's starting commit (the commit a person
+    chose, never one an agent wrote: a later stage's start is an earlier stage's checkpoint, whose code
+    could skip a test from then on): the gate run for real once on a fresh checkout of it (its log and
+    record kept under the run's ``agreed/`` records), kept on the stage's ledger (``skipped_at_start``,
+    ``skipped_log``; a later stage's ledger carries it) so it runs once per run and gate."""
     entry = dict((stage.agreed_tests or {}).get(gate["name"]) or {})
     if "skipped_at_start" in entry:
         return list(entry["skipped_at_start"])
     log_rel = control_path(run, "agreed", f"{stage.order + 1:02d}-{stage.key}-{gate['name']}-at-start.log")
-    with _checkout(run, stage.base_commit, f"baseline-{stage.order + 1:02d}-{stage.base_commit[:12]}", env) as (
-            folder, start_env):
+    with _checkout(run, run.commit, f"baseline-{run.commit[:12]}", env) as (folder, start_env):
         found = collect_tests(run, gate, folder, start_env, should_stop, lease, log_rel, collect_only=False)
     skipped = sorted(test for test, outcome in found["outcomes"].items()
                      if outcome == "skipped" and test in set(entry.get("ids") or []))
@@ -255,12 +256,12 @@ def hold(check: Check, entry: dict | None, at_start=None) -> Check:
     """``check`` held to its gate's ledger ``entry``: a check that passed fails ``tests_missing`` (or
     ``tests_failed``) when an agreed id was not reported passed; ``tests.agreed`` records the count.
 
-    An agreed test the check reports skipped is excused when it skipped at the stage's starting commit
+    An agreed test the check reports skipped is excused when it skipped at the run's starting commit
     too (a test that skips itself at run time: an optional dependency missing, another platform), which
     collecting alone cannot tell: ``at_start()`` then runs the gate once on a fresh checkout of that
     commit (``skipped_at_start``) and the ids it reports skipped there are kept on the ledger
-    (``skipped_at_start``, with that run's log and record). A test that ran at the start and skips now
-    is still missing."""
+    (``skipped_at_start``, with that run's log and record). A test that ran there, or that an earlier
+    stage added, and skips now is still missing."""
     if entry is None or not entry["ids"]:
         return check
     record = _record_of(check)
