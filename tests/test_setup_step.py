@@ -206,3 +206,14 @@ def test_the_run_page_shows_the_setup_first_and_its_check_page_the_environment(m
     check = _setup_check(run)
     detail = admin_client.get(reverse("admin:engine_run_check_log", args=[run.pk, check.pk])).content.decode()
     assert "made by this check" in detail and "the run&#x27;s setup step" in detail and "+ python -m venv" in detail
+
+
+def test_recovering_a_run_whose_setup_failed_runs_the_setup_again(make_pipeline, repo, sent):
+    pipeline = make_pipeline(setup={"commands": ["echo 'the registry did not answer'; exit 1"]})
+    run = _start(pipeline, repo, sent)
+    assert run.stop_reason == "setup_failed", run.stop_message
+    decision = run.decisions.get(state="pending")
+    operations.recover(run, decision.pk, "the registry is back", "retry", reviewer="t")
+    run = drive(run.pk, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "setup_failed", run.stop_message
+    assert Check.objects.filter(run=run, kind="setup").count() == 2  # it ran again, and said so again
