@@ -245,10 +245,11 @@ for _name, _default in (("CP_ATTEMPT_MAX_PROCESSES", 512), ("CP_ATTEMPT_MAX_MEMO
     globals()[_name] = int(_value)
 #: The package registries a pipeline's setup step may reach (engine/steps/setup.py), the operator's
 #: choice, never a pipeline author's: hosts (`name`, `*.suffix`, `name:port`) separated by commas. Agents
-#: and gates reach none of them. CP_SETUP_PIP_INDEX_URL and CP_SETUP_NPM_REGISTRY name a mirror the
+#: and gates reach none of them. With its port, a host may resolve to a private address (a mirror inside the
+#: network: engine/agents/netproxy.py). CP_SETUP_PIP_INDEX_URL and CP_SETUP_NPM_REGISTRY name a mirror the
 #: setup's pip and npm use instead (given as PIP_INDEX_URL and npm_config_registry; its host joins the list).
 CP_SETUP_REGISTRIES = [e.strip().lower() for e in env.str(
-    "CP_SETUP_REGISTRIES", default="pypi.org,files.pythonhosted.org,registry.npmjs.org").split(",") if e.strip()]
+    "CP_SETUP_REGISTRIES", default="pypi.org:443,files.pythonhosted.org:443,registry.npmjs.org:443").split(",") if e.strip()]
 CP_SETUP_PIP_INDEX_URL = env.str("CP_SETUP_PIP_INDEX_URL", default="")
 CP_SETUP_NPM_REGISTRY = env.str("CP_SETUP_NPM_REGISTRY", default="")
 #: Days an environment no run used is kept before `python manage.py environments --evict` (which the beat
