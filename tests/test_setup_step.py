@@ -217,3 +217,22 @@ def test_recovering_a_run_whose_setup_failed_runs_the_setup_again(make_pipeline,
     run = drive(run.pk, sent)
     assert run.status == "waiting_review" and run.stop_reason == "setup_failed", run.stop_message
     assert Check.objects.filter(run=run, kind="setup").count() == 2  # it ran again, and said so again
+
+
+def test_run_status_says_what_the_setup_did(make_pipeline, repo, sent):
+    import io
+
+    from django.core.management import call_command
+
+    stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
+               "gates": [{"name": "env", "command": "test -x /cp/env/bin/python"}]}]
+    pipeline = make_pipeline(stages=stages, setup={"commands": ['python -m venv --without-pip "$CP_ENV"']})
+    first, second = _start(pipeline, repo, sent), _start(pipeline, repo, sent)
+    said = []
+    for run in (first, second):
+        out = io.StringIO()
+        call_command("run_status", str(run.pk), stdout=out)
+        said.append([line for line in out.getvalue().splitlines() if line.startswith("  setup:")])
+    assert said[0] and said[0][0].startswith("  setup: pass (exit 0), ") and first.environment["key"][:12] in said[0][0]
+    assert said[1] == [f"  setup: reused environment {first.environment['key'][:12]} made by run {first.pk} (check "
+                       f"{_setup_check(first).pk}); nothing ran"]

@@ -152,6 +152,17 @@ class Command(EngineCommand):
         if data["status"] in ("waiting_review", "waiting_approval") and evidence.get("host_confirmed") is True:
             lines.append(f"  since then: host {evidence.get('host') or data['host']} is back and confirmed the run's "
                          f"old processes gone ({evidence.get('host_reaped', 0)} still alive were stopped)")
+        setup = data.get("setup")
+        if setup:
+            check = setup["check"] or {}
+            info = check.get("setup") or {}
+            made_by = info.get("made_by") or {}
+            how = ("not run yet" if not check
+                   else f"reused environment {str(info.get('key'))[:12]} made by run {made_by.get('run', '?')} (check "
+                        f"{made_by.get('check', '?')}); nothing ran" if setup["reused"]
+                   else f"{check_outcome(check)}, {check.get('elapsed_seconds') or 0:.1f} s" +
+                        (f", environment {str(info.get('key'))[:12]}" if info.get("key") else ""))
+            lines.append(f"  setup: {how}")
         for stage in data["stages"]:
             lines.append(f"  stage {stage['key']}: {stage['status']} ({stage['phase']})"
                          + (f", checkpoint {stage['checkpoint'][:12]}" if stage["checkpoint"] else "")
