@@ -265,7 +265,8 @@ EVICT_EVERY = 3600.0
 
 def evict_now_and_then(keep_key: str = "") -> list[str]:
     """``evict`` at most once per EVICT_EVERY on this host (a setup step calls it: every host that makes
-    environments removes its own old ones); ``keep_key`` is never removed."""
+    environments removes its own old ones); the environments of ``keep_key`` (the key the step is about to
+    look up, at any commit) are never removed."""
     stamp = root() / ".evicted"
     try:
         if time.time() - stamp.stat().st_mtime < EVICT_EVERY:
@@ -278,7 +279,8 @@ def evict_now_and_then(keep_key: str = "") -> list[str]:
 
     in_use = {str((record or {}).get("key")) for record in
               Run.objects.exclude(status__in=RUN_TERMINAL).values_list("environment", flat=True)}
-    return evict(in_use=in_use | {keep_key})
+    kept = {str(record.get("key")) for record in listing() if str(record.get("key")).startswith(f"{keep_key}-")}
+    return evict(in_use=in_use | kept)
 
 
 def evict(max_age_days: float | None = None, in_use: set[str] | None = None) -> list[str]:

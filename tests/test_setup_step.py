@@ -236,3 +236,21 @@ def test_run_status_says_what_the_setup_did(make_pipeline, repo, sent):
     assert said[0] and said[0][0].startswith("  setup: pass (exit 0), ") and first.environment["key"][:12] in said[0][0]
     assert said[1] == [f"  setup: reused environment {first.environment['key'][:12]} made by run {first.pk} (check "
                        f"{_setup_check(first).pk}); nothing ran"]
+
+
+def test_a_setup_step_evicts_old_environments_but_never_those_of_the_key_it_looks_up(tmp_path, settings):
+    import os
+    import time as clock
+
+    settings.VAR_DIR = tmp_path
+    for name in ("aaaa-111111111111", "bbbb-222222222222"):
+        folder = environments.root() / name
+        (folder / "env").mkdir(parents=True)
+        (folder / environments.RECORD).write_text(json.dumps({"key": name, "commit": "1" * 40}))
+        (folder / "used").write_text("")
+        old = clock.time() - 30 * 86400
+        os.utime(folder / "used", (old, old))
+    removed = environments.evict_now_and_then(keep_key="aaaa")
+    assert removed == [str(environments.root() / "bbbb-222222222222")]
+    assert (environments.root() / "aaaa-111111111111" / "env").is_dir()
+    assert environments.evict_now_and_then(keep_key="") == []  # at most once an hour
