@@ -82,12 +82,16 @@ class Environment:
         """Make the places of the kept folders in ``cwd`` (empty folders, which git never records), so
         bubblewrap can mount there even in a worktree a reviewer sees read-only. A file or a link
         there is refused: the mount would go where it points."""
+        top = os.path.realpath(cwd)
         for path in self.keep:
-            place = os.path.join(cwd, path)
-            if os.path.islink(place) or (os.path.lexists(place) and not os.path.isdir(place)):
-                raise EnvironmentMissing(f"'{path}' in the worktree is a file or a link, not a folder: the setup's "
-                                         f"kept folder cannot be shown there")
-            os.makedirs(place, exist_ok=True)
+            place = top
+            for part in path.split("/"):  # each folder on the way, made here, never through a link
+                place = os.path.join(place, part)
+                if os.path.islink(place) or (os.path.lexists(place) and not os.path.isdir(place)):
+                    raise EnvironmentMissing(f"'{os.path.relpath(place, top)}' in the worktree is a file or a link, "
+                                             f"not a folder: the setup's kept folder '{path}' cannot be shown there")
+                if not os.path.lexists(place):
+                    os.mkdir(place)
 
     def path_entries(self, cwd: str) -> list[str]:
         """The folders put first on ``PATH``: ``$CP_ENV/bin``, then each kept ``node_modules``' ``.bin``."""

@@ -1285,9 +1285,9 @@ DEFAULT_SETUP_DEADLINE = 1800.0
 def _keep_item(value: str) -> str:
     """A worktree folder the setup makes and the environment keeps (``node_modules``): a repository
     path, never the repository's git metadata."""
-    value = _file_item(value)
-    if value.split("/")[0].lower() == ".git":
-        _fail("names the repository's git metadata; keep names folders the setup makes (such as node_modules)")
+    value = _file_item(value.rstrip("/") if isinstance(value, str) and value.strip("/") else value)
+    if any(part.lower() == ".git" for part in value.split("/")):
+        _fail("names git metadata; keep names folders the setup makes (such as node_modules)")
     return value
 
 

@@ -191,20 +191,22 @@ class PackageRegistry:
                 pass
 
             def _send(self, status: int, body: bytes, content_type: str, head: bool = False):
+                # recorded before the answer goes out: a client that reads it and asks for the record at
+                # once finds it there (recorded after, a loaded machine lost that race)
+                registry._record(self.command, self.path, status)
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if not head:
                     self.wfile.write(body)
-                registry._record(self.command, self.path, status)
 
             def _redirect(self, location: str):
+                registry._record(self.command, self.path, 301)
                 self.send_response(301)
                 self.send_header("Location", location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
-                registry._record(self.command, self.path, 301)
 
             def do_HEAD(self):
                 self.do_GET(head=True)

@@ -694,3 +694,16 @@ def test_a_problem_inside_a_scripted_endpoint_file_names_its_field_from_the_file
         load_file(tmp_path / "p.yaml")
     assert any(source.endswith("x.yaml") and field == "stages.a.implement" and "turn 0" in problem
                for source, field, problem in info.value.errors), info.value.errors
+
+
+def test_setup_is_checked_field_by_field_and_its_kept_folders_normalized():
+    data = minimal()
+    data["setup"] = {"commands": ["npm ci", " "], "keep": ["sub/.git", "node_modules/", "../up"], "extra": 1}
+    found = problems(data)
+    assert_problem(found, "setup.commands[1]", "empty command")
+    assert_problem(found, "setup.keep[0]", "git metadata")
+    assert_problem(found, "setup.keep[2]", "..")
+    assert_problem(found, "setup.extra", "unknown key")
+    data["setup"] = {"commands": ["npm ci"], "keep": ["node_modules/"], "cache_key": ["package-lock.json"]}
+    assert validate(data)["setup"] == {"commands": ["npm ci"], "keep": ["node_modules"],
+                                       "cache_key": ["package-lock.json"], "deadline": 1800.0}

@@ -89,6 +89,9 @@ def test_a_changed_cache_key_file_makes_a_new_environment(make_pipeline, repo, s
     pipeline = make_pipeline(stages=[{"key": "answer", "requirement": "r", "scope": ["app/**"],
                                       "gates": [{"name": "env", "command": "test -x /cp/env/bin/python"}]}],
                              setup={"commands": MAKE_ENV[:1], "cache_key": ["requirements.txt"]})
+    (repo / "requirements.txt").write_text("six==1.15.0\n")
+    git(repo, "add", "requirements.txt")
+    git(repo, "commit", "-qm", "requirements")
     first = _start(pipeline, repo, sent)
     (repo / "requirements.txt").write_text("six==1.16.0\n")
     git(repo, "add", "requirements.txt")

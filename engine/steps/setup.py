@@ -23,6 +23,7 @@ engine/steps/attempts.py).
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from .. import boundary, environments, limits, machine, workspace
+from .. import boundary, environments, limits, machine, protected, workspace
 from ..agents import sandbox
 from ..agents.network import egress, network_record, url_entry
 from ..models import Check, Run
@@ -92,22 +93,30 @@ def execute(plan: StepPlan, should_stop) -> dict:
     key = environments.key_of(run.repo_path, run.commit, spec, blobs)
     outcome = {"key": environments.name_of(key, run.commit), "keep": list(keep)}
     environments.evict_now_and_then(keep_key=key)
+    problem = _refusal(run, spec, keep, blobs)  # checked at this commit, whether the environment is made or not
+    if problem:
+        check = _refused(run, spec, problem)
+        return {**outcome, "reused": False, "check_id": check.pk, "passed": False}
     with environments.key_lock(key):
         found = environments.find(key, keep, run.repo_path, run.commit)
         if found is not None:
             check = _reused(run, spec, found[0].key, found[1])
             environments.touch(found[0].key)
             return {**outcome, "key": found[0].key, "reused": True, "check_id": check.pk, "passed": True}
-        tracked = _tracked(run, keep)
-        if tracked:
-            check = _refused(run, spec, f"keep names folders the repository tracks at {run.commit[:12]} "
-                                        f"({', '.join(tracked)}): the setup's kept folders would hide the "
-                                        f"repository's own files from every agent and gate. keep names only "
-                                        f"folders the setup makes (such as node_modules).")
-            return {**outcome, "reused": False, "check_id": check.pk, "passed": False}
         built = environments.building(environments.name_of(key, run.commit), run.pk, keep)
         try:
-            check = _build(run, spec, built, should_stop, plan["lease"])
+            try:
+                check = _build(run, spec, built, should_stop, plan["lease"])
+            except environments.EnvironmentMissing as exc:  # a kept folder's place is a link or a file
+                check = _refused(run, spec, str(exc))
+            loaders = _loaders_kept(built) if check.passed else []
+            if loaders:
+                Check.objects.filter(pk=check.pk).update(passed=False, failure_kind="setup_refused")
+                check.passed, check.failure_kind = False, "setup_refused"
+                with open(var_path(check.log_path), "a", encoding="utf-8") as log:
+                    log.write(f"\n[control panel] Refused: the kept folders hold files a test runner or Python "
+                              f"loads by itself ({', '.join(loaders[:10])}): in the worktree they would change how "
+                              f"the tests run, unseen by the protected-file checks. Nothing was kept.\n")
             if check.passed:
                 made = environments.publish(built, {
                     "made_by": {"run": run.pk, "check": check.pk}, "repository": run.repo_path,
@@ -120,6 +129,47 @@ def execute(plan: StepPlan, should_stop) -> dict:
         finally:
             environments.discard(built)  # gone already when published
     return {**outcome, "reused": False, "check_id": check.pk, "passed": check.passed}
+
+
+def _refusal(run: Run, spec: dict, keep: tuple[str, ...], blobs: dict) -> str:
+    """Why the setup must not run at the run's commit ('' when it may): a ``keep`` folder the repository
+    tracks, or one where its protected checks lie (it would hide or shadow them from every agent and
+    gate), or a ``cache_key`` file the commit does not have (a typo would key the environment on nothing)."""
+    tracked = _tracked(run, keep)
+    if tracked:
+        return (f"keep names folders the repository tracks at {run.commit[:12]} ({', '.join(tracked)}): the "
+                f"setup's kept folders would hide the repository's own files from every agent and gate. keep "
+                f"names only folders the setup makes (such as node_modules).")
+    protected = [record["path"] for record in run.protected_files or []]
+    near = sorted({path for path in keep for held in protected  # a protected file under it, or it under theirs
+                   if held.startswith(path + "/") or (os.path.dirname(held) and path.startswith(os.path.dirname(held) + "/"))})
+    if near:
+        return (f"keep names folders among the run's protected checks ({', '.join(near)}): what the setup "
+                f"put there would sit beside the agreed tests, where their runner loads files by itself, unseen by "
+                f"the protected-file checks. keep names folders away from them (such as node_modules).")
+    missing = [path for path, blob in blobs.items() if blob is None]
+    if missing:
+        return (f"cache_key names files the repository does not have at {run.commit[:12]} ({', '.join(missing)}): "
+                f"the environment would not change when the files it installs from do.")
+    return ""
+
+
+def _loaders_kept(built: environments.Environment) -> list[str]:
+    """Files in the kept folders that a test runner or Python loads by itself wherever they are
+    (engine/protected.py ``is_loader``: conftest.py, pytest.ini, *.pth...), except under a ``node_modules``
+    folder, which pytest never collects and Node.js reads as packages."""
+    found = []
+    for path in built.keep:
+        top = built.keep_dir(path)
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = [name for name in dirs if name != "node_modules" and not os.path.islink(os.path.join(folder, name))]
+            if os.path.basename(path) == "node_modules" and folder == top:
+                continue  # its packages are under it: none is walked
+            for name in files:
+                rel = os.path.join(path, os.path.relpath(os.path.join(folder, name), top))
+                if protected.is_loader(rel, {"pytest", "make", "npm"}) and not rel.endswith("package.json"):
+                    found.append(rel)
+    return sorted(found)
 
 
 def _tracked(run: Run, keep: tuple[str, ...]) -> list[str]:
@@ -244,9 +294,10 @@ def finish(run: Run, plan: StepPlan, outcome: dict) -> None:
     check = Check.objects.get(pk=outcome["check_id"])
     refused = (check.network or {}).get("refused") or []
     if refused:
-        machine.event(run, "network_refused", f"The setup tried to reach what the operator's package registries "
-                      f"(CP_SETUP_REGISTRIES) do not name: {hosts_sentence(refused)}. Its egress proxy refused each.",
-                      gate_check=check, data={"refused": refused[:50]})
+        why = str(refused[0].get("why") or "").rstrip(".")
+        machine.event(run, "network_refused", f"The setup's egress proxy refused {hosts_sentence(refused)}"
+                      f"{f' ({why})' if why else ''}: the setup reaches only the operator's package registries "
+                      f"(CP_SETUP_REGISTRIES).", gate_check=check, data={"refused": refused[:50]})
     if outcome["passed"]:
         machine.environment_ready(run, {"key": outcome["key"], "keep": outcome["keep"], "reused": outcome["reused"],
                                         "check": check.pk})

@@ -148,3 +148,70 @@ def test_the_setup_sees_none_of_the_workers_secrets_files_or_services(make_pipel
         assert name not in seen and value not in seen, name
     assert not (folder / "var").exists()
     assert all(line.split()[1] != "0" for line in (folder / "services").read_text().splitlines())  # none answered
+
+
+def _commit(repo, files: dict, message: str) -> str:
+    for name, text in files.items():
+        path = Path(repo) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if text is None:
+            path.unlink()
+        else:
+            path.write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", message)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+NEUTER = ("mkdir -p {folder} && printf 'import pytest\\n\\n@pytest.hookimpl(tryfirst=True)\\n"
+          "def pytest_runtest_call(item):\\n    item.runtest = lambda: None\\n' > {folder}/conftest.py")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", ["tests/zz", "lib2"])
+def test_a_pipeline_cannot_keep_a_folder_that_changes_how_the_tests_run(make_pipeline, repo, sent, folder):
+    """From a fresh try: keep: [tests/zz] (untracked, inside the protected tests/) or keep: [lib2] at the root,
+    where the setup writes a conftest.py that makes every test do nothing: the agreed tests would pass whatever
+    the code does, and the protected-file checks never see the kept folder. Refused, nothing kept."""
+    setup = {"commands": [NEUTER.format(folder=folder)], "keep": [folder]}
+    run = start_and_drive_plain(make_pipeline(setup=setup), repo, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "setup_failed", (run.status, run.stop_message)
+    assert Check.objects.get(run=run, kind="setup").failure_kind == "setup_refused"
+    assert not run.attempts.exists() and not environments.is_made(run)
+
+
+@pytest.mark.slow
+def test_a_tracked_keep_folder_is_refused_even_when_an_environment_is_made(make_pipeline, repo, sent):
+    """From a fresh try: an environment made at a commit without tests/extra, then a run at a descendant that
+    tracks it: the kept folder would hide the tracked one. The refusal is judged at each run's commit."""
+    setup = {"commands": ["mkdir -p extra && echo made > extra/file"], "keep": ["extra"]}
+    pipeline = make_pipeline(setup=setup)
+    first = start_and_drive_plain(pipeline, repo, sent)
+    assert environments.is_made(first), first.stop_message
+    _commit(repo, {"extra/real.txt": "the repository's own\n"}, "track extra")
+    second = start_and_drive_plain(pipeline, repo, sent)
+    assert second.stop_reason == "setup_failed" and "tracks" in second.stop_message, second.stop_message
+    assert Check.objects.get(run=second, kind="setup").failure_kind == "setup_refused"
+
+
+@pytest.mark.slow
+def test_a_kept_folder_through_a_link_makes_nothing_outside_the_worktree(make_pipeline, repo, sent, tmp_path):
+    """From a fresh try: the repository tracks lib -> an outside folder, and keep: [lib/node_modules]; the
+    worker made the folder where the link pointed. Now a link on the way is refused before anything is made."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (Path(repo) / "lib").symlink_to(outside)
+    git(repo, "add", "lib")
+    git(repo, "commit", "-qm", "a link")
+    run = start_and_drive_plain(make_pipeline(setup={"commands": ["true"], "keep": ["lib/node_modules"]}), repo, sent)
+    assert run.stop_reason == "setup_failed" and "is a file or a link" in run.stop_message, run.stop_message
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_cache_key_file_the_commit_lacks_is_refused(make_pipeline, repo, sent):
+    """From a fresh try: cache_key: [requirement.txt] (a typo) keyed the environment on nothing, and a changed
+    requirements.txt reused a stale one."""
+    run = start_and_drive_plain(make_pipeline(setup={"commands": ["true"], "cache_key": ["requirement.txt"]}),
+                                repo, sent)
+    assert run.stop_reason == "setup_failed" and "requirement.txt" in run.stop_message, run.stop_message
