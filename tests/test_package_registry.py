@@ -55,10 +55,11 @@ def refused_port() -> int:
 
 
 def offline_env(home: Path) -> dict:
-    """The environment without the machine's npm and pip settings, with a home of its own and a
+    """The environment without the machine's npm and pip settings (nor the outer pytest's PYTEST_ADDOPTS: CI
+    gives a --basetemp the inner pytest refuses), with a home of its own and a
     proxy that refuses everything but the loopback registry."""
     env = {k: v for k, v in os.environ.items()
-           if not k.lower().startswith(("npm_", "pip_", "python", "virtual_env", "node_"))
+           if not k.lower().startswith(("npm_", "pip_", "python", "virtual_env", "node_", "pytest_"))
            and k.lower() not in ("http_proxy", "https_proxy", "no_proxy", "all_proxy")}
     home.mkdir(parents=True, exist_ok=True)
     proxy = f"http://127.0.0.1:{refused_port()}"
