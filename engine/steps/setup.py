@@ -160,11 +160,11 @@ def _loaders_kept(built: environments.Environment) -> list[str]:
     folder, which pytest never collects and Node.js reads as packages."""
     found = []
     for path in built.keep:
+        if os.path.basename(path) == "node_modules":
+            continue  # packages: pytest never collects there, and Node.js reads them as packages
         top = built.keep_dir(path)
         for folder, dirs, files in os.walk(top):
             dirs[:] = [name for name in dirs if name != "node_modules" and not os.path.islink(os.path.join(folder, name))]
-            if os.path.basename(path) == "node_modules" and folder == top:
-                continue  # its packages are under it: none is walked
             for name in files:
                 rel = os.path.join(path, os.path.relpath(os.path.join(folder, name), top))
                 if protected.is_loader(rel, {"pytest", "make", "npm"}) and not rel.endswith("package.json"):
