@@ -20,6 +20,8 @@ from engine.agents.claude import find_executable
 from engine.environments import MOUNT, Environment
 from engine.model_gateway.conversation import conversation_path
 
+from .conftest import make_repo
+
 pytestmark = pytest.mark.slow
 
 #: The repository's test command: unittest, whose test imports a module only the environment has.
@@ -36,16 +38,6 @@ SHELLS = {
     "gemini-cli": ("gemini", {"tool": "run_shell_command", "input": {"command": TEST_COMMAND}}),
     "pi": ("pi", {"tool": "bash", "input": {"command": TEST_COMMAND}}),
 }
-
-
-def _repo(path: Path) -> Path:
-    path.mkdir()
-    for name, text in REPO_FILES.items():
-        (path / name).write_text(text)
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
-                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "initial"]):
-        subprocess.run(["git", *args], cwd=path, check=True, capture_output=True)
-    return path
 
 
 def _environment(folder: Path) -> Environment:
@@ -66,7 +58,7 @@ def test_each_clis_shell_runs_the_repository_tests_with_the_setups_environment(a
     executable, call = SHELLS[adapter]
     if find_executable(executable) is None:
         pytest.skip(f"the pinned {executable} CLI is not installed: run `make agents`")
-    work = _repo(tmp_path / "work")
+    work = make_repo(tmp_path / "work", REPO_FILES)
     environment = _environment(tmp_path / "environment")
     control = tmp_path / "control"
     control.mkdir()
