@@ -182,41 +182,42 @@ def _tracked(run: Run, keep: tuple[str, ...]) -> list[str]:
 
 def _refused(run: Run, spec: dict, why: str) -> Check:
     """A setup check that ran nothing because its definition cannot be run safely (its log says why)."""
-    now = timezone.now()
-    check = Check.objects.create(run=run, kind=Check.Kind.SETUP, name="setup", command="\n".join(spec["commands"]),
-                                 argv=[], cwd="", started_at=now, ended_at=now, elapsed_seconds=0.0,
-                                 failure_kind="setup_refused")
-    check.log_path = control_path(run, "checks", f"{check.pk:05d}-setup.log")
-    var_path(check.log_path).write_text(f"[control panel] The setup was not run: {why}\n", encoding="utf-8")
-    check.save(update_fields=["log_path"])
-    return check
+    return _nothing_ran(run, spec, lambda log: log.write(f"[control panel] The setup was not run: {why}\n"),
+                        passed=False, failure_kind="setup_refused", setup=None)
 
 
 def _reused(run: Run, spec: dict, key: str, record: dict) -> Check:
     """A setup check that ran nothing: the environment of ``key`` was made by an earlier run's setup."""
-    now = timezone.now()
     made_by = record.get("made_by") or {}
-    check = Check.objects.create(run=run, kind=Check.Kind.SETUP, name="setup", command="\n".join(spec["commands"]),
-                                 argv=[], cwd="", started_at=now)
-    log_rel = control_path(run, "checks", f"{check.pk:05d}-setup.log")
-    header = (f"[control panel] Reused the environment {key[:12]} (same repository, commands and cache_key files; "
-              f"made at {str(record.get('commit'))[:12]}, this run's commit or an ancestor of it) "
-              f"made by run {made_by.get('run', '?')}'s setup (check {made_by.get('check', '?')}, exit status 0); "
-              f"nothing ran. Its log follows.\n\n")
-    original = var_path(record["log_path"]) if record.get("log_path") else None
-    with open(var_path(log_rel), "w", encoding="utf-8") as log:
-        log.write(header)
+
+    def write(log) -> None:
+        log.write(f"[control panel] Reused the environment {key[:12]} (same repository, commands and cache_key files; "
+                  f"made at {str(record.get('commit'))[:12]}, this run's commit or an ancestor of it) "
+                  f"made by run {made_by.get('run', '?')}'s setup (check {made_by.get('check', '?')}, exit status 0); "
+                  f"nothing ran. Its log follows.\n\n")
+        original = var_path(record["log_path"]) if record.get("log_path") else None
         try:
             with open(original, encoding="utf-8", errors="replace") as fh:  # type: ignore[arg-type]
                 shutil.copyfileobj(fh, log)
         except (OSError, TypeError):
             log.write("[control panel] (that log is no longer on this host)\n")
-    check.log_path = log_rel
+
+    return _nothing_ran(run, spec, write, passed=True, failure_kind="",
+                        setup={"key": key, "reused": True, "made_by": made_by, "size_bytes": record.get("size_bytes"),
+                               "folder": str(environments.root() / key)})
+
+
+def _nothing_ran(run: Run, spec: dict, write_log, *, passed: bool, failure_kind: str, setup: dict | None) -> Check:
+    """A setup check that ran no command (refused, or an environment reused): ``write_log(file)`` writes its log."""
+    now = timezone.now()
+    check = Check.objects.create(run=run, kind=Check.Kind.SETUP, name="setup", command="\n".join(spec["commands"]),
+                                 argv=[], cwd="", started_at=now)
+    check.log_path = control_path(run, "checks", f"{check.pk:05d}-setup.log")
+    with open(var_path(check.log_path), "w", encoding="utf-8") as log:
+        write_log(log)
     check.ended_at = timezone.now()
     check.elapsed_seconds = (check.ended_at - now).total_seconds()
-    check.passed = True
-    check.setup = {"key": key, "reused": True, "made_by": made_by, "size_bytes": record.get("size_bytes"),
-                   "folder": str(environments.root() / key)}
+    check.passed, check.failure_kind, check.setup = passed, failure_kind, setup
     check.save()
     return check
 
