@@ -401,7 +401,7 @@ def pytest_collection_modifyitems(config, items):
         # broker, once on the embedded defaults and once on PostgreSQL and Redis, and the tests
         # that reach neither (pytest-django refuses a database access a test did not ask for),
         # which run the same whatever DATABASE_URL says, once. Unset: every test.
-        kept = [item for item in items if _uses_database(item) == (wanted == "database")]
+        kept = [item for item in items if _uses_database(item) == (wanted == "database") and _on_this_backend(item)]
         if len(kept) < len(items):
             chosen = {id(item) for item in kept}
             config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
@@ -414,6 +414,19 @@ def pytest_collection_modifyitems(config, items):
 #: django_db mark, cannot reach it: pytest-django raises "Database access not allowed").
 DATABASE_FIXTURES = ("db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
                      "live_server", "admin_client", "admin_user", "django_user_model")
+
+
+def _on_this_backend(item) -> bool:
+    """False for a test marked ``backend("sqlite")`` or ``backend("postgres")`` when CI's database job
+    runs the other one (DATABASE_URL): an end-to-end test whose subject is not the storage (the real
+    CLIs on real projects) runs in one of CI's two database jobs, not twice; unsplit, every test runs."""
+    mark = item.get_closest_marker("backend")
+    if mark is None:
+        return True
+    if mark.args[0] not in ("sqlite", "postgres"):
+        raise pytest.UsageError(f"{item.nodeid}: backend({mark.args[0]!r}): use 'sqlite' or 'postgres'")
+    here = "postgres" if os.environ.get("DATABASE_URL", "").startswith("postgres") else "sqlite"
+    return mark.args[0] == here
 
 
 def _uses_database(item) -> bool:
