@@ -19,6 +19,7 @@ One browser for the module; each test has its own browser context (cookies) and 
 """
 from __future__ import annotations
 
+import collections
 import os
 import re
 import time
@@ -104,10 +105,13 @@ def open_tab(browser, live_server):
         context = browser.new_context(base_url=live_server.url, viewport={"width": 1280, "height": 900})
         context.set_default_timeout(20_000)
         contexts.append(context)
-        return context.new_page()
+        page = context.new_page()
+        watch(page)
+        return page
     yield make
     for context in contexts:
         context.close()
+    SEEN.clear()
 
 
 def user(django_user_model, name: str, *codenames: str, superuser: bool = False):
@@ -160,6 +164,31 @@ def status_of(tab) -> str:
     return tab.get_attribute(".cp-status", "data-cp-status")
 
 
+#: id(page) -> what its page asked the server and was answered, and its console's errors, last first
+SEEN: dict[int, collections.deque] = {}
+
+
+def watch(page) -> None:
+    """Keep the last requests of ``page`` (answered, or failed) and its console errors, for a failure's
+    message (``seen``): a page that stops following its run says whether the server answered it."""
+    log = SEEN.setdefault(id(page), collections.deque(maxlen=40))
+    page.on("response", lambda r: "/static/" in r.url or log.append((time.monotonic(),
+                                                                     f"{r.status} {r.request.method} {r.url}")))
+    page.on("requestfailed", lambda r: log.append((time.monotonic(), f"failed ({r.failure}) {r.method} {r.url}")))
+    page.on("console", lambda m: m.type == "error" and log.append((time.monotonic(), f"console: {m.text}")))
+    page.on("pageerror", lambda e: log.append((time.monotonic(), f"page error: {e}")))
+
+
+def seen(tab) -> str:
+    now = time.monotonic()
+    lines = [f"  {now - at:6.1f} s ago: {what}" for at, what in SEEN.get(id(tab), ())]
+    try:
+        hidden = tab.evaluate("document.hidden")
+    except Exception as exc:  # noqa: BLE001 (a diagnostic: the page may be gone)
+        hidden = f"? ({exc})"
+    return f"\nthe page's last requests (document.hidden: {hidden}):\n" + "\n".join(lines)
+
+
 def wait_status(tab, run, status: str, timeout: int = WAIT_MS) -> None:
     """Wait until the page of the active ``run`` (updating itself while the run is queued or running)
     shows it stopped, in its header and in the rest of the page (#content-main's data-cp-status says which
@@ -174,11 +203,11 @@ def wait_status(tab, run, status: str, timeout: int = WAIT_MS) -> None:
         pass
     if tab.get_attribute("#content-main", "data-cp-status") != status_of(tab):
         raise AssertionError(f"the header of run {run.pk}'s page says {status_of(tab)!r}, the rest of the page "
-                             f"{tab.get_attribute('#content-main', 'data-cp-status')!r}")
+                             f"{tab.get_attribute('#content-main', 'data-cp-status')!r}" + seen(tab))
     if status_of(tab) != status:
         run.refresh_from_db()
         raise AssertionError(f"the page of run {run.pk} shows {status_of(tab)!r}, not {status!r}; the run is "
-                             f"{run.status} ({run.stop_reason}: {run.stop_message})")
+                             f"{run.status} ({run.stop_reason}: {run.stop_message})" + seen(tab))
 
 
 def messages(tab, level: str) -> list[str]:
