@@ -147,14 +147,7 @@ def gate_files(commands: list[str], files: set[str], read: Callable[[str], bytes
 
     ``read(path)`` gives a file's content (None when it cannot be read: such a file is
     protected but not followed)."""
-    named: dict[str, str] = {}
-    queue: list[tuple[str, int]] = []
-
-    def add(path: str, why: str, depth: int) -> None:
-        if path not in named:
-            named[path] = why
-            queue.append((path, depth))
-
+    found = _Found(files, read)
     makes: list[tuple[str, list[str], str | None, str]] = []
     for command in commands:
         words = shell_words(command)
@@ -163,20 +156,40 @@ def gate_files(commands: list[str], files: set[str], read: Callable[[str], bytes
             for base in folders:
                 candidate = _norm(base, word)
                 if candidate in files:
-                    add(candidate, f"named by the gate command `{command}`", 0)
+                    found.add(candidate, f"named by the gate command `{command}`", 0)
         makes += [(where, targets, makefile, command) for where, targets, makefile in _make_invocations(words)]
-    makefiles_done: set[str] = set()
+    for where, targets, makefile, command in makes:
+        found.make_once(where, targets, makefile, f"read by `make` in the gate command `{command}`", 0)
+    found.follow_scripts()
+    return found.named
 
-    def follow_make(where: str, targets: list[str], makefile: str | None, why: str, depth: int) -> None:
-        names = [makefile] if makefile else list(MAKE_NAMES)
-        path = next((_norm(where, n) for n in names if _norm(where, n) in files), None)
-        if path is None:
-            return
-        add(path, why, depth)
-        texts, seen = [], [path]
-        while seen:
-            current = seen.pop()
-            data = read(current)
+
+class _Found:
+    """The files a gate runs, found so far (``named``: ``{path: why}``), and those still to follow."""
+
+    def __init__(self, files: set[str], read: Callable[[str], bytes | None]):
+        self.files, self.read = files, read
+        self.named: dict[str, str] = {}
+        self.queue: list[tuple[str, int]] = []
+        self.makes_done: set[str] = set()
+
+    def add(self, path: str, why: str, depth: int) -> None:
+        if path not in self.named:
+            self.named[path] = why
+            self.queue.append((path, depth))
+
+    def make_once(self, where: str, targets: list[str], makefile: str | None, why: str, depth: int) -> None:
+        key = f"{where}|{makefile}|{','.join(targets)}"
+        if key not in self.makes_done:
+            self.makes_done.add(key)
+            self.follow_make(where, targets, makefile, why, depth)
+
+    def _makefile_texts(self, path: str, where: str, depth: int) -> list[str]:
+        """The text of the makefile ``path`` and of the files it includes (each added)."""
+        texts, pending = [], [path]
+        while pending:
+            current = pending.pop()
+            data = self.read(current)
             if data is None or len(data) > MAX_BYTES:
                 continue
             text = data.decode("utf-8", "replace")
@@ -184,11 +197,19 @@ def gate_files(commands: list[str], files: set[str], read: Callable[[str], bytes
             includes, _rules, _first = _parse_makefile(text)
             for inc in includes:
                 inc_path = _norm(where, inc)
-                if inc_path in files and inc_path not in named:
-                    add(inc_path, f"included by {current}, which the gate's make reads", depth + 1)
-                    seen.append(inc_path)
+                if inc_path in self.files and inc_path not in self.named:
+                    self.add(inc_path, f"included by {current}, which the gate's make reads", depth + 1)
+                    pending.append(inc_path)
+        return texts
+
+    def follow_make(self, where: str, targets: list[str], makefile: str | None, why: str, depth: int) -> None:
+        names = [makefile] if makefile else list(MAKE_NAMES)
+        path = next((_norm(where, n) for n in names if _norm(where, n) in self.files), None)
+        if path is None:
+            return
+        self.add(path, why, depth)
         rules, first = {}, None
-        for text in texts:
+        for text in self._makefile_texts(path, where, depth):
             _inc, found, top = _parse_makefile(text)
             for target, (pre, recipe) in found.items():
                 entry = rules.setdefault(target, ([], []))
@@ -205,34 +226,26 @@ def gate_files(commands: list[str], files: set[str], read: Callable[[str], bytes
             pre, recipe = rules[target]
             wanted += pre
             for line in recipe:
-                for program in programs(line, files, where):
-                    add(program, f"run by the recipe of `{target}` in {path}", depth + 1)
+                for program in programs(line, self.files, where):
+                    self.add(program, f"run by the recipe of `{target}` in {path}", depth + 1)
                 for sub_where, sub_targets, sub_makefile in _make_invocations(shell_words(line)):
-                    key = f"{_norm(where, sub_where)}|{sub_makefile}|{','.join(sub_targets)}"
-                    if key not in makefiles_done:
-                        makefiles_done.add(key)
-                        follow_make(_norm(where, sub_where), sub_targets, sub_makefile,
-                                    f"read by a make the recipe of `{target}` in {path} runs", depth + 1)
+                    self.make_once(_norm(where, sub_where), sub_targets, sub_makefile,
+                                   f"read by a make the recipe of `{target}` in {path} runs", depth + 1)
 
-    for where, targets, makefile, command in makes:
-        key = f"{where}|{makefile}|{','.join(targets)}"
-        if key not in makefiles_done:
-            makefiles_done.add(key)
-            follow_make(where, targets, makefile, f"read by `make` in the gate command `{command}`", 0)
-
-    while queue:
-        path, depth = queue.pop(0)
-        if depth >= MAX_DEPTH or posixpath.basename(path) in MAKE_NAMES or path.endswith(".mk"):
-            continue
-        data = read(path)
-        if data is None or len(data) > MAX_BYTES or b"\0" in data[:4096]:
-            continue
-        text = data.decode("utf-8", "replace")
-        first_line = text.split("\n", 1)[0]
-        if not (path.endswith((".sh", ".bash")) or (first_line.startswith("#!") and re.search(r"\b(ba|da|z)?sh\b",
-                                                                                               first_line))):
-            continue  # programs are followed through shell scripts only
-        for line in text.splitlines():
-            for program in programs(line, files):
-                add(program, f"run by {path}, which the gate runs", depth + 1)
-    return named
+    def follow_scripts(self) -> None:
+        """Programs run by the shell scripts found (to MAX_DEPTH)."""
+        while self.queue:
+            path, depth = self.queue.pop(0)
+            if depth >= MAX_DEPTH or posixpath.basename(path) in MAKE_NAMES or path.endswith(".mk"):
+                continue
+            data = self.read(path)
+            if data is None or len(data) > MAX_BYTES or b"\0" in data[:4096]:
+                continue
+            text = data.decode("utf-8", "replace")
+            first_line = text.split("\n", 1)[0]
+            if not (path.endswith((".sh", ".bash")) or (first_line.startswith("#!") and
+                                                         re.search(r"\b(ba|da|z)?sh\b", first_line))):
+                continue  # programs are followed through shell scripts only
+            for line in text.splitlines():
+                for program in programs(line, self.files):
+                    self.add(program, f"run by {path}, which the gate runs", depth + 1)

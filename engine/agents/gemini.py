@@ -274,27 +274,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
                                                     target[:1000] if isinstance(target, str) else "",
                                                     command[:2000] if isinstance(command, str) else "")
         elif kind == "tool_result":
-            tool, path, command = calls.get(str(event.get("tool_id")), ("?", "", ""))
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
-            status, output = str(event.get("status") or ""), str(event.get("output") or "")
-            outcome, code = tool_outcomes.of_gemini(tool, status, str(error.get("type") or ""),
-                                                    output or str(error.get("message") or ""), command)
-            if status == "success" and path and tool in ("write_file", "replace"):
-                for refusal in found["refusals"]:
-                    if refusal.get("path") == path:
-                        refusal["recovered"] = True
-            if (status == "success" and outcome is None) or len(found["refusals"]) >= MAX_REFUSALS:
-                continue
-            message = str(error.get("message") or output or "failed")
-            refusal = {"tool": tool, "message": message[:OUTPUT_CHARS], "error_type": str(error.get("type") or ""),
-                       "outcome": outcome or "failed"}
-            if path:
-                refusal["path"] = path
-            if command:
-                refusal["command"] = command[:OUTPUT_CHARS]
-            if code is not None:
-                refusal["exit_code"] = code
-            found["refusals"].append(refusal)
+            _tool_result(found["refusals"], calls, event)
         elif kind == "error":
             message = str(event.get("message") or "")
             errors.append(message[:OUTPUT_CHARS])
@@ -311,6 +291,32 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     found["stderr_tail"] = list(stderr_tail)
     found["truncated_lines"] = stream.truncated
     return found
+
+
+def _tool_result(refusals: list[dict], calls: dict[str, tuple[str, str, str]], event: dict) -> None:
+    """A ``tool_result`` event: a refusal (or a failed command) added to ``refusals`` (parse_stream), and an
+    earlier refusal to write a file marked ``recovered`` once a later call wrote it."""
+    tool, path, command = calls.get(str(event.get("tool_id")), ("?", "", ""))
+    error = event.get("error") if isinstance(event.get("error"), dict) else {}
+    status, output = str(event.get("status") or ""), str(event.get("output") or "")
+    outcome, code = tool_outcomes.of_gemini(tool, status, str(error.get("type") or ""),
+                                            output or str(error.get("message") or ""), command)
+    if status == "success" and path and tool in ("write_file", "replace"):
+        for refusal in refusals:
+            if refusal.get("path") == path:
+                refusal["recovered"] = True
+    if (status == "success" and outcome is None) or len(refusals) >= MAX_REFUSALS:
+        return
+    message = str(error.get("message") or output or "failed")
+    refusal = {"tool": tool, "message": message[:OUTPUT_CHARS], "error_type": str(error.get("type") or ""),
+               "outcome": outcome or "failed"}
+    if path:
+        refusal["path"] = path
+    if command:
+        refusal["command"] = command[:OUTPUT_CHARS]
+    if code is not None:
+        refusal["exit_code"] = code
+    refusals.append(refusal)
 
 
 def session_tokens(home: str, session_id: str) -> dict | None:

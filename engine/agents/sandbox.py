@@ -375,52 +375,18 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     if network is not None:
         visible += [BRIDGE, *tool_paths(None)]
     # real path -> its bwrap arguments; assigned in order of precedence (a later kind wins)
-    mounts: dict[str, list[str]] = {}
-    links: list[list[str]] = []
-    for item in SYSTEM_PATHS:
-        if os.path.islink(item):
-            links.append(["--symlink", os.readlink(item), item])
-        elif os.path.isdir(item):
-            mounts[item] = ["--ro-bind", item, item]
+    mounts, links = _system_mounts()
     rw = []
     for folder in writable:
         os.makedirs(folder, exist_ok=True)
         rw.append(os.path.realpath(folder))
-    for item in visible:
-        if item and os.path.exists(item):
-            real = os.path.realpath(item)
-            if real in ("/", "/tmp") or any(_inside(real, folder) for folder in rw):
-                continue  # never the whole host, nor its /tmp (a PATH entry such as /tmp/bin would name it)
-            mounts[real] = ["--ro-bind", real, real]
+    _visible_mounts(mounts, visible, rw)
     ro_bound = [real for real in mounts]
     mounts["/tmp"] = ["--tmpfs", "/tmp"]
-    tmpfs_ro = []
-    for item in [*hide, *system_secrets()]:
-        if not item or not os.path.lexists(item):
-            continue
-        real = os.path.realpath(item)
-        if real == "/" or any(_inside(real, folder) for folder in rw):
-            continue  # never what it writes
-        if not any(_inside(real, folder) for folder in [*ro_bound, "/tmp"]) or real in rw:
-            continue  # not in the view anyway (under /tmp it is: the folders leading to a bound path
-            # are made in the sandbox's own writable /tmp, and a hidden one must stay read-only there)
-        if os.path.isdir(real):
-            mounts[real] = ["--tmpfs", real]
-            tmpfs_ro.append(real)
-        else:
-            mounts[real] = ["--ro-bind", "/dev/null", real]
+    tmpfs_ro = _hidden_mounts(mounts, [*hide, *system_secrets()], rw, ro_bound)
     for real in rw:
         mounts[real] = ["--bind", real, real]
-    for item in read_only:
-        if os.path.exists(item):
-            real = os.path.realpath(item)
-            if any(_inside(real, folder) for folder in rw):  # only to protect what lies in a writable folder
-                mounts[real] = ["--ro-bind", real, real]
-    for target, source in (replace or {}).items():
-        real = os.path.realpath(target)
-        if os.path.isfile(real) and any(_inside(real, folder) for folder in ro_bound) \
-                and not any(_inside(real, folder) for folder in rw):
-            mounts[real] = ["--ro-bind", os.path.realpath(source), real]
+    _protected_mounts(mounts, read_only, replace or {}, rw, ro_bound)
     if os.path.isfile("/etc/profile") and "/etc" in ro_bound:
         mounts["/etc/profile"] = ["--ro-bind", PROFILE, "/etc/profile"]
     if network is not None:
@@ -448,3 +414,62 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
             bridge += ["--forward", target]
         command = [*bridge, "--", *command]
     return sandbox + ["--"] + command
+
+
+def _system_mounts() -> tuple[dict[str, list[str]], list[list[str]]]:
+    """SYSTEM_PATHS read-only: ``({real path: its bwrap arguments}, [the links among them, as --symlink])``."""
+    mounts: dict[str, list[str]] = {}
+    links: list[list[str]] = []
+    for item in SYSTEM_PATHS:
+        if os.path.islink(item):
+            links.append(["--symlink", os.readlink(item), item])
+        elif os.path.isdir(item):
+            mounts[item] = ["--ro-bind", item, item]
+    return mounts, links
+
+
+def _visible_mounts(mounts: dict, visible: list[str], rw: list[str]) -> None:
+    """The ``visible`` paths read-only, but never the whole host, its /tmp, or what lies in a writable folder."""
+    for item in visible:
+        if item and os.path.exists(item):
+            real = os.path.realpath(item)
+            if real in ("/", "/tmp") or any(_inside(real, folder) for folder in rw):
+                continue  # never the whole host, nor its /tmp (a PATH entry such as /tmp/bin would name it)
+            mounts[real] = ["--ro-bind", real, real]
+
+
+def _hidden_mounts(mounts: dict, hidden: list[str], rw: list[str], ro_bound: list[str]) -> list[str]:
+    """Cover each ``hidden`` path that the view would show (an empty tmpfs over a folder, /dev/null over a
+    file); returns the folders covered by a tmpfs (remounted read-only at the end)."""
+    tmpfs_ro = []
+    for item in hidden:
+        if not item or not os.path.lexists(item):
+            continue
+        real = os.path.realpath(item)
+        if real == "/" or any(_inside(real, folder) for folder in rw):
+            continue  # never what it writes
+        if not any(_inside(real, folder) for folder in [*ro_bound, "/tmp"]) or real in rw:
+            continue  # not in the view anyway (under /tmp it is: the folders leading to a bound path
+            # are made in the sandbox's own writable /tmp, and a hidden one must stay read-only there)
+        if os.path.isdir(real):
+            mounts[real] = ["--tmpfs", real]
+            tmpfs_ro.append(real)
+        else:
+            mounts[real] = ["--ro-bind", "/dev/null", real]
+    return tmpfs_ro
+
+
+def _protected_mounts(mounts: dict, read_only: list[str], replace: dict[str, str], rw: list[str],
+                      ro_bound: list[str]) -> None:
+    """``read_only`` paths inside a writable folder bound read-only again, and the ``replace`` files bound over
+    the read-only view's (wrap's docstring)."""
+    for item in read_only:
+        if os.path.exists(item):
+            real = os.path.realpath(item)
+            if any(_inside(real, folder) for folder in rw):  # only to protect what lies in a writable folder
+                mounts[real] = ["--ro-bind", real, real]
+    for target, source in replace.items():
+        real = os.path.realpath(target)
+        if os.path.isfile(real) and any(_inside(real, folder) for folder in ro_bound) \
+                and not any(_inside(real, folder) for folder in rw):
+            mounts[real] = ["--ro-bind", os.path.realpath(source), real]

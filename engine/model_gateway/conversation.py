@@ -156,86 +156,14 @@ def _events(data: bytes, streamed: bool) -> list:
 def answer_of(fmt: str, data: bytes, streamed: bool, turn: int = 0) -> list[dict]:
     """The model's answer as Anthropic content blocks (``text``, ``thinking``, ``tool_use``)."""
     events = _events(data, streamed)
-    blocks: list[dict] = []
     if fmt == "anthropic":
-        by_index: dict = {}
-        for event in events:
-            if not isinstance(event, dict):
-                continue
-            if isinstance(event.get("content"), list):  # a plain answer
-                blocks += [block for block in event["content"] if isinstance(block, dict)]
-            kind = event.get("type")
-            if kind == "content_block_start":
-                block = dict(event.get("content_block") or {})
-                block["_json"] = ""
-                by_index[event.get("index")] = block
-            elif kind == "content_block_delta":
-                block, delta = by_index.get(event.get("index")), event.get("delta") or {}
-                if block is None:
-                    continue
-                if delta.get("type") == "text_delta":
-                    block["text"] = block.get("text", "") + str(delta.get("text") or "")
-                elif delta.get("type") == "thinking_delta":
-                    block["thinking"] = block.get("thinking", "") + str(delta.get("thinking") or "")
-                elif delta.get("type") == "input_json_delta":
-                    block["_json"] += str(delta.get("partial_json") or "")
-        for index in sorted(by_index, key=lambda key: str(key).zfill(8)):
-            block = by_index[index]
-            if block.get("type") == "tool_use" and block.get("_json"):
-                try:
-                    block["input"] = json.loads(block["_json"])
-                except ValueError:
-                    block["input"] = {"input": block["_json"]}
-            block.pop("_json", None)
-            blocks.append(block)
+        blocks = _anthropic_blocks(events)
     elif fmt in ("responses", "chat"):
-        for event in events:
-            if not isinstance(event, dict):
-                continue
-            response = event.get("response") if isinstance(event.get("response"), dict) else event
-            if event.get("type", "").startswith("response.") and event.get("type") not in (
-                    "response.completed", "response.incomplete", "response.failed"):
-                continue
-            for item in response.get("output") or []:
-                if not isinstance(item, dict):
-                    continue
-                if item.get("type") == "message":
-                    text = "".join(str(part.get("text") or "") for part in item.get("content") or []
-                                   if isinstance(part, dict))
-                    blocks.append({"type": "text", "text": text})
-                elif item.get("type") == "reasoning":
-                    summary = " ".join(str(part.get("text") or "") for part in item.get("summary") or []
-                                       if isinstance(part, dict))
-                    if summary:
-                        blocks.append({"type": "thinking", "thinking": summary})
-                elif item.get("type") in ("function_call", "custom_tool_call", "local_shell_call"):
-                    given = item.get("arguments", item.get("input", item.get("action")))
-                    blocks.append({"type": "tool_use", "id": str(item.get("call_id") or item.get("id") or ""),
-                                   "name": str(item.get("name") or item.get("type")), "input": given})
-            for choice in response.get("choices") or []:
-                message = (choice or {}).get("message") or {}
-                if message.get("content"):
-                    blocks.append({"type": "text", "text": str(message["content"])})
-                for call in message.get("tool_calls") or []:
-                    function = call.get("function") or {}
-                    blocks.append({"type": "tool_use", "id": str(call.get("id") or ""),
-                                   "name": str(function.get("name") or ""), "input": function.get("arguments")})
+        blocks = _openai_blocks(events)
     elif fmt == "gemini":
-        text = ""
-        for event in events:
-            for item in (event if isinstance(event, list) else [event]):
-                for candidate in (item or {}).get("candidates") or [] if isinstance(item, dict) else []:
-                    for part in ((candidate or {}).get("content") or {}).get("parts") or []:
-                        if not isinstance(part, dict):
-                            continue
-                        if part.get("text") and not part.get("thought"):
-                            text += str(part["text"])
-                        elif isinstance(part.get("functionCall"), dict):
-                            call = part["functionCall"]
-                            blocks.append({"type": "tool_use", "id": f"{call.get('name')}#{turn}.{len(blocks)}",
-                                           "name": str(call.get("name")), "input": call.get("args")})
-        if text:
-            blocks.insert(0, {"type": "text", "text": text})
+        blocks = _gemini_blocks(events, turn)
+    else:
+        blocks = []
     out = []
     for block in blocks:
         if block.get("type") == "tool_use":
@@ -243,6 +171,104 @@ def answer_of(fmt: str, data: bytes, streamed: bool, turn: int = 0) -> list[dict
             block = {"type": "tool_use", "id": str(block.get("id") or ""), "name": name, "input": given}
         out.append(block)
     return out
+
+
+def _anthropic_blocks(events: list) -> list[dict]:
+    """An Anthropic Messages answer's blocks: a plain answer's content, or a stream's blocks put together."""
+    blocks: list[dict] = []
+    by_index: dict = {}
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        if isinstance(event.get("content"), list):  # a plain answer
+            blocks += [block for block in event["content"] if isinstance(block, dict)]
+        kind = event.get("type")
+        if kind == "content_block_start":
+            block = dict(event.get("content_block") or {})
+            block["_json"] = ""
+            by_index[event.get("index")] = block
+        elif kind == "content_block_delta" and by_index.get(event.get("index")) is not None:
+            _add_delta(by_index[event.get("index")], event.get("delta") or {})
+    for index in sorted(by_index, key=lambda key: str(key).zfill(8)):
+        block = by_index[index]
+        if block.get("type") == "tool_use" and block.get("_json"):
+            try:
+                block["input"] = json.loads(block["_json"])
+            except ValueError:
+                block["input"] = {"input": block["_json"]}
+        block.pop("_json", None)
+        blocks.append(block)
+    return blocks
+
+
+def _add_delta(block: dict, delta: dict) -> None:
+    if delta.get("type") == "text_delta":
+        block["text"] = block.get("text", "") + str(delta.get("text") or "")
+    elif delta.get("type") == "thinking_delta":
+        block["thinking"] = block.get("thinking", "") + str(delta.get("thinking") or "")
+    elif delta.get("type") == "input_json_delta":
+        block["_json"] += str(delta.get("partial_json") or "")
+
+
+def _openai_blocks(events: list) -> list[dict]:
+    """An OpenAI Responses (its completed response) or Chat Completions answer's blocks."""
+    blocks: list[dict] = []
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        response = event.get("response") if isinstance(event.get("response"), dict) else event
+        if event.get("type", "").startswith("response.") and event.get("type") not in (
+                "response.completed", "response.incomplete", "response.failed"):
+            continue
+        for item in response.get("output") or []:
+            if isinstance(item, dict):
+                blocks += _output_item_blocks(item)
+        for choice in response.get("choices") or []:
+            message = (choice or {}).get("message") or {}
+            if message.get("content"):
+                blocks.append({"type": "text", "text": str(message["content"])})
+            for call in message.get("tool_calls") or []:
+                function = call.get("function") or {}
+                blocks.append({"type": "tool_use", "id": str(call.get("id") or ""),
+                               "name": str(function.get("name") or ""), "input": function.get("arguments")})
+    return blocks
+
+
+def _output_item_blocks(item: dict) -> list[dict]:
+    """One Responses output item as blocks: a message, a reasoning summary or a tool call."""
+    if item.get("type") == "message":
+        text = "".join(str(part.get("text") or "") for part in item.get("content") or [] if isinstance(part, dict))
+        return [{"type": "text", "text": text}]
+    if item.get("type") == "reasoning":
+        summary = " ".join(str(part.get("text") or "") for part in item.get("summary") or []
+                           if isinstance(part, dict))
+        return [{"type": "thinking", "thinking": summary}] if summary else []
+    if item.get("type") in ("function_call", "custom_tool_call", "local_shell_call"):
+        given = item.get("arguments", item.get("input", item.get("action")))
+        return [{"type": "tool_use", "id": str(item.get("call_id") or item.get("id") or ""),
+                 "name": str(item.get("name") or item.get("type")), "input": given}]
+    return []
+
+
+def _gemini_blocks(events: list, turn: int) -> list[dict]:
+    """A Gemini generateContent answer's blocks: its text (thoughts left out) first, then its function calls."""
+    blocks: list[dict] = []
+    text = ""
+    for event in events:
+        for item in (event if isinstance(event, list) else [event]):
+            for candidate in (item or {}).get("candidates") or [] if isinstance(item, dict) else []:
+                for part in ((candidate or {}).get("content") or {}).get("parts") or []:
+                    if not isinstance(part, dict):
+                        continue
+                    if part.get("text") and not part.get("thought"):
+                        text += str(part["text"])
+                    elif isinstance(part.get("functionCall"), dict):
+                        call = part["functionCall"]
+                        blocks.append({"type": "tool_use", "id": f"{call.get('name')}#{turn}.{len(blocks)}",
+                                       "name": str(call.get("name")), "input": call.get("args")})
+    if text:
+        blocks.insert(0, {"type": "text", "text": text})
+    return blocks
 
 
 class WireConversation:
