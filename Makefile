@@ -6,7 +6,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: install agents browser samples demo test test-fast migrate web worker beat clean announce-test announce-test-fast
+.PHONY: install agents browser samples demo lint test test-fast migrate web worker beat clean announce-test announce-test-fast
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ demo: install agents
 ## make test: the whole suite (slow end-to-end tests included).
 test: announce-test install agents browser samples
 	$(BIN)/python -m pytest -q --durations=15
+
+## make lint: ruff, with pyproject.toml's rules and complexity limit (tests/test_lint.py runs it in both tiers).
+lint: install
+	$(BIN)/ruff check .
 
 ## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those).
 ## It needs the agent CLIs too: the sandbox's bubblewrap is the one the pinned codex package ships.

@@ -58,7 +58,7 @@ def _fix_regex(regex: str) -> str:
     """pathspec's ``regex`` made git's: every end-of-string ``$`` (outside a character class,
     unescaped) as ``\\Z``, and ``/`` out of every negated class (``[!x]``, ``[^x]``: git's classes
     never match a ``/``)."""
-    out, i, in_class = [], 0, False
+    out, i, in_class, class_start = [], 0, False, False
     while i < len(regex):
         ch = regex[i]
         if ch == "\\":
@@ -187,7 +187,7 @@ def check(pattern: str, *, negation: bool = True) -> str:
     if pattern != pattern.strip() and not pattern.endswith("\\ "):
         raise GlobError(f"{pattern!r} must not start or end with white space: git would drop a trailing space "
                         f"(write '\\ ' for a space that ends a name, '?' for any other)")
-    i, in_class = 0, False
+    i, in_class, class_open = 0, False, 0
     while i < len(body):
         ch = body[i]
         if in_class:

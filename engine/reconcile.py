@@ -244,7 +244,7 @@ def _clear_index_lock(run: Run) -> dict:
     ``sentence`` (empty when there was no lock)."""
     try:
         result = workspace.clear_stale_index_lock(run.worktree, run.repo_path)
-    except Exception as exc:  # noqa: a look at the processes must never stop the takeover
+    except Exception as exc:  # noqa: BLE001 (a look at the processes must never stop the takeover)
         return {"state": "unknown", "path": None, "holders": [], "sentence": f"git's index lock could not be "
                 f"checked ({type(exc).__name__}: {exc})."}
     sentence = ""

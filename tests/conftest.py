@@ -21,6 +21,9 @@ from engine import operations
 from engine.pipeline_format import validate
 from engine.worker_process import start_worker, stop_worker
 
+#: fixtures more than one module uses (route, staff, author, bare, claude_pipeline)
+pytest_plugins = ["tests.support.fixtures"]
+
 GIT_ENV = {"GIT_AUTHOR_NAME": "Test", "GIT_AUTHOR_EMAIL": "test@example.invalid", "GIT_COMMITTER_NAME": "Test",
            "GIT_COMMITTER_EMAIL": "test@example.invalid", "GIT_TERMINAL_PROMPT": "0"}
 ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"

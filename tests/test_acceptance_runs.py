@@ -26,7 +26,7 @@ from engine.agents.claude import find_executable
 from engine.models import Attempt, Check, RunEvent
 
 from .conftest import ANSWER_STEP, git, new_log_text, wait_for
-from .test_claude_adapter import claude_profile
+from .support.claude import claude_profile
 from .test_steps import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,13 +8,6 @@ from engine.models import Attempt, Check, Decision, JournalEntry, Manifest, Pipe
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def staff(client, django_user_model):
-    user = django_user_model.objects.create_superuser("admin", "admin@example.invalid", "pw-for-tests-only")
-    client.force_login(user)
-    return client
-
-
 def test_every_admin_page_renders(staff, make_pipeline, repo):
     run = operations.create_run(make_pipeline(), str(repo), "main")
     for model in (Pipeline, Profile, Run, StageRun, Attempt, Check, Manifest, Decision, JournalEntry, RunEvent):

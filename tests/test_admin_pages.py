@@ -26,7 +26,6 @@ from controlpanel.views import CHECK_LOG_BYTES, seconds_text
 from engine.models import Attempt, Check, Decision, Profile, Run, RunEvent
 
 from .conftest import navigate_by
-from .test_admin import staff  # noqa: F401  (the fixture: a client logged in as a superuser)
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.urls import reverse
 
 from engine import operations
-from engine.models import Attempt, Run
+from engine.models import Attempt
 
 from .conftest import ANSWER_STEP
 from .test_steps import drive

@@ -13,7 +13,7 @@ from engine.models import Attempt, Run
 
 from .conftest import wait_for
 from .test_crash_recovery import Beat, agent_tree, dead, live_attempt, stub, tree_gone, wait_until
-from .test_run_records import QUICK, Solo, route  # noqa: F401  (fixture)
+from .test_run_records import QUICK, Solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -33,7 +33,6 @@ from engine import operations, runner
 from engine.models import Attempt, Check, Run
 
 from .conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, navigate_by, wait_for, wait_until
-from .test_run_records import route  # noqa: F401 (fixture)
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),

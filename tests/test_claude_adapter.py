@@ -15,6 +15,7 @@ from engine.agents.claude import ClaudeCodeAdapter, find_executable, parse_strea
 from engine.models import Attempt
 
 from .conftest import ANSWER_STEP, git
+from .support.claude import REVIEW_TURNS, WRITE_ANSWER, claude_profile, stub_claude
 from .test_steps import drive
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
@@ -22,42 +23,6 @@ pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
 CLAUDE = find_executable("claude")
 needs_claude = pytest.mark.skipif(CLAUDE is None, reason="run `make agents` to install the pinned claude CLI")
-
-WRITE_ANSWER = {"turns": [
-    {"tools": [{"tool": "Read", "input": {"file_path": "{cwd}/app/core.py"}}],
-     "usage": {"input_tokens": 1000, "output_tokens": 20, "cache_read_input_tokens": 2000,
-               "cache_creation_input_tokens": 100}},
-    {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/app/core.py",
-                                            "content": ANSWER_STEP["write"]["app/core.py"]}}],
-     "usage": {"input_tokens": 200, "output_tokens": 25, "cache_read_input_tokens": 3000}},
-    {"text": "Done: answer() returns 42.", "usage": {"input_tokens": 1300, "output_tokens": 300}},
-]}
-
-
-#: A reviewer whose scripted model tries Write, Edit and a Bash `touch`, then answers a verdict.
-REVIEW_TURNS = {"turns": [
-    {"tools": [{"tool": "Write", "input": {"file_path": "{cwd}/review-was-here.txt", "content": "x"}},
-               {"tool": "Edit", "input": {"file_path": "{cwd}/app/core.py", "old_string": "42",
-                                          "new_string": "43"}},
-               {"tool": "Bash", "input": {"command": "touch made-by-reviewer.txt", "description": "touch"}}],
-     "usage": {"input_tokens": 700, "output_tokens": 40}},
-    {"text": 'Reviewed the patch.\n```json\n{"verdict": "pass", "summary": "answer() returns 42", '
-             '"findings": []}\n```', "usage": {"input_tokens": 900, "output_tokens": 60}}]}
-
-
-def claude_profile(endpoint: dict, **extra) -> dict:
-    return {"adapter": "claude-code", "max_turns": 6, "scripted_endpoint": endpoint, **extra}
-
-
-@pytest.fixture
-def claude_pipeline(make_pipeline):
-    def factory(endpoint=WRITE_ANSWER, deadline=60, **profile_extra):
-        return make_pipeline(
-            name="claude", roles={"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
-            profiles={"claude": claude_profile({"stages": {"answer": {"implement": endpoint, "review": REVIEW_TURNS}}},
-                                               **profile_extra)},
-            deadlines={"implement": deadline, "gate": 120})
-    return factory
 
 
 @needs_claude
@@ -138,15 +103,6 @@ def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(claude_pipeline, repo
     left = [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get("CP_PROCESS_MARKER")
             == attempt.marker]
     assert left == []
-
-
-def stub_claude(path: Path, body: str) -> Path:
-    """A stand-in claude that answers --version and --help like 2.1.197 and runs ``body`` otherwise."""
-    real_help = "--print --output-format --verbose --settings --setting-sources --tools --permission-mode"
-    path.write_text(f"#!/bin/sh\ncase \"$1\" in\n  --version) echo '2.1.197 (Claude Code)';;\n"
-                    f"  --help) echo '{real_help}';;\n  *) {body};;\nesac\n")
-    path.chmod(0o755)
-    return path
 
 
 @pytest.mark.django_db(transaction=True)

@@ -64,7 +64,7 @@ def test_the_dependency_output_carries_the_implementers_final_message(make_pipel
     assert f"Agent's final message:\n{final}" in prompt
     # issue 13: the second stage got the first stage's file list and message, not its patch
     first = run.stages.get(key="answer")
-    assert (f"The accepted patch (1 file, " in prompt and f"`git diff {first.base_commit} {first.checkpoint_commit}` "
+    assert ("The accepted patch (1 file, " in prompt and f"`git diff {first.base_commit} {first.checkpoint_commit}` "
             "shows it):\n```diff\ndiff --git a/app/core.py b/app/core.py") in prompt, prompt
     assert "+def answer():\n+    return 42\n```" in prompt
 

@@ -20,7 +20,7 @@ from engine.operations import OperationError
 from engine.steps import process_marker_prefix
 
 from .conftest import ANSWER_STEP, wait_for
-from .test_run_records import QUICK, Solo, route  # noqa: F401  (fixture)
+from .test_run_records import QUICK, Solo
 from .test_steps import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -18,7 +18,7 @@ from engine.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import make_repo
 from .test_pipeline_schema import full
-from .test_preflight import bare, cli_pipeline, refused  # noqa: F401 - the fixture
+from .test_preflight import cli_pipeline, refused
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed, and full()'s
 # base_url a gateway the operator listed (tests/conftest.py)

@@ -149,7 +149,7 @@ def test_a_lost_hosts_run_is_interrupted_once_and_recovered_only_after_its_host_
     assert (status["host"], status["host_alive"]) == ("far-lost", False) and status["host_beat_age_seconds"] >= 600
     out = io.StringIO()
     call_command("run_status", str(run.pk), stdout=out)
-    assert f"on host far-lost (LOST: no heartbeat for 6" in out.getvalue(), out.getvalue()
+    assert "on host far-lost (LOST: no heartbeat for 6" in out.getvalue(), out.getvalue()
     # what a person reads agrees with what is refused: no Recover offered anywhere until the host confirms
     assert "waits for its host: the run's host far-lost stopped beating" in out.getvalue(), out.getvalue()
     assert "manage.py recover" not in out.getvalue() and "fail_run" in out.getvalue()

@@ -29,7 +29,7 @@ from engine.models import JournalEntry, Run, RunEvent
 
 from .conftest import git, index_is, make_repo, wait_for
 from .test_crash_recovery import wait_until as until
-from .test_run_records import QUICK, Solo, route  # noqa: F401  (fixture)
+from .test_run_records import QUICK, Solo
 from .test_steps import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)

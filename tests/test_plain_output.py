@@ -17,7 +17,7 @@ from engine.models import Attempt
 from engine.process import run_supervised
 
 from .conftest import make_repo
-from .test_claude_adapter import claude_pipeline, stub_claude  # noqa: F401 - the fixture
+from .support.claude import stub_claude
 from .test_steps import drive
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)

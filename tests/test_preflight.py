@@ -22,28 +22,15 @@ from engine.management.commands.run_status import waiting_hint
 from engine.models import Attempt, Decision, Manifest, Run
 from engine.process import ProcessResult
 
-from .test_claude_adapter import stub_claude
+from .support.claude import stub_claude
 from .test_codex_adapter import make_request, write_jsonl
 from .test_steps import drive
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
-CREDENTIAL_VARIABLES = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "CODEX_API_KEY",
-                        "OPENAI_API_KEY", "CODEX_HOME")
 QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
           "gates": [{"name": "unit", "command": "true"}]}]
-
-
-@pytest.fixture
-def bare(monkeypatch, tmp_path):
-    """No credential variable in the environment and an empty HOME (no login file); returns HOME."""
-    for name in CREDENTIAL_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    home = tmp_path / "worker-home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    return home
 
 
 def stub_codex(path: Path, body: str = "exit 0") -> Path:

@@ -45,14 +45,6 @@ ALL_ACTIONS = {"start", "approve", "recheck", "recover", "fail"}
 
 
 @pytest.fixture
-def staff(client, django_user_model):
-    """A client logged in as a superuser (every permission), user name ``admin``."""
-    user = django_user_model.objects.create_superuser("admin", "admin@example.invalid", "pw-for-tests-only")
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def staff_with(django_user_model):
     """``make(name, *codenames)``: a client of a staff user holding only those engine permissions."""
     def make(name, *codenames):
@@ -540,7 +532,7 @@ def test_create_a_run_from_a_pipeline_page(staff, staff_with, make_pipeline, rep
     form = staff.get(create_url).content.decode()
     assert 'name="repo"' in form and 'name="rev"' in form and 'value="main"' in form
     for role in ("implementer", "reviewer", "documenter"):
-        assert f'name="profile_{role}"' in form and f"the pipeline&#x27;s: scripted" in form
+        assert f'name="profile_{role}"' in form and "the pipeline&#x27;s: scripted" in form
 
     def create(**fields) -> tuple[int, str]:
         response = staff.post(create_url, {"repo": str(repo), "rev": "main", **fields}, follow=True)

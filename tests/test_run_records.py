@@ -34,7 +34,7 @@ from django.core import serializers
 from django.db import connection
 from django.urls import reverse
 
-from engine import operations, runner
+from engine import operations
 from engine.steps import process_marker_prefix
 from engine.models import Attempt, Check, Decision, Run, RunEvent
 from engine.process import find_marked
@@ -108,17 +108,6 @@ def solo(django_db_setup, tmp_path_factory):
                   CP_LOG_LEVEL="DEBUG").start()
     yield worker
     worker.stop()
-
-
-@pytest.fixture
-def route(monkeypatch):
-    """Send the messages this process sends (Start, Recover) to ``queue`` instead of the session's."""
-    from engine.tasks import advance_run
-
-    def to(queue: str) -> None:
-        monkeypatch.setattr(runner, "enqueue",
-                            lambda run_id, token: advance_run.apply_async(args=[run_id, token], queue=queue))
-    return to
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from engine import operations, reconcile
 from engine.models import Attempt, Run
 
 from .conftest import ANSWER_STEP, wait_for
-from .test_run_records import QUICK, Solo, route  # noqa: F401  (fixture)
+from .test_run_records import QUICK, Solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from engine import transcript
 from engine.models import Attempt
 from engine.redaction import Redactor
 
-from .test_run_page import live_attempt, page, pending_run, run_with, staff  # noqa: F401 (fixtures)
+from .test_run_page import live_attempt, page, pending_run, run_with  # noqa: F401 (fixtures)
 from .conftest import ANSWER_STEP
 
 WS = "/srv/example-worktree"  # a worktree's path as the CLIs report it; nothing is read there

@@ -26,7 +26,7 @@ from engine.models import Attempt, Run
 
 from .conftest import ANSWER_STEP, make_repo, wait_for
 from .test_crash_recovery import Beat, stub, wait_until
-from .test_run_records import QUICK, Solo, route  # noqa: F401  (fixture)
+from .test_run_records import QUICK, Solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

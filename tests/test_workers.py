@@ -34,7 +34,6 @@ from engine import answers, operations, workers
 from engine.models import Attempt, Decision, Manifest, Run, Worker
 
 from .conftest import ANSWER_STEP, navigate_by, wait_for, wait_until
-from .test_run_records import route  # noqa: F401 (fixture)
 from .test_run_records import QUICK, Solo
 
 #: An implementer that waits (at most 60 s) until the test writes $CP_DATA_DIR/release.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import socket
 import subprocess
 import tempfile

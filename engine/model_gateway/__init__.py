@@ -5,4 +5,4 @@ from . import conversation, meter
 from .meter import IdleWatch, LoopWatch, Meter, Spent, caps_of, spend_of
 from .server import ModelGateway, UpstreamError
 
-__all__ = ["IdleWatch", "LoopWatch", "Meter", "ModelGateway", "Spent", "UpstreamError", "caps_of", "spend_of"]
+__all__ = ["conversation", "meter", "IdleWatch", "LoopWatch", "Meter", "ModelGateway", "Spent", "UpstreamError", "caps_of", "spend_of"]

@@ -42,7 +42,7 @@ from . import prices
 from .conversation import MAX_ANSWER_BYTES, results_of
 from .meter import IdleWatch, LoopWatch, Meter
 from .requests import harmless, key_start, model_call, model_of, number
-from .usage import UsageReader, wire_format
+from .usage import UsageReader
 
 #: Headers that belong to one connection, never forwarded (RFC 9110 7.6.1), and those the gateway sets itself.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",

@@ -57,4 +57,4 @@ def _final_submodules(run: Run, checkpoint: str, folder: Path) -> None:
             f"final verification fetches only what the run's starting commit {run.commit[:12]} names, and fetched "
             f"nothing.")
     if final:
-        workspace.init_submodules(str(folder))  # noqa: the starting commit's URLs
+        workspace.init_submodules(str(folder))  # the starting commit's URLs

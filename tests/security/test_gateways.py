@@ -23,7 +23,7 @@ from engine.pipeline_format import PipelineFormatError, validate
 
 from ..test_gateway import request_for
 from .attacks import QUICK_STAGE, Listener, drive, needs_claude
-from .test_operator_lists import author, cli_definition  # noqa: F401 - the fixture
+from .test_operator_lists import cli_definition
 
 pytestmark = pytest.mark.django_db
 

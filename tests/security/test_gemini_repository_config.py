@@ -6,7 +6,6 @@ the reviewer's scripted writes are refused and recorded. Runs the real gemini 0.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

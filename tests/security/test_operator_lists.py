@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from engine import operations
 from engine.agents import executables
@@ -51,23 +48,6 @@ def worker_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     return home
-
-
-@pytest.fixture
-def author(django_user_model):
-    """A staff user with only engine.change_pipeline, engine.view_pipeline and engine.add_run: a web
-    client (logged in) and an API client (its token)."""
-    user = django_user_model.objects.create_user("author", "author@example.invalid", "pw-for-tests-only",
-                                                 is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine",
-                                                         codename__in=("change_pipeline", "view_pipeline", "add_run")))
-    from django.test import Client
-
-    web = Client()
-    web.force_login(user)
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return web, api
 
 
 def cli_definition(executable: str, name="evil") -> dict:

@@ -15,7 +15,7 @@ from engine.models import Check, Run
 
 from ..conftest import git
 from ..test_steps import drive
-from .attacks import claude_attack_pipeline, needs_claude, start_and_drive, tool_results
+from .attacks import claude_attack_pipeline, needs_claude, tool_results
 from .test_environment_and_files import WORKER_SECRETS
 
 pytestmark = pytest.mark.django_db(transaction=True)
