@@ -21,6 +21,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
 from django.http import FileResponse, Http404
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -257,7 +258,12 @@ class AttemptInline(ReadOnlyInline):
 
 
 class RunChangeList(ChangeList):
-    """The run list, whose links lead to each run's detail page (controlpanel.views)."""
+    """The run list, whose links lead to each run's detail page (controlpanel.views). Each run's stages come
+    with the page's runs (one query for all: ``current_stage`` reads them), not one query per row."""
+
+    def get_queryset(self, request, exclude_parameters=None):
+        stages = Prefetch("stages", queryset=StageRun.objects.order_by("order"), to_attr="ordered_stages")
+        return super().get_queryset(request, exclude_parameters).prefetch_related(stages)
 
     def url_for_result(self, result):
         return reverse("admin:engine_run_detail", args=[result.pk], current_app=self.model_admin.admin_site.name)
@@ -301,7 +307,7 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="stage")
     def current_stage(self, obj):
-        stage = answers.current_stage(obj)
+        stage = answers.current_stage(obj, getattr(obj, "ordered_stages", None))
         return stage.key if stage else "-"
 
     @admin.display(description="active time")

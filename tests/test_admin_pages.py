@@ -23,6 +23,7 @@ from django.urls import reverse
 
 from controlpanel.readable import duration_text, moment_text, yaml_text
 from controlpanel.views import CHECK_LOG_BYTES, seconds_text
+from engine import operations
 from engine.models import Attempt, Check, Decision, Profile, Run, RunEvent
 
 from .conftest import navigate_by
@@ -474,3 +475,22 @@ def test_the_pages_fit_a_390_px_wide_screen(evidence, narrow_page, django_user_m
     tab.goto(pages["events"])
     assert "END-OF-THE-MESSAGE." in tab.inner_text("#result_list")
     assert not too_wide, too_wide
+
+
+def test_the_run_list_makes_as_many_queries_for_twelve_runs_as_for_two(staff, make_pipeline, repo):
+    """Issue 21: one query per row (each run's current stage) made the list grow with the page."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    pipeline = make_pipeline(stages=[{"key": f"s{i}", "requirement": "r", "scope": ["app/**"],
+                                      "gates": [{"name": "unit", "command": "true"}]} for i in range(3)],
+                             scenario={"default": [{}], "stages": {}})
+    counts = {}
+    for total in (2, 12):
+        while Run.objects.count() < total:
+            operations.create_run(pipeline, str(repo), "main")
+        with CaptureQueriesContext(connection) as seen:
+            text = get(staff, reverse("admin:engine_run_changelist"))
+        assert text.count('class="field-current_stage">s0<') == total, text  # every row names its stage
+        counts[total] = len(seen.captured_queries)
+    assert counts[12] == counts[2], counts
