@@ -161,8 +161,14 @@ class PipelineAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         if request.method == "POST":
             form = PipelineDefinitionForm(request.POST, name=pipeline.name, current_version=pipeline.version)
+            saved = None
             if form.is_valid():
-                saved, outcome = operations.save_pipeline(form.cleaned_data["definition"], pipeline.source_path)
+                try:  # the form compared the version it was opened on; the save compares it again under the lock
+                    saved, outcome = operations.save_pipeline(form.cleaned_data["definition"], pipeline.source_path,
+                                                              expected_version=form.cleaned_data["version"])
+                except operations.OperationError as exc:
+                    form.add_error(exc.field or None, exc.message)
+            if saved is not None:
                 if outcome == "unchanged":
                     messages.info(request, f"Pipeline {saved.name}: nothing changed (still version {saved.version}).")
                 else:

@@ -90,11 +90,19 @@ def load_pipelines(paths: list[str]) -> list[tuple[Pipeline, str]]:
     return results
 
 
-def save_pipeline(definition: dict, source_path: str = "") -> tuple[Pipeline, str]:
-    """Create or update the saved pipeline named in a normalized definition, and its profiles."""
+def save_pipeline(definition: dict, source_path: str = "", expected_version: int | None = None) -> tuple[Pipeline, str]:
+    """Create or update the saved pipeline named in a normalized definition, and its profiles.
+
+    ``expected_version``: the version an editor started from; compared under the pipeline's row lock, so a save
+    that lands after another one since is refused (OperationError ``version_conflict`` on ``version``) instead of
+    undoing it unseen."""
     digest = canonical_sha256(definition)
     with transaction.atomic():
         pipeline = Pipeline.objects.select_for_update().filter(name=definition["name"]).first()
+        if expected_version is not None and pipeline is not None and pipeline.version != expected_version:
+            raise OperationError("version_conflict", f"The pipeline was saved as version {pipeline.version} since you "
+                                 f"opened version {expected_version}: nothing was saved. Open the editor again to start "
+                                 f"from version {pipeline.version}, then make your change there.", "version")
         if pipeline is None:
             pipeline = Pipeline.objects.create(name=definition["name"], description=definition.get("description", ""),
                                                definition=definition, sha256=digest, source_path=source_path)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission
 from django.db import connection
 from django.template.defaultfilters import filesizeformat
 from django.test import Client
@@ -30,6 +29,7 @@ from engine import operations
 from engine.models import Attempt, Check, Decision, Run, RunEvent, StartRequest
 
 from .conftest import ANSWER_STEP
+from .support.pages import action_url, buttons, detail_url, messages_of, page, prefilled, press
 from .test_steps import drive
 from .test_verification import gated_run, run_with
 
@@ -42,60 +42,6 @@ ALL_ACTIONS = {"start", "approve", "recheck", "recover", "fail"}
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-@pytest.fixture
-def staff_with(django_user_model):
-    """``make(name, *codenames)``: a client of a staff user holding only those engine permissions."""
-    def make(name, *codenames):
-        user = django_user_model.objects.create_user(name, f"{name}@example.invalid", "pw-for-tests-only",
-                                                     is_staff=True)
-        user.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine",
-                                                              codename__in=codenames))
-        client = Client()
-        client.force_login(user)
-        return client
-    return make
-
-
-def detail_url(run) -> str:
-    return reverse("admin:engine_run_detail", args=[run.pk])
-
-
-def action_url(run, verb) -> str:
-    return reverse("admin:engine_run_action", args=[run.pk, verb])
-
-
-def page(client, run) -> str:
-    response = client.get(detail_url(run))
-    assert response.status_code == 200, response.content[:500]
-    return response.content.decode()
-
-
-def buttons(text: str) -> set[str]:
-    """The actions whose forms the page shows."""
-    return set(re.findall(r'<form method="post" action="[^"]+" id="action-\w+" class="cp-action[^"]*" data-cp-action="(\w+)"', text))
-
-
-def press(client, run, verb, **fields) -> str:
-    """Post an action's form and follow the redirect back to the page; returns the page's HTML."""
-    response = client.post(action_url(run, verb), fields, follow=True)
-    assert response.redirect_chain == [(detail_url(run), 302)], response.redirect_chain
-    return response.content.decode()
-
-
-def messages_of(text: str, level: str) -> list[str]:
-    return [html.unescape(re.sub(r"<[^>]+>", "", m)).strip()
-            for m in re.findall(rf'<li class="{level}">(.*?)</li>', text, re.S)]
-
-
-def prefilled(text: str, verb: str, name: str) -> str:
-    """The value the page put in field ``name`` of the ``verb`` form."""
-    form = re.search(rf'data-cp-action="{verb}">(.*?)</form>', text, re.S)
-    assert form, f"no {verb} form"
-    found = re.search(rf'<input[^>]*name="{name}"[^>]*value="([^"]*)"', form.group(1))
-    assert found, f"no prefilled {name} in the {verb} form"
-    return html.unescape(found.group(1))
 
 
 def pending_run(make_pipeline, repo):
@@ -524,53 +470,6 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
 # ----------------------------------------------------------------------------- creating a run from a pipeline
 
 
-def test_create_a_run_from_a_pipeline_page(staff, staff_with, make_pipeline, repo):
-    pipeline = make_pipeline()
-    create_url = reverse("admin:engine_pipeline_create_run", args=[pipeline.pk])
-    pipeline_page = staff.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
-    assert f'href="{create_url}" class="cp-create-run">Create a run</a>' in pipeline_page
-    form = staff.get(create_url).content.decode()
-    assert 'name="repo"' in form and 'name="rev"' in form and 'value="main"' in form
-    for role in ("implementer", "reviewer", "documenter"):
-        assert f'name="profile_{role}"' in form and "the pipeline&#x27;s: scripted" in form
-
-    def create(**fields) -> tuple[int, str]:
-        response = staff.post(create_url, {"repo": str(repo), "rev": "main", **fields}, follow=True)
-        return response.status_code, response.content.decode()
-
-    # refusals: an error message naming the field, the form again with what was typed, and no run
-    for fields, code, field in (({"repo": ""}, "path_not_found", "repo"),
-                                ({"repo": str(repo / "missing")}, "path_not_found", "repo"),
-                                ({"rev": "no-such-branch"}, "unknown_revision", "rev")):
-        status, text = create(**fields)
-        refused = messages_of(text, "error")
-        assert status == 200 and len(refused) == 1, (fields, refused)
-        assert code in refused[0] and f"field “{field}”" in refused[0], refused
-        assert 'id="create-run-form"' in text and html.escape(fields.get("rev", "main")) in text
-    status, text = create(profile_implementer="nobody")
-    refused = messages_of(text, "error")
-    assert len(refused) == 1 and "field “profile_implementer”" in refused[0] and "nobody" in refused[0]
-    assert not Run.objects.exists()
-    # success: a pending run with the profile chosen, and its page with a success message
-    response = staff.post(create_url, {"repo": str(repo), "rev": "main", "profile_reviewer": "scripted"},
-                          follow=True)
-    run = Run.objects.get()
-    assert response.redirect_chain == [(detail_url(run), 302)]
-    assert (run.status, run.pipeline_id, run.revision, run.profile_override) == (
-        "pending", pipeline.pk, "main", {"reviewer": "scripted"})
-    done = messages_of(response.content.decode(), "success")
-    assert done == [f"Run {run.pk} created from pipeline {pipeline.name} at commit {run.commit[:12]} by admin. "
-                    f"It is simulated ({run.simulated_reason}). Press Start to run it."]
-    assert buttons(response.content.decode()) == {"start", "fail"}
-    # without engine.add_run: no button, and the form is refused (view or post)
-    viewer = staff_with("pipeline-viewer", "view_pipeline", "view_run")
-    assert "cp-create-run" not in viewer.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
-    assert viewer.get(create_url).status_code == 403
-    assert viewer.post(create_url, {"repo": str(repo), "rev": "main"}).status_code == 403
-    assert Run.objects.count() == 1
-    assert staff.get(reverse("admin:engine_pipeline_create_run", args=[424242])).status_code == 404
-
-
 def test_every_field_of_the_page_has_an_id_of_its_own(staff, make_pipeline, repo, sent):
     """Recheck and Recover both ask for a note: a label must lead to its own form's field."""
     run = review_run(make_pipeline, repo, sent)
@@ -606,65 +505,6 @@ def test_an_attempt_says_what_happened_to_each_tool_call(staff, make_pipeline, r
     attempt.save(update_fields=["refusals"])
     said = re.search(r'class="cp-failure cp-tool-outcomes">(.*?)</p>', page(staff, run), re.S).group(1)
     assert said.startswith("Tool calls: 1 command not found: ") and "refused" not in said
-
-
-# ----------------------------------------------------------------------------- editing a pipeline
-
-
-def test_a_pipeline_definition_is_edited_with_validation_and_saved_as_a_new_version(staff, staff_with, make_pipeline,
-                                                                                    repo):
-    import yaml
-
-    from engine.models import Pipeline
-
-    pipeline = make_pipeline()
-    run_before = operations.create_run(pipeline, str(repo), "main")
-    url = reverse("admin:engine_pipeline_edit_definition", args=[pipeline.pk])
-    page_text = staff.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
-    assert url in page_text  # the button, for a user with engine.change_pipeline
-    form_text = staff.get(url).content.decode()
-    shown = html.unescape(re.search(r"<textarea[^>]*>(.*?)</textarea>", form_text, re.S).group(1))
-    document = yaml.safe_load(shown)
-    assert 'name="version" value="1"' in form_text
-    assert document["name"] == pipeline.name and document["stages"][0]["key"] == "answer"
-
-    # a bad definition: every problem named with its field, nothing saved
-    bad = dict(document, stages=[dict(document["stages"][0], gates=[{"name": "unit"}])], budgets={"max_attempts": -1})
-    response = staff.post(url, {"definition": yaml.safe_dump(bad), "version": 1})
-    assert response.status_code == 200
-    text = html.unescape(response.content.decode())
-    assert "stages[0].gates[0].command" in text and "budgets.max_attempts" in text and "was not saved" in text
-    assert staff.post(url, {"definition": "name: [unclosed", "version": 1}).status_code == 200
-    renamed = staff.post(url, {"definition": yaml.safe_dump(dict(document, name="another")), "version": 1})
-    assert "cannot change here" in html.unescape(renamed.content.decode())
-    assert Pipeline.objects.get(pk=pipeline.pk).version == 1
-
-    # a good change: a new version; the run created before keeps the definition it froze
-    better = dict(document, stages=[dict(document["stages"][0], requirement="Make answer() return 42, documented.")])
-    response = staff.post(url, {"definition": yaml.safe_dump(better), "version": 1}, follow=True)
-    assert "saved as version 2" in response.content.decode()
-    pipeline.refresh_from_db()
-    assert pipeline.version == 2 and pipeline.definition["stages"][0]["requirement"].endswith("documented.")
-    run_before.refresh_from_db()
-    assert run_before.definition["pipeline"]["stages"][0]["requirement"] == "Make app.core.answer() return 42."
-    assert operations.create_run(pipeline, str(repo), "main").definition["pipeline_version"] == 2
-    # the same again changes nothing
-    response = staff.post(url, {"definition": yaml.safe_dump(better), "version": 2}, follow=True)
-    assert "nothing changed" in response.content.decode() and Pipeline.objects.get(pk=pipeline.pk).version == 2
-    # a second editor who opened version 1 cannot undo that change unseen
-    stale = dict(document, budgets={"max_attempts": 9})
-    response = staff.post(url, {"definition": yaml.safe_dump(stale), "version": 1})
-    assert "saved as version 2 since you opened version 1" in html.unescape(response.content.decode())
-    pipeline.refresh_from_db()
-    assert pipeline.version == 2 and pipeline.definition["stages"][0]["requirement"].endswith("documented.")
-    # the pipeline's page shows the definition as YAML
-    page_text = html.unescape(staff.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode())
-    assert "requirement: Make answer() return 42, documented." in page_text
-
-    viewer = staff_with("viewer", "view_pipeline")
-    assert url not in viewer.get(reverse("admin:engine_pipeline_change", args=[pipeline.pk])).content.decode()
-    assert viewer.get(url).status_code == 403
-    assert viewer.post(url, {"definition": yaml.safe_dump(better), "version": 2}).status_code == 403
 
 
 # ----------------------------------------------------------------------------- fixes from a fresh-eyes test

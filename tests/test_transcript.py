@@ -21,7 +21,8 @@ from engine import transcript
 from engine.models import Attempt
 from engine.redaction import Redactor
 
-from .test_run_page import live_attempt, page, pending_run, run_with  # noqa: F401 (fixtures)
+from .support.pages import page
+from .test_run_page import live_attempt, pending_run, run_with  # noqa: F401 (fixtures)
 from .conftest import ANSWER_STEP
 
 WS = "/srv/example-worktree"  # a worktree's path as the CLIs report it; nothing is read there

@@ -1,6 +1,7 @@
 """Fixtures more than one test module uses, made available to every test by tests/conftest.py."""
 import pytest
 from django.contrib.auth.models import Permission
+from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -30,6 +31,20 @@ def staff(client, django_user_model):
     user = django_user_model.objects.create_superuser("admin", "admin@example.invalid", "pw-for-tests-only")
     client.force_login(user)
     return client
+
+
+@pytest.fixture
+def staff_with(django_user_model):
+    """``make(name, *codenames)``: a client of a staff user holding only those engine permissions."""
+    def make(name, *codenames):
+        user = django_user_model.objects.create_user(name, f"{name}@example.invalid", "pw-for-tests-only",
+                                                     is_staff=True)
+        user.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine",
+                                                              codename__in=codenames))
+        client = Client()
+        client.force_login(user)
+        return client
+    return make
 
 
 @pytest.fixture
