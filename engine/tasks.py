@@ -7,14 +7,31 @@ import logging
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.conf import settings
 
 from . import boundary, limits, notifications, runner, workers
 from . import reconcile as reconciliation
+from .pipeline_schema import MAX_DEADLINE_SECONDS
 
 log = logging.getLogger("engine.tasks")
 
+#: Celery's time limits of each task, in seconds: ``(soft, hard)``. Past its soft limit a task gets
+#: SoftTimeLimitExceeded (a step under way ends as a crash naming it: engine/runner.py), past its hard limit
+#: its pool process is killed (reconciliation then interrupts the run, as for any worker lost). A run's task
+#: takes steps for up to CP_STEP_CHAIN_SECONDS and may then start one more, whose processes a pipeline may give
+#: up to MAX_DEADLINE_SECONDS each: its limits lie above both, with an hour to spare for the step's own work
+#: (git, records); only a task wedged past any deadline meets them. Reconciliation and notifications are
+#: short passes.
+TIME_LIMITS = {
+    "advance": (settings.CP_STEP_CHAIN_SECONDS + MAX_DEADLINE_SECONDS + 3600.0,
+                settings.CP_STEP_CHAIN_SECONDS + MAX_DEADLINE_SECONDS + 3900.0),
+    "reconcile": (900.0, 1200.0),
+    "notify": (600.0, 900.0),
+}
 
-@shared_task(name=runner.ADVANCE_TASK, ignore_result=True, acks_late=True)
+
+@shared_task(name=runner.ADVANCE_TASK, ignore_result=True, acks_late=True,
+             soft_time_limit=TIME_LIMITS["advance"][0], time_limit=TIME_LIMITS["advance"][1])
 def advance_run(run_id: int, token: str | None = None, tried: list[str] | None = None) -> str:
     """Move run ``run_id`` on: its steps one after another for up to CP_STEP_CHAIN_SECONDS, then its
     next step through the queue (``engine.runner.advance_chain``). ``tried``: the hosts that found they
@@ -22,13 +39,15 @@ def advance_run(run_id: int, token: str | None = None, tried: list[str] | None =
     return runner.advance_chain(run_id, token, tried=tried)
 
 
-@shared_task(name="engine.reconcile", ignore_result=True)
+@shared_task(name="engine.reconcile", ignore_result=True,
+             soft_time_limit=TIME_LIMITS["reconcile"][0], time_limit=TIME_LIMITS["reconcile"][1])
 def reconcile() -> dict:
     """One reconciliation pass (``engine.reconcile.reconcile``); safe to run twice at once."""
     return reconciliation.reconcile()
 
 
-@shared_task(name=notifications.NOTIFY_TASK, ignore_result=True)
+@shared_task(name=notifications.NOTIFY_TASK, ignore_result=True,
+             soft_time_limit=TIME_LIMITS["notify"][0], time_limit=TIME_LIMITS["notify"][1])
 def notify(ids: list[int]) -> dict:
     """Deliver the notification outbox rows ``ids`` (``engine.notifications.deliver_all``); a row
     already delivered, not due or claimed by another is left alone, so a duplicate message sends nothing."""
