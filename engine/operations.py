@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -84,7 +85,7 @@ def load_pipelines(paths: list[str]) -> list[tuple[Pipeline, str]]:
         raise PipelineFormatError([(p, "name", f"the name {d['name']!r} is used by more than one file")
                                    for p, d in definitions if d["name"] in duplicates])
     results = []
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         for path, definition in definitions:
             results.append(save_pipeline(definition, os.path.abspath(path)))
     return results
@@ -319,8 +320,14 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
     simulated = bool(reasons)
     version = snapshot.get("pipeline_version", pipeline.version)
     control = None
+    # the protected files are read from git before the transaction (git never runs while it holds the
+    # database), into a folder of their own that becomes the run's control records once it has an id
+    staging = Path(settings.VAR_DIR) / "runs" / f".creating-{uuid.uuid4().hex}"
     try:
-        with transaction.atomic():
+        staging.mkdir(parents=True)
+        protected_files = protected.snapshot(repo, commit, list(definition.get("protected_paths") or []),
+                                             protected.gate_commands(definition), str(staging / "protected"))
+        with transaction.atomic(durable=True):
             if rerun_of is not None and not Run.objects.filter(pk=rerun_of.pk, rerun_count=reruns_seen).update(
                     rerun_count=F("rerun_count") + 1):
                 latest = rerun_of.reruns.order_by("-id").first()
@@ -342,10 +349,9 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
                 StageRun.objects.create(run=run, key=stage["key"], order=order)
             control = Path(settings.VAR_DIR) / run.control_dir
             _set_aside_stale_records(control)
-            control.mkdir(parents=True)
+            staging.rename(control)
             protected.write_definition(str(control), snapshot, digest)
-            run.protected_files = protected.snapshot(repo, commit, list(definition.get("protected_paths") or []),
-                                                     protected.gate_commands(definition), str(control / "protected"))
+            run.protected_files = protected_files
             run.save(update_fields=["protected_files"])
             sim = f" It is simulated: it uses the {reasons}." if simulated else ""
             left = f" {len(not_included)} uncommitted change(s) in the checkout are not included." if not_included else ""
@@ -370,6 +376,8 @@ def _freeze_run(pipeline: Pipeline, snapshot: dict, repo_path: str, revision: st
         if control is not None:
             shutil.rmtree(control, ignore_errors=True)
         raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already once it became the control records
     return run
 
 
@@ -467,7 +475,7 @@ def recover(run, decision_id, note: str, action: str, reviewer: str = "") -> Dec
     reviewer = _person_name(reviewer, "reviewer", required=False)
     if action not in ("retry", "verify"):
         raise OperationError("unknown_action", f"The action must be retry or verify, not {action!r}.", "action")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         run = Run.objects.select_for_update().get(pk=run.pk)
         if run.status != RunStatus.WAITING_REVIEW:
             raise OperationError("not_waiting_review", f"Run {run.pk} is {run.status}; only a run waiting for review "
@@ -556,7 +564,7 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
         raise OperationError("reason_too_long", f"The reason has {len(reason):,} characters; at most "
                              f"{MAX_NOTE_CHARS:,}.", "reason")
     who = requested_by or "an operator"
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = _lock_unfinished(run.pk)
         if locked.status != RunStatus.RUNNING:
             machine.fail(locked, "failed_by_operator", f"Failed by {who}: {reason.rstrip('.')}.")
@@ -565,7 +573,7 @@ def fail_run(run, reason: str, requested_by: str = "") -> Run:
         machine.event(locked, "fail_requested", f"{who} asked to fail the run; its processes are stopped first. "
                                                 f"Reason: {reason}")
     reaping = reconcile.reap_run(locked)
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         locked = _lock_unfinished(run.pk)
         note = f" Processes reaped first: {reaping['reaped']}." if reaping["reaped"] else " No process was left."
         if reaping["unconfirmed"]:
@@ -584,7 +592,7 @@ def forget_host(name: str) -> int:
     Returns the worker rows deleted. Raises OperationError: ``unknown_host`` [host], ``host_alive``
     [host] (it beat less than CP_HOST_STALE seconds ago), ``host_has_runs`` [host] (an unfinished run is
     pinned to it: fail it first)."""
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         row = Host.objects.select_for_update().filter(name=name).first()
         if row is None:
             raise OperationError("unknown_host", f"No host is named {name!r}.", "host")
@@ -627,7 +635,7 @@ def approve(run, decision_id, artifact: str, reviewer: str) -> Decision:
     """
     run = get_run(run)
     reviewer = _person_name(reviewer, "reviewer")
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         run, decision, stage, current = _pending_approval(run, decision_id, artifact)
         failed = [name for name, passed in gate_results(stage, current).items() if not passed]
         if failed:
@@ -711,10 +719,10 @@ def request_changes(run, decision_id, artifact: str, reviewer: str, note: str,
     run = get_run(run)
     reviewer = _person_name(reviewer, "reviewer")
     note = _person_note(note)
-    with transaction.atomic():
+    lines = _commented_line_counts(run, decision_id, comments)  # git, before the run is locked
+    with transaction.atomic(durable=True):
         run, decision, stage, current = _pending_approval(run, decision_id, artifact)
-        checked = _checked_comments(comments, _changed_paths(run, stage, current),
-                                    lambda path: _line_count(run, current, path))
+        checked = _checked_comments(comments, _changed_paths(run, stage, current), lines.get)
         _refuse_exhausted(run, "run")
         outcome = machine.changes_requested(run, stage, decision, reviewer, note, checked)
         if outcome == machine.REPAIR:
@@ -732,6 +740,21 @@ def _changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
     except (OSError, ValueError):
         return set()
     return {change["path"] for change in data.get("changes") or []}
+
+
+def _commented_line_counts(run: Run, decision_id, comments) -> dict[str, int | None]:
+    """``{path: its lines}`` of the changed files ``comments`` name, in the files of the approval decision
+    ``decision_id``, read from git before ``request_changes`` locks the run (git never runs while a row lock is
+    held). A decision's files never change: when the locked run finds it still pending for its stage's current
+    files, these are those files' counts ({} when there is no such decision: the lock refuses it)."""
+    decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1,
+                                    kind=Decision.Kind.APPROVAL).first()
+    if decision is None or decision.stage is None or not isinstance(comments, list):
+        return {}
+    changed = _changed_paths(run, decision.stage, decision.artifact)
+    named = {comment.get("file") for comment in comments[:MAX_COMMENTS]
+             if isinstance(comment, dict) and isinstance(comment.get("file"), str)}
+    return {path: _line_count(run, decision.artifact, path) for path in named if path in changed}
 
 
 def _line_count(run: Run, tree: str, path: str) -> int | None:
@@ -800,7 +823,7 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
     run = get_run(run)
     note = _person_note(note)
     requested_by = _person_name(requested_by, "requested_by", required=False)
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         run = Run.objects.select_for_update().get(pk=run.pk)
         if run.status not in (RunStatus.WAITING_REVIEW, RunStatus.WAITING_APPROVAL):
             raise OperationError("not_waiting", f"Run {run.pk} is {run.status}; only a run waiting for review or "

@@ -151,7 +151,7 @@ def continue_run(run, budgets, start: bool = True, requested_by: str = "", sourc
     new = ops._freeze_run(old.pipeline, snapshot, old.repo_path, checkpoint, dict(old.profile_override or {}),
                           commit_ref=checkpoint, rerun_of=old, how=how, start=False, requested_by=requested_by,
                           source=source, reruns_seen=seen)
-    with transaction.atomic():
+    with transaction.atomic(durable=True):
         new = Run.objects.select_for_update().get(pk=new.pk)
         carried = {stage.key: stage for stage in passed}
         for stage in new.stages.order_by("order"):
