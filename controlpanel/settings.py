@@ -192,6 +192,9 @@ CP_HEARTBEAT_INTERVAL = env.float("CP_HEARTBEAT_INTERVAL", default=5.0)
 CP_STEP_CHAIN_SECONDS = env.float("CP_STEP_CHAIN_SECONDS", default=3600.0)
 #: Seconds without a heartbeat after which a running step's lease is stale.
 CP_HEARTBEAT_STALE = env.float("CP_HEARTBEAT_STALE", default=60.0)
+# git inside a database transaction or row lock: refused (a WorkspaceError) when true, else logged
+# (engine/apps.py GitOutsideTransactions); the test settings refuse it, so the suite finds every one
+CP_REFUSE_GIT_IN_TRANSACTION = env.bool("CP_REFUSE_GIT_IN_TRANSACTION", default=False)
 #: Seconds a queued run may wait unclaimed before reconciliation enqueues it again.
 CP_QUEUED_STALE = env.float("CP_QUEUED_STALE", default=60.0)
 #: Seconds between the beats of a Run Engine worker's main process, which upserts the worker's row

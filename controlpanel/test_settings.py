@@ -17,3 +17,6 @@ if "CP_VAR_DIR" not in os.environ:
 os.environ.setdefault("CP_QUEUE", f"test-runs-{os.getpid()}")
 
 from .settings import *  # noqa: E402,F401,F403
+
+# git inside a database transaction or row lock fails the test that does it (engine/apps.py)
+CP_REFUSE_GIT_IN_TRANSACTION = True

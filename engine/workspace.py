@@ -234,6 +234,11 @@ def _decode(data: bytes | None) -> str:
     return (data or b"").decode("utf-8", "replace").strip()
 
 
+#: called with the arguments before every git command (engine/apps.py: git never runs inside a database
+#: transaction or row lock, where it would hold them for as long as git takes)
+before_git: Callable[[list[str]], None] | None = None
+
+
 def git(
     args: list[str],
     cwd: str,
@@ -263,6 +268,8 @@ def git(
         WorkspaceError: ``git_failed`` when ``check`` and git exits non-zero, when git cannot
             be started, or on timeout; the message names the command and quotes git's stderr.
     """
+    if before_git is not None:
+        before_git(args)
     cmd = _git_argv(args)
     try:
         proc = subprocess.run(

@@ -5,6 +5,8 @@ forward. engine/reconcile.py finishes a checkpoint whose worker died after its c
 module's ``execute`` and ``finish``, through engine/steps/__init__.py."""
 from __future__ import annotations
 
+import contextlib
+
 from django.utils import timezone
 
 from .. import faults, machine, protected, workspace
@@ -32,6 +34,13 @@ def execute(plan: CheckpointPlan, should_stop=None) -> CheckpointOutcome:
     if outcome.get("commit"):
         stage = stage_row(plan)
         run = stage.run
+        # entries of earlier, crashed checkpoint steps of this stage: their commits looked up here, in git,
+        # for ``finish`` to settle them (it runs under the run's row lock, where git never runs)
+        outcome["earlier"] = {}
+        for old in stage.journal.filter(state=JournalEntry.State.INTENT).exclude(pk=plan["journal_id"]):
+            with contextlib.suppress(workspace.WorkspaceError):  # not looked up: left for a later checkpoint
+                outcome["earlier"][str(old.pk)] = workspace.find_commit_with_trailer(
+                    run.repo_path, run.branch, "Control-Panel-Journal", str(old.uid)) or ""
         outcome["carried"] = protected.carry_forward(
             run.repo_path, outcome["commit"], run.commit, list(run.definition["pipeline"]["protected_paths"]),
             run.protected_files or [],
@@ -135,8 +144,11 @@ def finish(run: Run, stage: StageRun, plan: CheckpointPlan, outcome: CheckpointO
     if entry.state == JournalEntry.State.INTENT:
         machine.journal_done(entry, commit)
     # entries of earlier, crashed checkpoint steps of this stage: settled now, never searched again
+    earlier = outcome.get("earlier") or {}
     for old in stage.journal.filter(state=JournalEntry.State.INTENT).exclude(pk=entry.pk):
-        found = workspace.find_commit_with_trailer(run.repo_path, run.branch, "Control-Panel-Journal", str(old.uid))
+        if str(old.pk) not in earlier:
+            continue  # not looked up by ``execute`` (git failed): settled by a later checkpoint of the stage
+        found = earlier[str(old.pk)]
         if found:
             machine.journal_done(old, found)
         else:

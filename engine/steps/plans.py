@@ -119,6 +119,8 @@ class CheckpointOutcome(TypedDict, total=False):
     restored: list[str]
     #: records of the protected files the stage added (engine/protected.py ``carry_forward``)
     carried: list[dict]
+    #: {journal entry id: its commit, or ""}: the earlier, crashed tries of the stage's checkpoint
+    earlier: dict[str, str]
     #: the files are no longer the verified ones (``digest``): verified again
     changed: bool
     digest: str
