@@ -281,7 +281,7 @@ class RunAdmin(ReadOnlyAdmin):
     the change page stays the read-only record of every field, with a link to the detail page."""
 
     list_display = ("id", "pipeline_name", "coloured_status", "simulated_badge", "current_stage", "active_time",
-                    "stop_reason", "commit_short", "created_at")
+                    "stop_reason_code", "commit_short", "created_at")
     list_filter = ("status", "pipeline", "simulated")
     search_fields = ("id", "pipeline_name", "repo_path", "commit", "branch", "stop_reason")
     list_select_related = ("pipeline",)
@@ -315,6 +315,13 @@ class RunAdmin(ReadOnlyAdmin):
     def current_stage(self, obj):
         stage = answers.current_stage(obj, getattr(obj, "ordered_stages", None))
         return stage.key if stage else "-"
+
+    @admin.display(description="stop reason", ordering="stop_reason")
+    def stop_reason_code(self, obj):
+        """The code (what run_status and the API say), its meaning on hover (engine/vocabulary.py)."""
+        if not obj.stop_reason:
+            return "-"
+        return format_html('<code title="{}">{}</code>', obj.get_stop_reason_display(), obj.stop_reason)
 
     @admin.display(description="active time")
     def active_time(self, obj):
@@ -507,7 +514,7 @@ class RunEventAdmin(ReadOnlyAdmin):
     millisecond, its kind, its whole message and links to the run's page and the stage, attempt, check and
     decision it names. A run's events read oldest first, like its story; unfiltered, newest first."""
 
-    list_display = ("time", "kind", "whole_message", "evidence", "run_page")
+    list_display = ("time", "kind_code", "whole_message", "evidence", "run_page")
     list_display_links = ("time",)
     list_filter = ("kind",)
     search_fields = ("message",)
@@ -529,6 +536,11 @@ class RunEventAdmin(ReadOnlyAdmin):
             extra.update(events_run=run, title=f"Events of run {run.pk} ({run.pipeline_name}), oldest first",
                          run_page_url=reverse("admin:engine_run_detail", args=[run.pk]))
         return super().changelist_view(request, extra_context=extra)
+
+    @admin.display(description="kind", ordering="kind")
+    def kind_code(self, obj):
+        """The kind as the run page, the API and run_status name it; its meaning on hover (engine/vocabulary.py)."""
+        return format_html('<code title="{}">{}</code>', obj.get_kind_display(), obj.kind)
 
     @admin.display(description=f"time ({settings.TIME_ZONE})", ordering="at")
     def time(self, obj):

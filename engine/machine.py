@@ -27,6 +27,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from . import environments
+from .vocabulary import EVENT_KINDS, STOP_REASONS
 from .models import (
     ATTEMPT_OPEN,
     RUN_STOPPED,
@@ -133,117 +134,7 @@ def lease_state(run: Run) -> str:
     return Lease.HELD if run.lease_owner else Lease.HANDED_OFF
 
 
-#: Every stop reason a run can hold (``Run.stop_reason``, ``run_status --json`` ``stop_reason``),
-#: with what it means. A closed choice: ``stop`` and ``fail`` refuse any other. Attempt failure
-#: kinds (engine/agents/base.py FAILURE_KINDS) and workspace error codes (engine/workspace.py
-#: WorkspaceError) that stop a run are listed here too. docs/run-status.md prints this table.
-STOP_REASONS: dict[str, str] = {
-    "human_gate": "a stage passed its checks and review and waits for a person's approval",
-    "setup_failed": "the pipeline's setup step (installing the repository's dependencies) failed; its log says why",
-    "gate_failed": ("a gate failed (a non-zero exit status, or a test runner record that says its tests did not "
-                    "all run and pass) and no repair is allowed"),
-    "repair_exhausted": "a defect was found after the stage's repair allowance was used up",
-    "unchanged_failure": "a repair left the same failure on the same files",
-    "review_escalated": "a reviewer asked a person to decide",
-    "invalid_review": "a reviewer's verdict did not follow the verdict schema",
-    "reviewer_unavailable": "a reviewer ended without a verdict",
-    "docs_failed": "the documentation agent failed",
-    "artifact_unstable": "the stage's files kept changing between verification and checkpoint",
-    "scope_violation": "an agent changed files outside what its role may change",
-    "protected_files_changed": "an agent changed a protected check (a test, a gate file, a loader)",
-    "external_symlink": "an agent left a symbolic link that points outside the worktree",
-    "nested_repository": "an agent planted a git repository inside the worktree",
-    "workspace_tampered": "the worktree's git state was changed behind the engine's back",
-    "definition_tampered": "the run's frozen definition no longer matches its digest",
-    "budget_exhausted": "one of the run's budgets (active time, attempts, cost) is used up",
-    "budget_reached": "the model gateway kept a model call from crossing a token or dollar cap (budgets)",
-    "stalled": "an attempt looped (the same tool call turn after turn) and no repair may follow",
-    "final_verification_failed": "a check failed again on the final checkpoint",
-    "interrupted": "the worker holding the run stopped beating; the step was interrupted",
-    "crashed": "the engine itself failed during a step",
-    "host_mismatch": "the host that claimed the run reads other protected files at its commit",
-    "boundary_not_enforced": "the sandbox cannot be enforced on this worker; no agent was launched",
-    "failed_by_operator": "a person failed the run",
-    # attempt failure kinds (engine/agents/base.py FAILURE_KINDS)
-    "missing_executable": "the agent's executable was not found",
-    "executable_not_allowed": "the profile's executable is not one the operator listed (CP_AGENT_EXECUTABLES)",
-    "gateway_not_allowed": "the profile's gateway is not one the operator listed (CP_GATEWAYS)",
-    "process_limit": "an attempt started more processes than its limit (max_processes)",
-    "memory_limit": "an attempt used more memory than its limit (max_memory_mb)",
-    "write_limit": "an attempt wrote more bytes to its folders than its limit (max_write_mb)",
-    "output_too_large": "an attempt printed more output than its limit (max_output_mb)",
-    "auth_failed": "the agent CLI could not authenticate",
-    "timeout": "an attempt passed its deadline and was stopped",
-    "malformed_result": "the agent CLI's output could not be read as its documented result",
-    "cancelled": "the attempt was cancelled",
-    "interactive_prompt": "the agent CLI waited for a person's input (a login or approval prompt)",
-    # workspace error codes (engine/workspace.py WorkspaceError)
-    "git_failed": "a git command of the engine failed",
-    "head_moved": "the worktree's HEAD is not the commit the engine left it at",
-    "workspace_branch_in_use": "the run's branch is checked out in another worktree",
-    "workspace_branch_exists": "the run's branch exists and does not belong to this run",
-    "workspace_path_exists": "the run's worktree folder is taken by something else",
-    "not_a_repository": "the run's repository is not a git repository",
-    "path_not_found": "the run's repository path does not exist",
-    "unknown_revision": "the run's revision is not in the repository",
-    "ambiguous_revision": "the run's revision names more than one object",
-    "not_a_commit": "the run's revision is not a commit",
-    "submodule_init_failed": "the repository's submodules could not be checked out",
-    # context error codes (engine/context.py ContextError): a required file of the stage's context
-    "missing_file": "a file the stage's context requires does not exist in the worktree",
-    "path_escapes_workspace": "a context path of the stage leads outside the worktree",
-    "index_locked": "git's index lock in the worktree stayed held by a live process past the step's deadline",
-}
-
-#: Every event kind a run's story holds (``RunEvent.kind``: the run page's events, the API's and run_status's).
-#: A closed choice: ``event`` refuses any other. docs/run-status.md prints this table.
-EVENT_KINDS: dict[str, str] = {
-    "created": "the run was created from a pipeline version",
-    "start_requested": "a person asked to start the run",
-    "workspace": "the run's worktree was created, re-created or checked",
-    "spec_index_created": "the specification index was written for the agents",
-    "attempt_intent": "an agent attempt was recorded before launch",
-    "attempt_done": "an agent attempt exited 0 (its claim is not evidence)",
-    "attempt_failed": "an agent attempt failed",
-    "network_refused": "an egress proxy refused what an allow-list does not name",
-    "scope_violation": "an agent changed files outside its scope",
-    "protected_files_changed": "an agent changed a protected check",
-    "external_symlink": "an agent left a link pointing outside the worktree",
-    "nested_repository": "an agent planted a nested repository",
-    "setup": "the setup step made the run's environment, or found it made by an earlier run",
-    "verify": "a stage's gates start on its files",
-    "check_passed": "a check exited 0",
-    "check_failed": "a check exited non-zero, timed out or could not start",
-    "verified": "every gate of a stage passed",
-    "repair_needed": "a defect sends the stage to a repair attempt",
-    "review_passed": "every reviewer passed the stage's verified files",
-    "review_skipped": "no review: the pipeline has no reviewer (roles.reviewer: null)",
-    "documented": "the documentation agent finished",
-    "docs_skipped": "no documentation step: the pipeline has no documenter (roles.documenter: null)",
-    "artifact_changed": "the files changed after verification; they are verified again",
-    "waiting_approval": "a human gate waits for a person's approval",
-    "approved": "a person approved a human gate",
-    "changes_requested": "a person sent the files at a human gate back with findings (a repair follows)",
-    "recheck": "a person asked for verification again",
-    "recovered": "a person recovered a stopped run",
-    "checkpoint_intent": "a checkpoint was journaled before git ran",
-    "checkpoint": "a stage's files were committed (or found committed after a crash)",
-    "protected_carried": "a stage's new tests joined the run's protected checks",
-    "journal_unresolved": "a checkpoint journal entry cannot be settled (its repository cannot be read)",
-    "index_lock_wait": "a step waited for git's index lock, held by a live process, in the worktree",
-    "checkpoint_resumed": "reconciliation finished a checkpoint whose commit a dead worker had made",
-    "host_confirmed": "the run's host came back and its reconciliation confirmed the old processes gone",
-    "reconcile_failed": "reconciliation could not take a run over; a later pass tries again",
-    "tests_agreed": "a stage's agreed tests were set: the test ids each gate must report passed again",
-    "final_verify": "the final verification of the whole result starts",
-    "late_result": "a result arrived after the run moved on; stored, it changed nothing",
-    "fail_requested": "a person asked to fail the run",
-    "rerun": "a person re-ran the ended run: a new run of the same inputs (or the latest pipeline) links back to it",
-    "continued": "the run continues one its budget stopped, from that run's last checkpoint, with a raised budget",
-    "stopped": "the run stopped for a person (its stop reason says why)",
-    "failed": "the run failed",
-    "succeeded": "the run succeeded",
-}
+#: STOP_REASONS and EVENT_KINDS: the closed choices of a run's record, in engine/vocabulary.py (models use them too)
 
 
 class IllegalTransition(Exception):

@@ -13,6 +13,7 @@ import uuid
 from django.db import models
 
 from .simulation import simulation
+from .vocabulary import EVENT_KINDS, STOP_REASONS
 
 
 class RunStatus(models.TextChoices):
@@ -153,7 +154,7 @@ class Run(models.Model):
     )
 
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
-    stop_reason = models.CharField(max_length=60, blank=True)
+    stop_reason = models.CharField(max_length=60, blank=True, choices=list(STOP_REASONS.items()))
     stop_message = models.TextField(blank=True)
     stop_evidence = models.JSONField(default=dict, blank=True)
     environment = models.JSONField(default=dict, blank=True, help_text="the setup step's environment once it passed "
@@ -181,6 +182,13 @@ class Run(models.Model):
     class Meta:
         ordering = ["-id"]
         indexes = [models.Index(fields=["status"])]
+        # the closed choices, held by the database too: a write that bypasses the state machine cannot store
+        # a state or reason nobody can read (engine/vocabulary.py)
+        constraints = [
+            models.CheckConstraint(condition=models.Q(status__in=RunStatus.values), name="run_status_known"),
+            models.CheckConstraint(condition=models.Q(stop_reason__in=["", *STOP_REASONS]),
+                                   name="run_stop_reason_known"),
+        ]
         # the operations a person may be allowed, one by one (the API and the admin check them)
         permissions = [
             ("start_run", "Can start a run"),
@@ -242,7 +250,9 @@ class StageRun(models.Model):
 
     class Meta:
         ordering = ["run_id", "order"]
-        constraints = [models.UniqueConstraint(fields=["run", "key"], name="stage_unique_per_run")]
+        constraints = [models.UniqueConstraint(fields=["run", "key"], name="stage_unique_per_run"),
+                       models.CheckConstraint(condition=models.Q(status__in=StageStatus.values),
+                                              name="stage_status_known")]
 
     def __str__(self):
         return f"run {self.run_id} stage {self.order + 1} '{self.key}': {self.status}"
@@ -356,7 +366,9 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["stage__order", "number"]
-        constraints = [models.UniqueConstraint(fields=["stage", "number"], name="attempt_number_unique_per_stage")]
+        constraints = [models.UniqueConstraint(fields=["stage", "number"], name="attempt_number_unique_per_stage"),
+                       models.CheckConstraint(condition=models.Q(status__in=AttemptStatus.values),
+                                              name="attempt_status_known")]
 
     def __str__(self):
         sim = " [simulated]" if self.simulated else ""
@@ -479,7 +491,7 @@ class RunEvent(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(auto_now_add=True)
-    kind = models.CharField(max_length=40)
+    kind = models.CharField(max_length=40, choices=list(EVENT_KINDS.items()))
     message = models.TextField()
     stage = models.ForeignKey(StageRun, on_delete=models.SET_NULL, null=True, blank=True)
     attempt = models.ForeignKey(Attempt, on_delete=models.SET_NULL, null=True, blank=True)
@@ -489,6 +501,7 @@ class RunEvent(models.Model):
 
     class Meta:
         ordering = ["id"]
+        constraints = [models.CheckConstraint(condition=models.Q(kind__in=list(EVENT_KINDS)), name="event_kind_known")]
 
     def __str__(self):
         return f"run {self.run_id} [{self.kind}] {self.message}"

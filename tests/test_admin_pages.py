@@ -91,9 +91,9 @@ def evidence(run_row):
         failure_kind="nonzero_exit", manifest=manifest, manifest_digest=manifest.digest,
         log_path=record(run, "checks/00001-unit.log", log))
     decision = Decision.objects.create(run=run, stage=stage, kind="review", reason="gate_failed")
-    first = RunEvent.objects.create(run=run, kind="attempt", message="Attempt 1 (implement) succeeded.",
+    first = RunEvent.objects.create(run=run, kind="attempt_done", message="Attempt 1 (implement) succeeded.",
                                     stage=stage, attempt=attempt)
-    failed = RunEvent.objects.create(run=run, kind="gate", message=LONG_MESSAGE, stage=stage, gate_check=check)
+    failed = RunEvent.objects.create(run=run, kind="check_failed", message=LONG_MESSAGE, stage=stage, gate_check=check)
     stopped = RunEvent.objects.create(run=run, kind="stopped", message="Stopped (gate_failed): Gate 'unit' failed.",
                                       decision=decision)
     for n, event in enumerate((first, failed, stopped)):
@@ -332,7 +332,8 @@ def test_all_events_of_a_run_show_seconds_and_whole_messages_oldest_first(staff,
     assert [re.search(r'<time datetime="[^"]+">([^<]+)</time>', r).group(1) for r in rows] == [
         "2025-03-04 05:06:07.891", "2025-03-04 05:06:08.891", "2025-03-04 05:06:09.891"]  # oldest first
     assert html.escape(LONG_MESSAGE) in rows[1] and "END-OF-THE-MESSAGE." in rows[1]  # whole
-    assert '<td class="field-kind">gate</td>' in rows[1]
+    assert ('<td class="field-kind_code"><code title="a check exited non-zero, timed out or could not start">'
+            'check_failed</code></td>') in rows[1], rows[1]
     # links to the run's page and to what each event names
     assert f'href="{detail(run)}#event-{failed.pk}"' in rows[1]
     assert f'href="{detail(run)}#stage-{evidence["stage"].pk}"' in rows[1]
@@ -349,7 +350,7 @@ def test_all_events_of_a_run_show_seconds_and_whole_messages_oldest_first(staff,
 
 def test_the_events_list_shows_500_a_page(staff, evidence):
     run = evidence["run"]
-    RunEvent.objects.bulk_create([RunEvent(run=run, kind="note", message=f"note {n}") for n in range(600)])
+    RunEvent.objects.bulk_create([RunEvent(run=run, kind="recheck", message=f"note {n}") for n in range(600)])
     text = get(staff, reverse("admin:engine_runevent_changelist") + f"?run__id__exact={run.pk}")
     rows = re.findall(r'<td class="field-whole_message">', text)
     assert len(rows) == 500

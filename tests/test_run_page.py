@@ -442,10 +442,10 @@ def _grow(run, attempts: int, log_bytes: int) -> None:
             check = Check.objects.create(run=run, stage=stage, name=name, command="true", cwd=run.worktree,
                                          exit_code=0, passed=True, elapsed_seconds=0.5, manifest=manifest,
                                          manifest_digest=digest)
-            RunEvent.objects.create(run=run, kind="gate", message=f"gate {name} passed", stage=stage,
+            RunEvent.objects.create(run=run, kind="check_passed", message=f"gate {name} passed", stage=stage,
                                     gate_check=check)
         for _ in range(3):
-            RunEvent.objects.create(run=run, kind="attempt", message=f"attempt {n} ended", stage=stage,
+            RunEvent.objects.create(run=run, kind="attempt_done", message=f"attempt {n} ended", stage=stage,
                                     attempt=attempt)
 
 
@@ -774,6 +774,7 @@ def test_a_queued_run_with_no_live_worker_says_so_in_the_header(staff, make_pipe
 
     from engine.models import Worker
 
+    run = pending_run(make_pipeline, repo)  # git runs, and a verb commits, outside any transaction
     with transaction.atomic():
         if connection.vendor == "postgresql":
             # real workers of the session (tests/conftest.py ``worker_pool``) may beat into this database:
@@ -781,7 +782,6 @@ def test_a_queued_run_with_no_live_worker_says_so_in_the_header(staff, make_pipe
             with connection.cursor() as cursor:
                 cursor.execute(f"LOCK TABLE {Worker._meta.db_table} IN SHARE ROW EXCLUSIVE MODE")
         Worker.objects.all().delete()  # no worker has ever beaten here
-        run = pending_run(make_pipeline, repo)
         operations.request_start(run, requested_by="t", source="test")
         header = section(page(staff, run), 'id="run-header"', "</section>")
         assert "No worker is alive" in header and "make worker" in header

@@ -105,3 +105,35 @@ def test_every_task_has_time_limits_above_what_a_step_may_take():
     assert longest < tasks.advance_run.soft_time_limit < tasks.advance_run.time_limit
     for task in (tasks.advance_run, tasks.reconcile, tasks.notify):
         assert task.soft_time_limit and task.time_limit and task.soft_time_limit < task.time_limit, task.name
+
+
+@pytest.mark.django_db
+def test_the_migrations_hold_every_model_change():
+    """A new stop reason or event kind (engine/vocabulary.py) needs its migration: the constraints follow them."""
+    from django.core.management import call_command
+
+    call_command("makemigrations", "engine", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("column,value", [("status", "bogus"), ("stop_reason", "not_a_reason")])
+def test_the_database_refuses_a_run_state_or_reason_outside_the_vocabulary(make_pipeline, repo, column, value):
+    from django.db import IntegrityError
+
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    with pytest.raises(IntegrityError):
+        Run.objects.filter(pk=run.pk).update(**{column: value})
+    run.refresh_from_db()
+    assert (run.status, run.stop_reason) == ("pending", "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_refuses_an_event_kind_outside_the_vocabulary(make_pipeline, repo):
+    from django.db import IntegrityError
+
+    from engine.models import RunEvent
+
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    with pytest.raises(IntegrityError):
+        RunEvent.objects.create(run=run, kind="made_up", message="a kind nobody can read")
+    assert list(run.events.values_list("kind", flat=True)) == ["created"]
