@@ -2,7 +2,7 @@
 transcript (engine/transcript.py: beside the raw log, no field of its own).
 
 Used by the attempt's admin page (controlpanel/admin.py ``AttemptAdmin``) and by the run page
-(controlpanel/views.py). A file is served only from the attempt's own recorded path, and only
+(controlpanel/views/). A file is served only from the attempt's own recorded path, and only
 when that path resolves inside its run's control records (``CP_VAR_DIR/runs/<run>/``): never an
 arbitrary path.
 """

@@ -1,4 +1,4 @@
-"""The Control Panel's forms: the run detail page's action buttons (controlpanel/views.py), the
+"""The Control Panel's forms: the run detail page's action buttons (controlpanel/views/), the
 "Create a run" and "Edit the definition" pages of a pipeline (controlpanel/admin.py).
 
 The forms check only the shape of what arrives (a decision id is a whole number, an action is

@@ -2,7 +2,7 @@
 
 The admin shows a JSON field as one line of JSON, a time to the minute and a float of seconds with
 all its digits. The record pages (controlpanel/admin.py, and the check log page of
-controlpanel/views.py) show instead:
+controlpanel/views/) show instead:
 
 - a JSON value as YAML in a ``<pre class="cp-yaml">`` (``yaml_block``), as a person reads a pipeline
   file; a list of paths (a run's ``not_included``) as a bulleted list (``path_list``);
@@ -45,7 +45,7 @@ USAGE_ALWAYS = ("input_tokens", "output_tokens", "cached_tokens", "cache_creatio
 
 def duration_text(seconds: float | None) -> str:
     """A duration to the tenth of a second: ``0.4 s``, ``59.9 s``, ``1 min 3.2 s``, ``2 h 0 min 4.5 s``;
-    "—" for None. (controlpanel/views.py ``seconds_text(..., precise=True)`` is this.)"""
+    "—" for None. (controlpanel/views/common.py ``seconds_text(..., precise=True)`` is this.)"""
     if seconds is None:
         return NONE
     tenths = int(round(max(0.0, seconds) * 10))

@@ -1,6 +1,6 @@
 """The answers every view of a run gives, each computed in one place.
 
-The run page (controlpanel/views.py), the admin lists, the JSON API and ``run_status``
+The run page (controlpanel/views/), the admin lists, the JSON API and ``run_status``
 (engine/operations.py ``run_status``), the commands and the demo ask these functions; none
 computes its own:
 

@@ -1,6 +1,6 @@
 """The Control Panel's secondary pages are readable: an attempt's page, a check's page (its log), the events
 list, a pipeline's and a profile's page, and a run's record (controlpanel/admin.py, controlpanel/readable.py,
-controlpanel/views.py ``check_log``), read through the Django test client as a person reads their HTML.
+controlpanel/views/pages.py ``check_log``), read through the Django test client as a person reads their HTML.
 
 The evidence is recorded, not produced: a run row with its stage (tests/conftest.py ``run_row``), an
 attempt, a check, a manifest and events written here with their files in the run's control records, as a
