@@ -1,4 +1,4 @@
-"""The pydantic models of engine/pipeline_schema.py are the schema of pipeline files: every
+"""The pydantic models of engine/pipeline_schema/ are the schema of pipeline files: every
 level refuses an unknown key and a value of the wrong type, named by its field path, and the
 models are strict and closed. No database needed."""
 import copy

@@ -5,7 +5,7 @@ decides what"): an option that widens a role (an MCP server, a plugin folder, a 
 would let a pipeline run what it likes inside the agent's sandbox. So each CLI's options are
 listed only after someone read what they do (``EXTRA_ARGS``); the options the engine sets per
 role (``_PERMISSION_ARGS``) or owns (``_ENGINE_ARGS``) are named as such in a refusal, and
-everything else is refused. engine/pipeline_schema.py checks a definition with ``_refused_args``
+everything else is refused. engine/pipeline_schema/profiles.py checks a definition with ``_refused_args``
 when it is loaded or saved; engine/operations.py again at run creation (``extra_args_problems``).
 docs/pipeline-format.md ("extra_args") prints the table. No Django imports.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-#: The roles (engine/pipeline_schema.py ROLES).
+#: The roles (engine/pipeline_schema/common.py ROLES).
 _EVERY_ROLE = ("implementer", "reviewer", "documenter")
 
 # Command-line options an adapter sets itself. Permission and sandbox options decide what a
