@@ -46,6 +46,7 @@ from engine.models import (
     StartRequest,
 )
 from engine.steps import sha256_file
+from engine.vocabulary import EVENT_KINDS, STOP_REASONS
 
 from .attempt_files import ATTEMPT_FILES, attempt_file
 from .forms import CreateRunForm, PipelineDefinitionForm
@@ -321,7 +322,7 @@ class RunAdmin(ReadOnlyAdmin):
         """The code (what run_status and the API say), its meaning on hover (engine/vocabulary.py)."""
         if not obj.stop_reason:
             return "-"
-        return format_html('<code title="{}">{}</code>', obj.get_stop_reason_display(), obj.stop_reason)
+        return format_html('<code title="{}">{}</code>', STOP_REASONS.get(obj.stop_reason, ""), obj.stop_reason)
 
     @admin.display(description="active time")
     def active_time(self, obj):
@@ -540,7 +541,7 @@ class RunEventAdmin(ReadOnlyAdmin):
     @admin.display(description="kind", ordering="kind")
     def kind_code(self, obj):
         """The kind as the run page, the API and run_status name it; its meaning on hover (engine/vocabulary.py)."""
-        return format_html('<code title="{}">{}</code>', obj.get_kind_display(), obj.kind)
+        return format_html('<code title="{}">{}</code>', EVENT_KINDS.get(obj.kind, ""), obj.kind)
 
     @admin.display(description=f"time ({settings.TIME_ZONE})", ordering="at")
     def time(self, obj):

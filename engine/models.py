@@ -154,7 +154,7 @@ class Run(models.Model):
     )
 
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
-    stop_reason = models.CharField(max_length=60, blank=True, choices=list(STOP_REASONS.items()))
+    stop_reason = models.CharField(max_length=60, blank=True)  # one of STOP_REASONS (its constraint below)
     stop_message = models.TextField(blank=True)
     stop_evidence = models.JSONField(default=dict, blank=True)
     environment = models.JSONField(default=dict, blank=True, help_text="the setup step's environment once it passed "
@@ -491,7 +491,7 @@ class RunEvent(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(auto_now_add=True)
-    kind = models.CharField(max_length=40, choices=list(EVENT_KINDS.items()))
+    kind = models.CharField(max_length=40)  # one of EVENT_KINDS (its constraint below)
     message = models.TextField()
     stage = models.ForeignKey(StageRun, on_delete=models.SET_NULL, null=True, blank=True)
     attempt = models.ForeignKey(Attempt, on_delete=models.SET_NULL, null=True, blank=True)
