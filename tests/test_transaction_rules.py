@@ -46,7 +46,9 @@ def test_create_run_reads_four_hundred_protected_files_before_its_transaction(ma
     write lock held for as long as git took."""
     from .conftest import make_repo
 
-    files = {f"tests/test_{n:03d}.py": f"def test_{n}():\n    assert True\n" for n in range(400)}
+    # 400 agreed test modules, each a real check of the repository's code (app/core.py answer() is 0 here)
+    files = {f"tests/test_{n:03d}.py": f"from app.core import answer\n\n\ndef test_{n}():\n    assert answer() + {n} == {n}\n"
+             for n in range(400)}
     repo = make_repo(tmp_path / "many", {**files, "app/__init__.py": "", "app/core.py": "def answer():\n    return 0\n"})
     run = operations.create_run(make_pipeline(protected_paths=["tests/**"]), str(repo), "main")
     assert len(run.protected_files) == 400
