@@ -35,7 +35,9 @@ from engine.models import Attempt, Check, Run
 from .conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, navigate_by, wait_for, wait_until
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),
+#: CI runs them in its SQLite job only (backend): what they check is the page a person sees and
+#: drives, the same on either database; Chromium is the heaviest load a CI job has
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.backend("sqlite"),
               pytest.mark.skipif(not has_chromium(), reason=NO_CHROMIUM)]
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -188,10 +190,12 @@ def seen(tab) -> str:
     return f"\nthe page's last requests (document.hidden: {hidden}):\n" + "\n".join(lines)
 
 
-def wait_status(tab, run, status: str, timeout: int = WAIT_MS) -> None:
+def wait_status(tab, run, status: str, timeout: int = 3 * WAIT_MS) -> None:
     """Wait until the page of the active ``run`` (updating itself while the run is queued or running)
     shows it stopped, in its header and in the rest of the page (#content-main's data-cp-status says which
-    state its parts were built for: run.js), and assert that it stopped in ``status``."""
+    state its parts were built for: run.js), and assert that it stopped in ``status``.
+    Three minutes by default: the run's gates, review and documentation run in between, and CI's
+    jobs share two cores (its run stayed 'running' for more than 60 s there once, its page with it)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     stopped = ':not([data-cp-status="queued"]):not([data-cp-status="running"])'
