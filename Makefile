@@ -42,10 +42,11 @@ test: announce-test install agents browser samples
 lint: install
 	$(BIN)/ruff check .
 
-## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those).
+## make test-fast: the inner loop: no worker process and no whole run driven (tests/conftest.py marks those),
+## in two pytest-xdist workers, with its wall and CPU time printed (scripts/timed.py).
 ## It needs the agent CLIs too: the sandbox's bubblewrap is the one the pinned codex package ships.
 test-fast: announce-test-fast install agents
-	$(BIN)/python -m pytest -q -m "not slow and not pipeline"
+	$(BIN)/python scripts/timed.py $(BIN)/python -m pytest -q -n 2 -m "not slow and not pipeline"
 
 announce-test:
 	@echo "make test installs first, each step a no-op once done: the venv .venv (pyproject.toml, [test] extras);"
@@ -56,6 +57,7 @@ announce-test:
 announce-test-fast:
 	@echo "make test-fast installs first, each step a no-op once done: the venv .venv (pyproject.toml, [test] extras)"
 	@echo "  and the pinned agent CLIs in tools/agents (npm; the sandbox's bubblewrap comes with codex)."
+	@echo "  Then the fast tier in two pytest-xdist workers, and its wall and CPU time."
 
 migrate: install
 	$(BIN)/python manage.py migrate

@@ -15,6 +15,14 @@ if "CP_VAR_DIR" not in os.environ:
 # the session's own queue too: a worker of another session (or a person's) on the same Redis
 # database never takes this session's messages
 os.environ.setdefault("CP_QUEUE", f"test-runs-{os.getpid()}")
+# pytest-xdist's workers (make test-fast) inherit the environment of the controlling process, which
+# chose the two above before starting them: each worker is a session of its own, with its own
+# folder and queue (a process a worker starts inherits the suffixed names and keeps them)
+_xdist_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _xdist_worker and os.environ.get("CP_TEST_SESSION_VAR") == "1" and \
+        not os.environ["CP_VAR_DIR"].endswith(f"-{_xdist_worker}"):
+    os.environ["CP_VAR_DIR"] += f"-{_xdist_worker}"
+    os.environ["CP_QUEUE"] += f"-{_xdist_worker}"
 
 from .settings import *  # noqa: E402,F401,F403
 

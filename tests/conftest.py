@@ -314,6 +314,14 @@ def _session_var_dir():
         shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
 
 
+def pytest_unconfigure(config):
+    """pytest-xdist's controlling process runs no test, so no session fixture: the var directory its
+    settings made (controlpanel.test_settings; each worker has and removes its own) goes here."""
+    if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR") and \
+            not os.environ.get("PYTEST_XDIST_WORKER"):
+        shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
+
+
 @pytest.fixture
 def run_row(make_pipeline):
     """Factory of a Run row with its stages, made in the database only (no repository, no git,
