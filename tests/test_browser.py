@@ -127,8 +127,23 @@ def user(django_user_model, name: str, *codenames: str, superuser: bool = False)
 
 def submit(tab, selector: str) -> None:
     """Press the submit button ``selector`` and wait for the page the form leads to (after its redirect):
-    the callers then wait for what they look for."""
-    navigate_by(tab, lambda: tab.click(selector))
+    the callers then wait for what they look for.
+
+    A press that sent nothing (the page replaced its parts under the pointer: run.js) is pressed once
+    more, as a person would; one that sent its form and got no page back fails, saying what the page
+    last asked and was answered (``seen``)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for press in (1, 2):
+        pressed = time.monotonic()
+        try:
+            navigate_by(tab, lambda: tab.click(selector))
+            return
+        except PlaywrightTimeout as exc:
+            sent = [what for at, what in SEEN.get(id(tab), ()) if at >= pressed and what.startswith("sent ")]
+            if sent or press == 2:
+                raise AssertionError(f"pressing {selector} led to no new page within 30 s (press {press}; "
+                                     f"sent: {sent})" + seen(tab)) from exc
 
 
 def log_in(tab, name: str) -> None:
@@ -175,6 +190,7 @@ def watch(page) -> None:
     log = SEEN.setdefault(id(page), collections.deque(maxlen=40))
     page.on("response", lambda r: "/static/" in r.url or log.append((time.monotonic(),
                                                                      f"{r.status} {r.request.method} {r.url}")))
+    page.on("request", lambda r: r.method == "GET" or log.append((time.monotonic(), f"sent {r.method} {r.url}")))
     page.on("requestfailed", lambda r: log.append((time.monotonic(), f"failed ({r.failure}) {r.method} {r.url}")))
     page.on("console", lambda m: m.type == "error" and log.append((time.monotonic(), f"console: {m.text}")))
     page.on("pageerror", lambda e: log.append((time.monotonic(), f"page error: {e}")))

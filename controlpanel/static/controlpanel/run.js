@@ -6,7 +6,7 @@
  *    keeps their place when they had scrolled up.
  * 2. The page follows its run (htmx polls the state endpoint; a 200 says it changed): the page
  *    fetches itself and replaces its parts (every element with data-cp-part, by id) without a
- *    reload; the live conversation box is kept while the same attempts are open; the action forms
+ *    reload, but for a part whose HTML is the same as the one the last replacement put there; the live conversation box is kept while the same attempts are open; the action forms
  *    are replaced only while nobody types: while a person has typed (or has the focus in a form)
  *    they stay as they are and a notice at the top says what the run became, with a Reload button.
  *    Open (or closed) boxes (<details> with an id) stay so across a replacement. The header is
@@ -233,7 +233,14 @@ function cpIdle() {
     var previous = null;
     order.forEach(function (name, k) {
       var part = freshParts[k], old = byName[name];
+      var source = part.outerHTML;
       delete byName[name];
+      if (old && old.cpSource === source) {
+        // the same as what the last update put there: kept as it is (a button under the pointer is
+        // not swapped for its twin mid-click, a box keeps what it loaded)
+        previous = old;
+        return;
+      }
       if (name === "actions" && keepForms && old) {
         // the forms change with the run (Approve appears): new forms, with what was typed carried over,
         // unless a form typed into is gone (then they stay as they are)
@@ -246,6 +253,7 @@ function cpIdle() {
         });
         if (Object.keys(typed).every(function (verb) { return verbs.indexOf(verb) >= 0; })) {
           old.parentNode.replaceChild(fresh, old);
+          fresh.cpSource = source;
           restoreTyped(typed);
           if (focusName) {
             var again = fresh.querySelector('form.cp-action[data-cp-action="' + focusName[0] + '"] [name="' +
@@ -268,6 +276,7 @@ function cpIdle() {
         return;
       }
       var node = document.importNode(part, true);
+      node.cpSource = source;
       var folds = old ? foldsOf(old) : {};
       if (old) {
         old.parentNode.replaceChild(node, old);
