@@ -92,14 +92,19 @@ _checked: dict[tuple, tuple[str, str]] = {}
 def probe(executable: str, timeout: float = 30.0, help_args: tuple[str, ...] = ("--help",)) -> tuple[str, str]:
     """``(version, help text)`` of an executable (``--version``'s first line, the output of
     ``help_args``, both run in the sandbox), cached by path, modification time and help arguments;
-    ``("", "")`` when the file cannot be read."""
+    ``("", "")`` when the file cannot be read. A probe that got no answer (it timed out on a loaded
+    machine) is not kept: the next check asks again (CI once saw every later check of one process
+    refuse gemini because one ``gemini --help`` had timed out)."""
     try:
         key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns, help_args)
     except OSError:
         return "", ""
-    if key not in _checked:
-        _checked[key] = (cli_version(executable, timeout), probe_output(executable, help_args, timeout))
-    return _checked[key]
+    if key in _checked:
+        return _checked[key]
+    answer = (cli_version(executable, timeout), probe_output(executable, help_args, timeout))
+    if all(answer):
+        _checked[key] = answer
+    return answer
 
 
 def endpoint_turns(spec: dict | None, stage_key: str, operation: str):
