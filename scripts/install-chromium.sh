@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Debian's Chromium for the browser tests (tests/test_browser.py, Playwright driving
+# Install Debian's Chromium for the browser tests (tests/browser/, Playwright driving
 # /usr/bin/chromium headless). Playwright's own browser download is never used: it is a binary
 # fetched from outside the package registries.
 #

@@ -307,18 +307,14 @@ def wait_until(predicate, timeout: float = 60.0, what: str = "the condition"):
 
 @pytest.fixture(autouse=True, scope="session")
 def _session_var_dir():
-    """The session's own var directory (controlpanel.test_settings), removed at the end."""
+    """The session's own var directory (controlpanel.test_settings); ``pytest_unconfigure`` removes it."""
     ARTIFACTS.mkdir(exist_ok=True)
-    yield
-    if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR"):
-        shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
 
 
 def pytest_unconfigure(config):
-    """pytest-xdist's controlling process runs no test, so no session fixture: the var directory its
-    settings made (controlpanel.test_settings; each worker has and removes its own) goes here."""
-    if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR") and \
-            not os.environ.get("PYTEST_XDIST_WORKER"):
+    """The var directory this process's settings made (controlpanel.test_settings: each pytest-xdist
+    worker and the controlling process has its own) is removed once its test databases are gone."""
+    if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR"):
         shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
 
 

@@ -7,7 +7,7 @@ kind of run with its sentence and button, in a fixed number of queries. The slow
 ``celery -A controlpanel worker`` processes (tests/test_run_records.py ``Solo``, on a queue of their
 own, against the test database): the row appears, beats, holds a run, and is marked stopped by a
 clean shutdown; a ``kill -9`` leaves a row whose beat goes stale. The last one looks at the home
-page in headless Chromium 390 px wide (skipped without Chromium, as tests/test_browser.py is).
+page in headless Chromium 390 px wide (skipped without Chromium, as tests/browser/ is).
 """
 from __future__ import annotations
 

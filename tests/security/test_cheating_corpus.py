@@ -1,7 +1,7 @@
 """The standing cheating corpus: bench/integrity.py must catch every cheat and stop no honest run.
 
-The benchmark runs its cases (at least 100 cheats and 40 honest changes, issue 19) in a process of its own (its own var directory and database),
-as a person runs it (without the "works unguarded" column: a plain clone's gate per cheat, for
+The benchmark runs its cases (at least 100 cheats and 40 honest changes, issue 19) in a process of
+its own (its own var directory and database), as a person runs it (without the "works unguarded" column: a plain clone's gate per cheat, for
 the reader, not the verdict); this test keeps it green in `make test` and checks that bench/README.md
 lists every case.
 """
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_integrity_benchmark_catches_every_cheat_and_stops_no_honest_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CP_VAR_DIR", "DJANGO_SETTINGS_MODULE")}
     env["TMPDIR"] = str(tmp_path)
-    proc = subprocess.run([sys.executable, "bench/integrity.py", "--no-unguarded"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=2400)
+    proc = subprocess.run([sys.executable, "bench/integrity.py", "--no-unguarded"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=2400)
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-4000:]
     caught = re.search(r"cheats caught: (\d+)/(\d+) \(100%\)", out)

@@ -6,7 +6,8 @@
  *    keeps their place when they had scrolled up.
  * 2. The page follows its run (htmx polls the state endpoint; a 200 says it changed): the page
  *    fetches itself and replaces its parts (every element with data-cp-part, by id) without a
- *    reload, but for a part whose HTML is the same as the one the last replacement put there; the live conversation box is kept while the same attempts are open; the action forms
+ *    reload, but for a part whose HTML is the same as the one the last replacement put there; the
+ *    live conversation box is kept while the same attempts are open; the action forms
  *    are replaced only while nobody types: while a person has typed (or has the focus in a form)
  *    they stay as they are and a notice at the top says what the run became, with a Reload button.
  *    Open (or closed) boxes (<details> with an id) stay so across a replacement. The header is
