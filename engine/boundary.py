@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from .agents import gateways, sandbox
+from .agents import gateways, registry, sandbox
 from .agents.netproxy import split_host_port
 
 log = logging.getLogger("engine.boundary")
@@ -40,17 +40,9 @@ log = logging.getLogger("engine.boundary")
 #: Variables of the worker that reach agents and gates (with ENV_PREFIXES); everything else stays.
 ENV_NAMES = ("PATH", "LANG", "LANGUAGE", "TERM", "TZ", "COLORTERM", "NO_COLOR")
 ENV_PREFIXES = ("LC_",)
-#: The credential variables of each adapter's CLI, passed to its agents only (never to gates).
-#: Sources: Claude Code reads ANTHROPIC_API_KEY / ANTHROPIC_AUTH_TOKEN / CLAUDE_CODE_OAUTH_TOKEN;
-#: codex exec reads CODEX_API_KEY / OPENAI_API_KEY (each CLI's documentation on authentication).
-CREDENTIALS = {
-    "claude-code": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
-    "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),
-    "gemini-cli": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
-    # pi 0.73.1 (pi-ai env-api-keys.js) for the providers engine/agents/pi.py runs: anthropic, openai, google
-    "pi": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN", "OPENAI_API_KEY", "GEMINI_API_KEY"),
-    "scripted": (),
-}
+#: The credential variables of each adapter's CLI, passed to its agents only (never to gates): each
+#: CLI's policy says which (engine/agents/<cli>/policy.py CREDENTIALS, its documentation on authentication).
+CREDENTIALS = registry.credentials()
 #: The variable each CLI reads its API key from, which the key of a profile's gateway fills
 #: (engine/agents/gateways.py): the first name of CREDENTIALS for each.
 KEY_TARGETS = {adapter: names[0] for adapter, names in CREDENTIALS.items() if names}

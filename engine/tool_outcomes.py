@@ -1,8 +1,8 @@
 """What happened to an agent's tool call that did not succeed, in one word, the same everywhere.
 
-The adapters (engine/agents/claude.py, codex.py, gemini.py, pi.py) record the tool calls of an
-attempt that did not succeed in ``Attempt.refusals``; each record carries an ``"outcome"``
-(``classify``), the conversation (engine/transcript.py) words each result by the same outcome, and
+The adapters (engine/agents/<cli>/adapter.py) record the tool calls of an attempt that did not
+succeed in ``Attempt.refusals``; each record carries an ``"outcome"`` (``classify``), the conversation
+(engine/transcript.py, engine/agents/<cli>/conversation.py) words each result by the same outcome, and
 ``run_status``, the API and the run page count them (``counts``, ``sentence``):
 
 * ``command_not_found``: the program was missing: exit status 127 (bash, sh and env say so), or,
@@ -12,18 +12,17 @@ attempt that did not succeed in ``Attempt.refusals``; each record carries an ``"
   itself runs). Exit status 127 wins over any refusal wording;
 * ``refused``: the sandbox or the CLI's own rules refused it: a sandbox denial in the output
   (``DENIAL``: read-only file system, EROFS, EACCES, EPERM, permission denied, operation not
-  permitted; codex's DENIAL_PATTERNS and pi's DENIAL_TEXTS are of it), or what the caller knows
-  from the CLI itself (``refused=True``: a declined command, a tool not available to the role, a
-  policy's or a permission rule's refusal);
+  permitted; some CLIs' own denial texts are of it), or what the caller knows from the CLI itself
+  (``refused=True``: a declined command, a tool not available to the role, a policy's or a
+  permission rule's refusal);
 * ``failed``: any other non-zero exit status or error.
 
-Each CLI says these its own way (``of_claude``, ``of_pi``, ``of_gemini``; codex's records call
-``classify`` with its exit status and DENIAL_PATTERNS): Claude Code's Bash error begins "Exit code
-N"; pi's bash result ends "Command exited with code N"; codex reports ``exit_code``; gemini 0.61.0's
-run_shell_command reports a command that exited non-zero as a *success* whose output is what the
-command printed (stdout and stderr), or "Command exited with code: N" when it printed nothing: with
-output, its exit status is unknown, and only a line the shell itself printed ("bash: line 4: python:
-command not found", "bash: line 4: /etc/x: Read-only file system") says what happened.
+Each CLI says these its own way: its package reads its words and calls ``classify`` (its
+conversation module's ``outcome_of``, or its adapter's records); an Anthropic Messages-shaped tool
+result ("Exit code N") is read here (``of_message_result``). Some CLIs report a command that exited
+non-zero as a success whose output is what the command printed: then its exit status is unknown, and
+only a line the shell itself printed ("bash: line 4: python: command not found", "bash: line 4:
+/etc/x: Read-only file system", ``shell_denial``) says what happened.
 
 A record written before outcomes existed has none: it counts as ``refused_or_failed`` (what such a
 record meant then: "tool calls the CLI refused or that failed").
@@ -65,7 +64,7 @@ _RUNNERS = ("env", "exec", "command", "nohup", "time", "sudo")
 def programs_of(command: str) -> list[str]:
     """The programs a shell command line runs itself, in order, approximately: the first word of each
     part between ``&&``, ``||``, ``;``, ``|``, ``(`` and lines, after variable assignments and ``env``-like
-    words; ``bash -lc 'python -m pytest'`` (codex's way) gives the programs of its script. [] when
+    words; ``bash -lc 'python -m pytest'`` (a shell tool's way) gives the programs of its script. [] when
     the line cannot be split."""
     try:
         lexer = shlex.shlex(str(command or "").replace("\n", " ; "), posix=True, punctuation_chars=True)
@@ -153,21 +152,11 @@ def classify(exit_code: int | None = None, output: str = "", command: str = "", 
 # ----------------------------------------------------------------------------- each CLI's words
 
 #: Texts of a tool error that say the CLI's permission rules refused the call (Claude Code 2.1.197:
-#: a denied permission, a removed tool; pi and gemini word theirs alike).
+#: a denied permission, a removed tool; other CLIs word theirs alike).
 CLI_REFUSAL = re.compile(r"permission|denied|not allowed|haven't granted|No such tool available|blocked|"
                          r"requires approval|declined", re.IGNORECASE)
-#: Claude Code's Bash error text: "Exit code N".
-CLAUDE_EXIT = re.compile(r"Exit code:?\s*(-?\d+)")
-#: pi 0.73.1's bash result ends with "Command exited with code N" when the command failed.
-PI_EXIT = re.compile(r"Command exited with code (-?\d+)\s*$")
-#: gemini 0.61.0's run_shell_command output is what the command printed; with no output it is
-#: "Command exited with code: N" (in debug mode "Exit Code: N" follows the output).
-GEMINI_EXIT = re.compile(r"^(?:Command exited with code:|Exit Code:)\s*(-?\d+)\s*$", re.MULTILINE)
-#: gemini 0.61.0's error types (``ToolErrorType``) of a call its rules refused.
-GEMINI_REFUSED = frozenset({"tool_not_registered", "policy_violation", "permission_denied", "path_not_in_workspace",
-                            "sandbox_expansion_required"})
-#: gemini's words for a path outside the workspace (an ``invalid_tool_params`` error).
-GEMINI_OUTSIDE = re.compile(r"must be within the workspace|outside (?:of )?the workspace", re.IGNORECASE)
+#: A failed Bash command's ``tool_result`` text in the Messages shape (Claude Code's): "Exit code N".
+EXIT_CODE_TEXT = re.compile(r"Exit code:?\s*(-?\d+)")
 
 
 def _exit(pattern: re.Pattern, text: str) -> int | None:
@@ -175,35 +164,14 @@ def _exit(pattern: re.Pattern, text: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def of_claude(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:
-    """``(outcome, exit status)`` of a Claude Code ``tool_result``: ``content`` its text, ``error`` its
-    ``is_error``. Bash reports a failed command as an error with "Exit code N"; a Bash result that is
-    no error exited 0."""
-    code = _exit(CLAUDE_EXIT, content) if error else (0 if tool == "Bash" else None)
+def of_message_result(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:
+    """``(outcome, exit status)`` of an Anthropic Messages-shaped ``tool_result`` (Claude Code's, and the
+    model gateway's conversation, which words every CLI's results so): ``content`` its text, ``error``
+    its ``is_error``. A failed Bash command is an error with "Exit code N" (EXIT_CODE_TEXT); a Bash result
+    that is no error exited 0."""
+    code = _exit(EXIT_CODE_TEXT, content) if error else (0 if tool == "Bash" else None)
     refused = error and bool(CLI_REFUSAL.search(content[:500]))
     return classify(code, content[:500], command, refused=refused, error=error), code
-
-
-def of_pi(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:
-    """``(outcome, exit status)`` of a pi ``tool_execution_end``: ``content`` its result's text,
-    ``error`` its ``isError``. "Tool X not found" is a tool not in the role's allowlist (refused)."""
-    code = (_exit(PI_EXIT, content) if error else 0) if tool == "bash" else None
-    refused = error and (content.strip() == f"Tool {tool} not found" or bool(CLI_REFUSAL.search(content[:500])))
-    return classify(code, content, command, refused=refused, error=error), code
-
-
-def of_gemini(tool: str, status: str, error_type: str, output: str,
-              command: str = "") -> tuple[str | None, int | None]:
-    """``(outcome, exit status)`` of a gemini ``tool_result``: ``status`` success/error, ``error_type``
-    its ``error.type``, ``output`` its output (or error message). A shell command that exited non-zero
-    is a *success* of run_shell_command: its exit status is known only when it printed nothing."""
-    code = _exit(GEMINI_EXIT, output) if tool == "run_shell_command" else None
-    error = status != "success"
-    refused = error and (error_type in GEMINI_REFUSED or bool(CLI_REFUSAL.search(output[:500]))
-                         or bool(GEMINI_OUTSIDE.search(output[:500])))
-    if tool == "run_shell_command" and not error and code is None and shell_denial(output):
-        return "refused", None  # the shell said the sandbox refused it: whatever its exit status, unknown here
-    return classify(code, output, command, refused=refused, error=error), code
 
 
 def not_found_text(output: str = "", command: str = "", exit_code: int | None = None) -> str:

@@ -1,17 +1,14 @@
 """An agent's conversation as a person reads it: its CLI's stream normalized into transcript entries.
 
-Each adapter names the format of its CLI's output (``Adapter.transcript_format``): ``claude``
-(Claude Code's ``--output-format stream-json``, checked on 2.1.197: ``system``/``init``,
-``assistant`` messages with ``text``, ``thinking`` and ``tool_use`` blocks, ``user`` messages with
-``tool_result`` blocks, the final ``result``), ``codex`` (``codex exec --json``, checked on
-0.171.0: ``thread.started``, ``item.started``/``item.completed`` of ``agent_message``,
-``reasoning``, ``command_execution``, ``file_change``, ``mcp_tool_call``, ``web_search``,
-``todo_list``; ``turn.completed`` with usage, ``turn.failed``, ``error``), ``gemini``
-(``gemini -o stream-json``, checked on 0.61.0: ``init``, ``message``, ``tool_use``,
-``tool_result``, ``error``, ``result`` with token stats) or ``scripted`` (the
-scripted test agent's lines, engine/agents/scripted_agent.py). Lines that are not of the format
-(the engine's ``[run-engine]`` notes, text a CLI printed on stdout; stderr is kept apart in
-``output.stderr``, engine/process.py ``stderr_path``, and is not in the raw log) become ``output`` entries.
+Each adapter names the format of its CLI's output (``Adapter.transcript_format``): a CLI's package
+name (engine/agents/registry.py), whose ``conversation.py`` turns each event of its stream into entries
+with the helpers of ``Normalizer`` (``entries(normalizer, event)``; its ``SKIPPED`` line prefixes are not
+read); ``messages`` (Anthropic Messages-shaped ``assistant`` messages with ``text``, ``thinking`` and
+``tool_use`` blocks and ``user`` messages with ``tool_result`` blocks: what the model gateway writes,
+engine/model_gateway/conversation.py); or ``scripted`` (the scripted test agent's lines,
+engine/agents/scripted_agent.py). Lines that are not of the format (the engine's ``[run-engine]``
+notes, text a CLI printed on stdout; stderr is kept apart in ``output.stderr``, engine/process.py
+``stderr_path``, and is not in the raw log) become ``output`` entries.
 
 A ``Follower`` thread reads the attempt's raw log (``output.raw``) while the process writes it and
 appends one JSON object a line to ``transcript.jsonl`` beside it. An entry::
@@ -40,6 +37,7 @@ import time
 from pathlib import Path
 
 from . import tool_outcomes
+from .agents import registry
 from .process import tail_text
 from .redaction import Redactor
 
@@ -47,7 +45,7 @@ from .redaction import Redactor
 KINDS = ("start", "text", "thinking", "tool_call", "tool_result", "refusal", "usage", "error", "output",
          "result", "cut")
 #: The formats an adapter may name; anything else gives ``output`` entries only.
-FORMATS = ("claude", "codex", "scripted", "pi", "gemini")
+FORMATS = ("messages", "scripted", *registry.CLIS.values())
 #: The file name of the transcript, beside the attempt's raw log.
 FILE_NAME = "transcript.jsonl"
 #: A raw line longer than this (bytes) is not parsed.
@@ -61,11 +59,6 @@ POLL_SECONDS = 0.25
 #: The shell tools of the CLIs, whose command lines are kept to word a missing program.
 _SHELL_TOOLS = ("Bash", "shell", "bash", "run_shell_command")
 _TOOL_ERROR_TAG = re.compile(r"</?tool_use_error>")
-#: pi's event lines that say nothing new (``--mode json`` 0.73.1: a delta with the whole partial message).
-_PI_SKIPPED = ('{"type":"message_update"', '{"type":"tool_execution_update"')
-#: pi's tool names (0.73.1) -> the names ``tool_sentence`` words (their inputs have the same keys).
-_PI_TOOLS = {"bash": "Bash", "read": "Read", "write": "Write", "edit": "Edit", "grep": "Grep", "find": "Glob",
-             "ls": "LS"}
 
 
 def transcript_path(raw_path: str | os.PathLike[str]) -> Path:
@@ -73,7 +66,7 @@ def transcript_path(raw_path: str | os.PathLike[str]) -> Path:
     return Path(raw_path).parent / FILE_NAME
 
 
-def _cut(text: str, limit: int = TEXT_CHARS) -> str:
+def cut(text: str, limit: int = TEXT_CHARS) -> str:
     text = text.strip()
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
@@ -81,15 +74,15 @@ def _cut(text: str, limit: int = TEXT_CHARS) -> str:
 def first_lines(text: str, lines: int = DETAIL_LINES) -> str:
     """The first ``lines`` non-empty lines of ``text``, each cut at DETAIL_LINE_CHARS, and how many more."""
     rows = [row for row in str(text).splitlines() if row.strip()]
-    shown = [_cut(row, DETAIL_LINE_CHARS) for row in rows[:lines]]
+    shown = [cut(row, DETAIL_LINE_CHARS) for row in rows[:lines]]
     if len(rows) > lines:
         shown.append(f"… {len(rows) - lines} more line{'s' if len(rows) - lines != 1 else ''}")
     return "\n".join(shown)
 
 
-def _code(text: str, limit: int = 300) -> str:
+def code(text: str, limit: int = 300) -> str:
     one = " ".join(str(text).split())
-    return "`" + _cut(one, limit) + "`"
+    return "`" + cut(one, limit) + "`"
 
 
 class Normalizer:
@@ -105,7 +98,9 @@ class Normalizer:
         self.tools: dict[str, str] = {}  # tool call id -> tool name
         self.commands: dict[str, str] = {}  # tool call id -> its shell command line
         self.usage = {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
-        self._message_ids: set[str] = set()
+        self.message_ids: set[str] = set()
+        self.kept: dict = {}  # what a CLI's conversation module keeps between events
+        self.reader = registry.conversation(self.fmt)  # the CLI's conversation module, or None
 
     # ------------------------------------------------------------------ entry point
 
@@ -114,23 +109,24 @@ class Normalizer:
         text = raw.decode("utf-8", errors="replace").strip()
         if not text:
             return []
-        if self.fmt == "pi" and text.startswith(_PI_SKIPPED):
-            return []  # pi's streaming deltas: each repeats the whole partial message (its message_end follows)
+        if self.reader is not None and text.startswith(getattr(self.reader, "SKIPPED", ())):
+            return []  # a CLI's streaming deltas that repeat what a later event says whole
         if text.startswith("{") and self.fmt:
             try:
                 event = json.loads(text)
             except ValueError:
                 event = None
             if isinstance(event, dict):
-                handler = getattr(self, f"_{self.fmt}")
-                return handler(event)
+                if self.reader is not None:
+                    return self.reader.entries(self, event)
+                return self.messages(event) if self.fmt == "messages" else self._scripted(event)
         if self.fmt == "scripted":
             return self._scripted_line(text)
-        return [{"kind": "output", "text": _cut(text, DETAIL_LINE_CHARS * 2)}]
+        return [{"kind": "output", "text": cut(text, DETAIL_LINE_CHARS * 2)}]
 
     # ------------------------------------------------------------------ helpers
 
-    def _path(self, value) -> str:
+    def path(self, value) -> str:
         path = str(value or "")
         if self.workspace and path.rstrip(os.sep) == self.workspace:
             return "the working directory"
@@ -138,19 +134,19 @@ class Normalizer:
             return path[len(self.workspace) + 1:]
         return path
 
-    def _called(self, call: str, name: str, args) -> None:
+    def called(self, call: str, name: str, args) -> None:
         """Remember a tool call's name and, for a shell tool, its command line."""
         self.tools[call] = name
         command = args.get("command") or args.get("cmd") if isinstance(args, dict) else None
         if name in _SHELL_TOOLS and len(self.commands) < 10_000:
             self.commands[call] = " ".join(map(str, command)) if isinstance(command, list) else str(command or "")
 
-    def _unsuccessful(self, entry: dict, outcome: str, output: str, refused: str = "") -> dict:
+    def unsuccessful(self, entry: dict, outcome: str, output: str, refused: str = "") -> dict:
         """Word a result that did not succeed by its outcome (engine/tool_outcomes.py): a missing program
         is a result of its own, a refusal a ``refusal`` entry, anything else "failed"."""
         entry["ok"] = False
-        rows = [row for row in _TOOL_ERROR_TAG.sub("", output).splitlines()  # claude's "Exit code N" line aside
-                if row.strip() and not tool_outcomes.CLAUDE_EXIT.fullmatch(row.strip())]
+        rows = [row for row in _TOOL_ERROR_TAG.sub("", output).splitlines()  # the "Exit code N" line aside
+                if row.strip() and not tool_outcomes.EXIT_CODE_TEXT.fullmatch(row.strip())]
         said = rows[0].strip() if rows else ""
         if outcome == "command_not_found":
             entry.update(kind="tool_result", text=tool_outcomes.not_found_text(
@@ -158,22 +154,22 @@ class Normalizer:
         elif outcome == "refused":
             status = f" (exit status {entry['exit']})" if entry.get("exit") is not None else ""
             entry.update(kind="refusal", text=refused or f"{entry.get('tool') or 'The tool call'} was refused"
-                                                         f"{status}: {_cut(said, 240)}")
+                                                         f"{status}: {cut(said, 240)}")
         else:
             entry["text"] = (f"failed with exit status {entry['exit']}" if entry.get("exit") is not None
-                             else f"failed: {_cut(said, 240)}")
+                             else f"failed: {cut(said, 240)}")
         return entry
 
     def tool_sentence(self, name: str, args: dict) -> str:
         """A tool call as a sentence of what the agent asks for (its result follows as its own entry):
         ``Runs `pytest -q```, ``Reads app/core.py``, ``Searches for “x” in app``."""
         args = args if isinstance(args, dict) else {}
-        path = self._path(args.get("file_path") or args.get("notebook_path") or args.get("path") or "")
+        path = self.path(args.get("file_path") or args.get("notebook_path") or args.get("path") or "")
         if name in ("Bash", "shell", "exec_command", "local_shell"):
             command = args.get("command") or args.get("cmd") or ""
             if isinstance(command, list):
                 command = " ".join(str(part) for part in command)
-            return f"Runs {_code(command)}"
+            return f"Runs {code(command)}"
         if name == "Read":
             return f"Reads {path or 'a file'}"
         if name == "Write":
@@ -185,24 +181,24 @@ class Normalizer:
             return f"Edits the notebook {path}"
         if name == "Grep":
             where = f" in {path}" if path else ""
-            return f"Searches for “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
+            return f"Searches for “{cut(str(args.get('pattern') or ''), 120)}”{where}"
         if name == "Glob":
             where = f" in {path}" if path else ""
-            return f"Looks for files matching “{_cut(str(args.get('pattern') or ''), 120)}”{where}"
+            return f"Looks for files matching “{cut(str(args.get('pattern') or ''), 120)}”{where}"
         if name == "LS":
             return f"Lists {path or 'a folder'}"
         if name == "TodoWrite":
             todos = args.get("todos") if isinstance(args.get("todos"), list) else []
             return f"Updates its to-do list ({len(todos)} item{'s' if len(todos) != 1 else ''})"
         if name == "Task":
-            return f"Starts a sub-agent: {_cut(str(args.get('description') or args.get('prompt') or ''), 160)}"
+            return f"Starts a sub-agent: {cut(str(args.get('description') or args.get('prompt') or ''), 160)}"
         if name == "WebFetch":
-            return f"Fetches {_cut(str(args.get('url') or ''), 200)}"
+            return f"Fetches {cut(str(args.get('url') or ''), 200)}"
         if name == "WebSearch":
-            return f"Searches the web for “{_cut(str(args.get('query') or ''), 160)}”"
+            return f"Searches the web for “{cut(str(args.get('query') or ''), 160)}”"
         return f"Calls {name or 'a tool'}"
 
-    def _add_usage(self, reported) -> dict | None:
+    def add_usage(self, reported) -> dict | None:
         if not isinstance(reported, dict):
             return None
         for ours, theirs in (("input_tokens", "input_tokens"), ("output_tokens", "output_tokens"),
@@ -212,23 +208,19 @@ class Normalizer:
                 self.usage[ours] += value
         return dict(self.usage)
 
-    def _usage_entry(self) -> dict:
+    def usage_entry(self) -> dict:
         u = self.usage
         return {"kind": "usage", "usage": dict(u),
                 "text": f"tokens so far: {u['input_tokens']:,} in · {u['output_tokens']:,} out · "
                         f"{u['cached_tokens']:,} cached"}
 
-    # ------------------------------------------------------------------ claude (stream-json)
+    # ------------------------------------------------------------------ Anthropic Messages-shaped events
 
-    def _claude(self, event: dict) -> list[dict]:
+    def messages(self, event: dict) -> list[dict]:
+        """The entries of an ``assistant`` or ``user`` message in the Messages shape (module docstring):
+        Claude Code's stream and the model gateway's conversation (engine/model_gateway/conversation.py)
+        are of it. A failed Bash result says "Exit code N" (engine/tool_outcomes.py ``of_message_result``)."""
         kind = event.get("type")
-        if kind == "system" and event.get("subtype") == "init":
-            tools = event.get("tools") if isinstance(event.get("tools"), list) else []
-            version = event.get("claude_code_version") or "?"
-            model = event.get("model") or "?"
-            return [{"kind": "start", "text": f"Claude Code {version} started (model {model}, "
-                                              f"{len(tools)} tool{'s' if len(tools) != 1 else ''}: "
-                                              f"{_cut(', '.join(str(t) for t in tools), 300)})"}]
         if kind == "assistant":
             message = event.get("message") or {}
             out = []
@@ -236,24 +228,24 @@ class Normalizer:
                 if not isinstance(block, dict):
                     continue
                 if block.get("type") == "text" and str(block.get("text") or "").strip():
-                    out.append({"kind": "text", "text": _cut(str(block["text"]))})
+                    out.append({"kind": "text", "text": cut(str(block["text"]))})
                 elif block.get("type") == "thinking" and str(block.get("thinking") or "").strip():
-                    out.append({"kind": "thinking", "text": _cut(str(block["thinking"]), 600)})
+                    out.append({"kind": "thinking", "text": cut(str(block["thinking"]), 600)})
                 elif block.get("type") == "tool_use":
                     name = str(block.get("name") or "")
                     call = str(block.get("id") or "")
                     args = block.get("input") if isinstance(block.get("input"), dict) else {}
-                    self._called(call, name, args)
+                    self.called(call, name, args)
                     entry = {"kind": "tool_call", "tool": name, "call": call,
                              "text": self.tool_sentence(name, args)}
                     if name == "Bash" and args.get("description"):
-                        entry["detail"] = _cut(str(args["description"]), 200)
+                        entry["detail"] = cut(str(args["description"]), 200)
                     out.append(entry)
             message_id = str(message.get("id") or "")
-            if message_id and message_id not in self._message_ids and isinstance(message.get("usage"), dict):
-                self._message_ids.add(message_id)
-                self._add_usage(message["usage"])
-                out.append(self._usage_entry())
+            if message_id and message_id not in self.message_ids and isinstance(message.get("usage"), dict):
+                self.message_ids.add(message_id)
+                self.add_usage(message["usage"])
+                out.append(self.usage_entry())
             return out
         if kind == "user":
             out = []
@@ -269,11 +261,11 @@ class Normalizer:
                 error = bool(block.get("is_error"))
                 entry = {"kind": "tool_result", "tool": tool, "call": call, "ok": not error,
                          "detail": first_lines(content)}
-                outcome, code = tool_outcomes.of_claude(tool, content, error, self.commands.get(call, ""))
-                if code is not None:  # claude reports a failed command as an error ("Exit code N")
+                outcome, code = tool_outcomes.of_message_result(tool, content, error, self.commands.get(call, ""))
+                if code is not None:  # a failed command is an error ("Exit code N")
                     entry["exit"] = code
                 if outcome or error:
-                    self._unsuccessful(entry, outcome or "failed", content)
+                    self.unsuccessful(entry, outcome or "failed", content)
                 else:
                     rows = [row for row in content.splitlines() if row.strip()]
                     many = f"{len(rows)} line{'s' if len(rows) != 1 else ''}"
@@ -281,253 +273,11 @@ class Normalizer:
                         entry["text"] = "done"
                     elif tool == "Read":
                         entry["text"] = f"{many} read"
-                    elif tool == "Bash":  # claude reports a failed command as an error: this one exited 0
+                    elif tool == "Bash":  # a failed command is an error: this one exited 0
                         entry["text"] = f"exit status 0 · {many} of output"
                     else:
                         entry["text"] = f"{many} of output"
                 out.append(entry)
-            return out
-        if kind == "result":
-            self_usage = dict(self.usage)
-            reported = event.get("usage") if isinstance(event.get("usage"), dict) else {}
-            tokens_in = reported.get("input_tokens", self_usage["input_tokens"])
-            tokens_out = reported.get("output_tokens", self_usage["output_tokens"])
-            cost = event.get("total_cost_usd")
-            turns = event.get("num_turns")
-            said = [f"{turns} turn{'s' if turns != 1 else ''}" if isinstance(turns, int) else "",
-                    f"{tokens_in:,} tokens in, {tokens_out:,} out" if isinstance(tokens_in, int)
-                    and isinstance(tokens_out, int) else "",
-                    f"cost ${cost:.4f}" if isinstance(cost, (int, float)) else ""]
-            summary = "; ".join(part for part in said if part)
-            if event.get("is_error"):
-                return [{"kind": "error", "ok": False,
-                         "text": f"The agent ended with an error{': ' + summary if summary else ''}",
-                         "detail": first_lines(str(event.get("result") or "; ".join(
-                             str(e) for e in event.get("errors") or [])))}]
-            return [{"kind": "result", "ok": True, "text": f"Finished{': ' + summary if summary else ''}",
-                     "detail": first_lines(str(event.get("result") or ""), 10)}]
-        return []  # the CLI's other system events (task notifications, hooks) say nothing a person needs
-
-    # ------------------------------------------------------------------ codex (exec --json)
-
-    def _codex(self, event: dict) -> list[dict]:
-        kind = str(event.get("type") or "")
-        if kind == "thread.started":
-            return [{"kind": "start", "text": f"Codex started (thread {event.get('thread_id') or '?'})"}]
-        if kind == "turn.completed":
-            if self._add_usage(event.get("usage")) is None:
-                return []
-            return [self._usage_entry()]
-        if kind == "turn.failed":
-            error = event.get("error")
-            message = error.get("message") if isinstance(error, dict) else error
-            return [{"kind": "error", "ok": False, "text": f"The turn failed: {_cut(str(message or ''), 400)}"}]
-        if kind == "error":
-            message = str(event.get("message") or "")
-            return [{"kind": "error", "ok": False, "text": _cut(message, 400)}]
-        if kind not in ("item.started", "item.completed", "item.updated"):
-            return []
-        item = event.get("item")
-        if not isinstance(item, dict):
-            return []
-        what = item.get("type")
-        call = str(item.get("id") or "")
-        done = kind == "item.completed"
-        if what == "agent_message" and done and str(item.get("text") or "").strip():
-            return [{"kind": "text", "text": _cut(str(item["text"]))}]
-        if what == "reasoning" and done and str(item.get("text") or "").strip():
-            return [{"kind": "thinking", "text": _cut(str(item["text"]), 600)}]
-        if what == "command_execution":
-            out = []
-            if kind == "item.started" or (done and call not in self.tools):
-                self._called(call, "shell", item)
-                out.append({"kind": "tool_call", "tool": "shell", "call": call,
-                            "text": f"Runs {_code(item.get('command') or '')}"})
-            if done:
-                status = str(item.get("status") or "")
-                code = item.get("exit_code")
-                entry = {"kind": "tool_result", "tool": "shell", "call": call,
-                         "detail": first_lines(str(item.get("aggregated_output") or ""))}
-                if isinstance(code, int) and not isinstance(code, bool):
-                    entry["exit"] = code
-                output = str(item.get("aggregated_output") or "")
-                outcome = tool_outcomes.classify(entry.get("exit"), output, str(item.get("command") or ""),
-                                                 refused=status == "declined",
-                                                 error=status in ("failed", "declined") or entry.get("exit", 0) != 0)
-                if outcome:
-                    self._unsuccessful(entry, outcome, output, "The command was refused (declined by the sandbox "
-                                                               "policy)" if status == "declined" else "")
-                else:
-                    entry["ok"] = code == 0 and status != "failed"
-                    entry["text"] = (f"exit status {code}" if isinstance(code, int) else status or "ended")
-                out.append(entry)
-            return out
-        if what == "file_change" and done:
-            changes = item.get("changes") if isinstance(item.get("changes"), list) else []
-            names = ", ".join(f"{self._path(c.get('path'))} ({c.get('kind', 'changed')})" for c in changes
-                              if isinstance(c, dict))
-            status = str(item.get("status") or "")
-            if status == "failed":  # not applied, or declined: codex's exec schema says "failed" for both
-                return [{"kind": "tool_result", "ok": False, "tool": "apply_patch", "call": call,
-                         "text": f"A change of files failed (not applied, or declined): {_cut(names, 400)}"}]
-            return [{"kind": "tool_call", "tool": "apply_patch", "call": call, "ok": True,
-                     "text": f"Changed {_cut(names, 400) or 'files'}"}]
-        if what == "mcp_tool_call" and kind == "item.started":
-            return [{"kind": "tool_call", "tool": "mcp", "call": call,
-                     "text": f"Calls {item.get('server') or '?'}.{item.get('tool') or '?'}"}]
-        if what == "web_search" and kind == "item.started":
-            return [{"kind": "tool_call", "tool": "web_search", "call": call,
-                     "text": f"Searches the web for “{_cut(str(item.get('query') or ''), 160)}”"}]
-        if what == "todo_list" and done:
-            items = item.get("items") if isinstance(item.get("items"), list) else []
-            return [{"kind": "tool_call", "tool": "todo_list", "call": call,
-                     "text": f"Updates its to-do list ({len(items)} item{'s' if len(items) != 1 else ''})"}]
-        if what == "error" and done:
-            return [{"kind": "error", "ok": False, "text": _cut(str(item.get("message") or ""), 400)}]
-        return []
-
-    # ------------------------------------------------------------------ pi (--mode json)
-
-    def _pi(self, event: dict) -> list[dict]:
-        """pi 0.73.1 ``--mode json`` (engine/agents/pi.py): the session header, each complete
-        message (``message_end``: the assistant's text, thinking and tool calls with its usage),
-        each tool result (``tool_execution_end``), retries, and the end (``agent_end``)."""
-        kind = str(event.get("type") or "")
-        if kind == "session":
-            return [{"kind": "start", "text": f"Pi started (session {event.get('id') or '?'})"}]
-        if kind == "message_end":
-            message = event.get("message") if isinstance(event.get("message"), dict) else {}
-            if message.get("role") != "assistant":
-                return []
-            out = []
-            for block in message.get("content") or []:
-                if not isinstance(block, dict):
-                    continue
-                if block.get("type") == "text" and str(block.get("text") or "").strip():
-                    out.append({"kind": "text", "text": _cut(str(block["text"]))})
-                elif block.get("type") == "thinking" and str(block.get("thinking") or "").strip():
-                    out.append({"kind": "thinking", "text": _cut(str(block["thinking"]), 600)})
-                elif block.get("type") == "toolCall":
-                    name, call = str(block.get("name") or ""), str(block.get("id") or "")
-                    args = block.get("arguments") if isinstance(block.get("arguments"), dict) else {}
-                    self._called(call, name, args)
-                    text = self.tool_sentence(_PI_TOOLS.get(name, name), args)
-                    if name == "edit" and isinstance(args.get("edits"), list):
-                        text += f" ({len(args['edits'])} replacement{'s' if len(args['edits']) != 1 else ''})"
-                    out.append({"kind": "tool_call", "tool": name, "call": call, "text": text})
-            usage = message.get("usage") if isinstance(message.get("usage"), dict) else {}
-            if any(isinstance(usage.get(key), int) and usage[key] for key in ("input", "output", "cacheRead")):
-                self._add_usage({"input_tokens": usage.get("input"), "output_tokens": usage.get("output"),
-                                 "cache_read_input_tokens": usage.get("cacheRead")})
-                out.append(self._usage_entry())
-            self._pi_failed = message.get("stopReason") in ("error", "aborted")
-            if self._pi_failed:
-                out.append({"kind": "error", "ok": False, "text": "The model request failed: "
-                            + _cut(str(message.get("errorMessage") or message.get("stopReason")), 400)})
-            return out
-        if kind == "tool_execution_end":
-            call, name = str(event.get("toolCallId") or ""), str(event.get("toolName") or "")
-            result = event.get("result") if isinstance(event.get("result"), dict) else {}
-            content = result.get("content")
-            if isinstance(content, list):
-                content = "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
-            content = str(content or "")
-            error = bool(event.get("isError"))
-            entry = {"kind": "tool_result", "tool": name, "call": call, "ok": not error, "detail": first_lines(content)}
-            outcome, entry["exit"] = tool_outcomes.of_pi(name, content, error, self.commands.get(call, ""))
-            if outcome or error:
-                unavailable = error and content.strip() == f"Tool {name} not found"
-                self._unsuccessful(entry, outcome or "failed", content, f"{name or 'The tool call'} was refused: the "
-                                   f"tool is not available to this role" if unavailable else "")
-            else:
-                rows = [row for row in content.splitlines() if row.strip()]
-                many = f"{len(rows)} line{'s' if len(rows) != 1 else ''}"
-                if name == "bash":
-                    entry["text"] = f"exit status 0 · {many} of output" if rows else "exit status 0"
-                elif name in ("write", "edit") or not rows:
-                    entry["text"] = "done"
-                elif name == "read":
-                    entry["text"] = f"{many} read"
-                else:
-                    entry["text"] = f"{many} of output"
-            if entry.get("exit") is None:
-                entry.pop("exit", None)
-            return [entry]
-        if kind == "auto_retry_start":
-            return [{"kind": "error", "ok": False, "text": f"Retrying the model request ({event.get('attempt')} of "
-                                                           f"{event.get('maxAttempts')}): "
-                                                           f"{_cut(str(event.get('errorMessage') or ''), 300)}"}]
-        if kind == "agent_end":
-            u = self.usage
-            if getattr(self, "_pi_failed", False):
-                return [{"kind": "error", "ok": False, "text": "The agent ended with an error (its last model request "
-                                                               "failed)"}]
-            return [{"kind": "result", "ok": True, "text": f"Finished: {u['input_tokens']:,} tokens in, "
-                                                           f"{u['output_tokens']:,} out"}]
-        return []
-
-    # ------------------------------------------------------------------ gemini (-o stream-json)
-
-    #: gemini 0.61.0's tool names -> the names ``tool_sentence`` words (engine/agents/gemini.py).
-    _GEMINI_TOOLS = {"run_shell_command": "Bash", "read_file": "Read", "write_file": "Write", "replace": "Edit",
-                     "grep_search": "Grep", "glob": "Glob", "list_directory": "LS", "google_web_search": "WebSearch",
-                     "web_fetch": "WebFetch", "write_todos": "TodoWrite"}
-
-    def _gemini(self, event: dict) -> list[dict]:
-        """gemini 0.61.0 ``-o stream-json`` (engine/agents/gemini.py): ``init``, assistant ``message``
-        deltas (each shown as it comes), ``tool_use``, ``tool_result`` (status ``success``/``error``;
-        a tool the role does not have is ``tool_not_registered``), ``error`` and the final ``result``
-        with its token ``stats``."""
-        kind = str(event.get("type") or "")
-        if kind == "init":
-            return [{"kind": "start", "text": f"Gemini CLI started (model {event.get('model') or '?'}, session "
-                                              f"{event.get('session_id') or '?'})"}]
-        if kind == "message" and event.get("role") == "assistant" and str(event.get("content") or "").strip():
-            return [{"kind": "text", "text": _cut(str(event["content"]))}]
-        if kind == "tool_use":
-            name, call = str(event.get("tool_name") or ""), str(event.get("tool_id") or "")
-            args = dict(event.get("parameters")) if isinstance(event.get("parameters"), dict) else {}
-            self._called(call, name, args)
-            if "dir_path" in args and "path" not in args:
-                args["path"] = args["dir_path"]
-            entry = {"kind": "tool_call", "tool": name, "call": call,
-                     "text": self.tool_sentence(self._GEMINI_TOOLS.get(name, name), args)}
-            if name == "run_shell_command" and args.get("description"):
-                entry["detail"] = _cut(str(args["description"]), 200)
-            return [entry]
-        if kind == "tool_result":
-            call = str(event.get("tool_id") or "")
-            tool = self.tools.get(call, "")
-            error = event.get("error") if isinstance(event.get("error"), dict) else {}
-            output = str(event.get("output") or error.get("message") or "")
-            entry = {"kind": "tool_result", "tool": tool, "call": call, "ok": event.get("status") == "success",
-                     "detail": first_lines(output)}
-            outcome, code = tool_outcomes.of_gemini(tool, str(event.get("status") or ""), str(error.get("type") or ""),
-                                                    output, self.commands.get(call, ""))
-            if code is not None:
-                entry["exit"] = code
-            if outcome or not entry["ok"]:
-                self._unsuccessful(entry, outcome or "failed", output)
-            else:
-                rows = [row for row in output.splitlines() if row.strip()]
-                entry["text"] = "done" if not rows else f"{len(rows)} line{'s' if len(rows) != 1 else ''} of output"
-            return [entry]
-        if kind == "error":
-            return [{"kind": "error", "ok": False, "text": _cut(str(event.get("message") or ""), 400)}]
-        if kind == "result":
-            stats = event.get("stats") if isinstance(event.get("stats"), dict) else {}
-            out = []
-            if self._add_usage({"input_tokens": stats.get("input_tokens"), "output_tokens": stats.get("output_tokens"),
-                                "cached_input_tokens": stats.get("cached")}) is not None and stats:
-                out.append(self._usage_entry())
-            if event.get("status") != "success":
-                error = event.get("error") if isinstance(event.get("error"), dict) else {}
-                out.append({"kind": "error", "ok": False, "text": "The agent ended with an error",
-                            "detail": first_lines(str(error.get("message") or ""))})
-            else:
-                calls = stats.get("tool_calls")
-                said = f"{calls} tool call{'s' if calls != 1 else ''}" if isinstance(calls, int) else ""
-                out.append({"kind": "result", "ok": True, "text": "Finished" + (f": {said}" if said else "")})
             return out
         return []
 
@@ -535,9 +285,9 @@ class Normalizer:
 
     def _scripted(self, event: dict) -> list[dict]:
         if event.get("type") != "result":
-            return [{"kind": "output", "text": _cut(json.dumps(event), DETAIL_LINE_CHARS * 2)}]
+            return [{"kind": "output", "text": cut(json.dumps(event), DETAIL_LINE_CHARS * 2)}]
         usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
-        self._add_usage(usage)
+        self.add_usage(usage)
         parts = [f"{usage[key]:,} tokens {label}" for key, label in (("input_tokens", "in"), ("output_tokens", "out"))
                  if isinstance(usage.get(key), int)]
         if event.get("is_error"):
@@ -553,8 +303,8 @@ class Normalizer:
             if text.startswith(prefix):
                 return [{"kind": "tool_call", "tool": tool, "ok": True, "text": f"{verb} {text[len(prefix):]}"}]
         if text.startswith("running "):
-            return [{"kind": "tool_call", "tool": "Bash", "text": f"Runs {_code(text[len('running '):])}"}]
-        return [{"kind": "output", "text": _cut(text, DETAIL_LINE_CHARS * 2)}]
+            return [{"kind": "tool_call", "tool": "Bash", "text": f"Runs {code(text[len('running '):])}"}]
+        return [{"kind": "output", "text": cut(text, DETAIL_LINE_CHARS * 2)}]
 
 
 class Transcript:

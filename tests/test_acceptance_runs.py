@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from engine import operations
-from engine.agents.claude import find_executable
+from engine.agents.claude.adapter import find_executable
 from engine.models import Attempt, Check, RunEvent
 
 from .conftest import ANSWER_STEP, git, new_log_text, wait_for

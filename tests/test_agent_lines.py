@@ -24,7 +24,8 @@ import json, os, resource, sys
 import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.test_settings")
 django.setup()
-from engine.agents import claude, codex
+from engine.agents.claude import adapter as claude
+from engine.agents.codex import adapter as codex
 parse = {"claude": claude.parse_stream, "codex": codex.parse_events}[sys.argv[1]]
 parse(sys.argv[3])  # a small capture first: imports and caches warm
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from engine import operations
 from engine.agents import AgentRequest
-from engine.agents.claude import ClaudeCodeAdapter, find_executable, parse_stream, usage_of
+from engine.agents.claude.adapter import ClaudeCodeAdapter, find_executable, parse_stream, usage_of
 from engine.models import Attempt
 
 from .conftest import ANSWER_STEP, git
@@ -379,7 +379,7 @@ def test_documentation_the_cli_refused_to_write_is_a_failed_documentation_attemp
 
 
 def test_a_refused_write_that_a_later_write_of_the_same_file_made_good_is_recovered(tmp_path):
-    from engine.agents.claude import parse_stream
+    from engine.agents.claude.adapter import parse_stream
     from engine.steps.document import refused_writes
 
     def use(call, tool, path):

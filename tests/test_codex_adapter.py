@@ -1,4 +1,4 @@
-"""The Codex adapter (engine/agents/codex.py), driven directly, with the real ``codex`` 0.171.0 binary
+"""The Codex adapter (engine/agents/codex/adapter.py), driven directly, with the real ``codex`` 0.171.0 binary
 against the scripted model endpoint (tests marked ``slow``), and its parser and classification alone.
 
 The real-binary tests skip only when tools/agents has no codex (``make agents`` installs it).
@@ -17,8 +17,8 @@ from django.conf import settings
 
 from engine import operations, transcript
 from engine.agents import AgentRequest, AgentResult, get_adapter
-from engine.agents.codex import CodexAdapter, build_argv, parse_events, usage_of
-from engine.agents.claude import find_executable
+from engine.agents.codex.adapter import CodexAdapter, build_argv, parse_events, usage_of
+from engine.agents.claude.adapter import find_executable
 from engine.models import Attempt
 from engine.process import MARKER_ENV, ProcessResult
 
@@ -494,7 +494,7 @@ def test_each_failed_command_says_what_happened_to_it(tmp_path):
 
 
 def test_the_parser_skips_an_overlong_line_and_keeps_going(tmp_path, monkeypatch):
-    import engine.agents.codex as codex_module
+    import engine.agents.codex.adapter as codex_module
     import engine.agents.lines as lines_module
 
     monkeypatch.setattr(lines_module, "MAX_LINE_BYTES", 1024)

@@ -1,4 +1,4 @@
-"""The Gemini CLI adapter (engine/agents/gemini.py), driven directly, with the real ``gemini`` 0.61.0
+"""The Gemini CLI adapter (engine/agents/gemini/adapter.py), driven directly, with the real ``gemini`` 0.61.0
 binary against the scripted model endpoint (tests marked ``slow``), and its argument array,
 environment, parser and classification alone.
 
@@ -17,7 +17,7 @@ import pytest
 
 from engine.agents import AgentResult, get_adapter
 from engine.agents.cli_adapter import find_executable
-from engine.agents.gemini import (GeminiCliAdapter, build_argv, parse_stream, policy_for, session_tokens,
+from engine.agents.gemini.adapter import (GeminiCliAdapter, build_argv, parse_stream, policy_for, session_tokens,
                                   settings_for, usage_of)
 from engine.agents.lines import MAX_LINE_BYTES
 from engine.process import MARKER_ENV, ProcessResult

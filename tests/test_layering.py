@@ -88,4 +88,4 @@ def test_engine_imports_nothing_from_controlpanel(path):
 
 def test_every_engine_module_is_read():
     modules = list(ENGINE.rglob("*.py"))
-    assert ENGINE / "models.py" in modules and ENGINE / "agents" / "claude.py" in modules
+    assert ENGINE / "models.py" in modules and ENGINE / "agents" / "claude" / "adapter.py" in modules

@@ -1,4 +1,4 @@
-"""The Pi adapter (engine/agents/pi.py), driven directly, with the real ``pi`` 0.73.1 binary against
+"""The Pi adapter (engine/agents/pi/adapter.py), driven directly, with the real ``pi`` 0.73.1 binary against
 the scripted model endpoint (tests marked ``slow``), and its argument array, environment, parser and
 classification alone.
 
@@ -19,7 +19,7 @@ from engine import boundary, transcript
 from engine.agents import AgentRequest, AgentResult, adapters, get_adapter
 from engine.agents.cli_adapter import find_executable
 from engine.agents.network import PROVIDER_HOSTS, network_allow
-from engine.agents.pi import (PROVIDERS, READ_ONLY_TOOLS, PiAdapter, build_argv, credential_env_names, models_for,
+from engine.agents.pi.adapter import (PROVIDERS, READ_ONLY_TOOLS, PiAdapter, build_argv, credential_env_names, models_for,
                               parse_stream, prepare_home, project_config_mask, sandboxed, settings_for, split_model,
                               usage_of)
 from engine.agents.cli_options import _refused_args
@@ -494,7 +494,7 @@ import json, os, resource, sys
 import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.test_settings")
 django.setup()
-from engine.agents import pi
+from engine.agents.pi import adapter as pi
 pi.parse_stream(sys.argv[2])  # a small capture first: imports and caches warm
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 found = pi.parse_stream(sys.argv[1])

@@ -10,8 +10,8 @@ from django.conf import settings
 
 from engine import operations
 from engine.agents import AgentRequest, get_adapter
-from engine.agents.claude import parse_stream
-from engine.agents.codex import parse_events
+from engine.agents.claude.adapter import parse_stream
+from engine.agents.codex.adapter import parse_events
 from engine.agents.lines import PlainText
 from engine.models import Attempt
 from engine.process import run_supervised

@@ -17,7 +17,7 @@ from django.conf import settings
 from controlpanel.forms import CreateRunForm, RecoverForm
 from engine import answers, operations
 from engine.agents import get_adapter
-from engine.agents.codex import CodexAdapter
+from engine.agents.codex.adapter import CodexAdapter
 from engine.management.commands.run_status import waiting_hint
 from engine.models import Attempt, Decision, Manifest, Run
 from engine.process import ProcessResult

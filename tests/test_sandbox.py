@@ -1,5 +1,5 @@
-"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/claude.py ``sandboxed``,
-engine/agents/codex.py ``sandboxed``), run for real: what a wrapped shell can read and write.
+"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/claude/adapter.py ``sandboxed``,
+engine/agents/codex/adapter.py ``sandboxed``), run for real: what a wrapped shell can read and write.
 
 Each test lays out a var directory (another run's control records and worktree, a database
 file, broker messages, this run's scratch folders and worktree), a worker HOME with fake
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from engine.agents import AgentRequest, sandbox
-from engine.agents import codex as codex_adapter
-from engine.agents.claude import find_executable, sandboxed
+from engine.agents.codex import adapter as codex_adapter
+from engine.agents.claude.adapter import find_executable, sandboxed
 
 from .conftest import git, make_repo
 
@@ -278,7 +278,7 @@ def test_the_user_namespace_mode_nests_a_sandbox_and_still_cannot_be_undone(layo
 def test_the_real_claude_works_in_the_sandbox_and_its_shell_sees_nothing_private(layout):
     """The pinned claude (against the scripted endpoint) runs with its var directory and the
     worker's HOME hidden; its Bash tool cannot read them, and it still edits its worktree."""
-    from engine.agents.claude import ClaudeCodeAdapter
+    from engine.agents.claude.adapter import ClaudeCodeAdapter
 
     control = layout["var"] / "runs" / "1-abcdef12"
     control.mkdir(parents=True)

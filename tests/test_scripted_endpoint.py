@@ -470,12 +470,12 @@ def codex(agent_bin: Path, ep: ScriptedEndpoint, repo: Path, home: Path) -> tupl
     zero retries so that a failure ends at once instead of reconnecting 5 times. Its bundled
     bubblewrap comes first on PATH: codex takes a host's ``bwrap`` before its own, and with
     Debian's 0.8.0 every command fails ("bwrap: execvp codex-linux-sandbox"), as
-    engine/agents/codex.py ``sandboxed`` says. Codex passes over a ``bwrap`` inside a folder its
+    engine/agents/codex/adapter.py ``sandboxed`` says. Codex passes over a ``bwrap`` inside a folder its
     commands may write (tried: one under /tmp, writable by default in workspace-write), so /tmp and
     $TMPDIR are made read-only as the adapter makes them (``WORKSPACE_WRITE_OVERRIDES``).
     """
     env = base_env(home) | {"SCRIPTED_KEY": "dummy-key-for-tests"}
-    from engine.agents.codex import WORKSPACE_WRITE_OVERRIDES
+    from engine.agents.codex.adapter import WORKSPACE_WRITE_OVERRIDES
     from engine.agents.sandbox import bundled_bwrap
     if bundled_bwrap():
         first = ROOT / "test-artifacts" / "codex-bwrap"

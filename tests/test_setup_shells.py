@@ -16,7 +16,7 @@ import pytest
 
 from engine import transcript
 from engine.agents import AgentRequest, get_adapter
-from engine.agents.claude import find_executable
+from engine.agents.claude.adapter import find_executable
 from engine.environments import MOUNT, Environment
 from engine.model_gateway.conversation import conversation_path
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from engine import tool_outcomes
-from engine.tool_outcomes import classify, missing_program, of_claude, of_gemini, of_pi, programs_of
+from engine.agents.gemini.conversation import outcome_of as of_gemini
+from engine.agents.pi.conversation import outcome_of as of_pi
+from engine.tool_outcomes import classify, missing_program, of_message_result as of_claude, programs_of
 
 
 @pytest.mark.parametrize("command, programs", [

@@ -1,16 +1,13 @@
-"""Coding-agent adapters: one per CLI, plus the scripted test adapter (simulated runs only)."""
+"""Coding-agent adapters: one package per agent CLI (engine/agents/registry.py lists them), plus the
+scripted test adapter (simulated runs only)."""
 from .base import Adapter, AgentRequest, AgentResult
-from .claude import ClaudeCodeAdapter
-from .codex import CodexAdapter
-from .gemini import GeminiCliAdapter
-from .pi import PiAdapter
+from .registry import CLIS, adapter_module
 from .scripted import ScriptedAdapter
 
 
 def adapters() -> dict[str, type[Adapter]]:
     """The adapters this Run Engine can run, by name."""
-    return {ScriptedAdapter.name: ScriptedAdapter, ClaudeCodeAdapter.name: ClaudeCodeAdapter, CodexAdapter.name: CodexAdapter,
-            PiAdapter.name: PiAdapter, GeminiCliAdapter.name: GeminiCliAdapter}
+    return {ScriptedAdapter.name: ScriptedAdapter, **{name: adapter_module(name).ADAPTER for name in CLIS}}
 
 
 def get_adapter(name: str) -> Adapter:

@@ -187,7 +187,7 @@ class Adapter:
 
     def auth_hint(self, profile: dict) -> str:
         """The sentence an ``auth_failed`` message ends with: which variable or login to provide
-        (engine/agents/claude.py, engine/agents/codex.py); '' when there is nothing to set."""
+        (engine/agents/claude/adapter.py, engine/agents/codex/adapter.py); '' when there is nothing to set."""
         return ""
 
 

@@ -1,4 +1,4 @@
-"""What the adapters of real agent CLIs share (engine/agents/claude.py, engine/agents/codex.py).
+"""What the adapters of real agent CLIs share (engine/agents/claude/adapter.py, engine/agents/codex/adapter.py).
 
 * ``find_executable``: the profile's ``executable``, else the project's pinned install in
   tools/agents (``TOOLS_BIN``), else the name on PATH;
@@ -299,7 +299,7 @@ class CliAdapter(Adapter):
         return result
 
     #: The adapter's sandbox builder, ``(argv, env, request, network) -> argv``: each subclass sets
-    #: its own (engine/agents/claude.py and engine/agents/codex.py ``sandboxed``).
+    #: its own (engine/agents/claude/adapter.py and engine/agents/codex/adapter.py ``sandboxed``).
     wrapper: Callable[..., list[str]]
 
     def supervise(self, argv: list[str], env: dict, request: AgentRequest, endpoint_url: str | None = None):
@@ -336,7 +336,7 @@ class CliAdapter(Adapter):
 
     def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
         """A ``credentials_missing`` problem when neither a credential variable nor a login file
-        is there for the CLI; None when one is (subclasses: engine/agents/claude.py, codex.py)."""
+        is there for the CLI; None when one is (subclasses: engine/agents/claude/adapter.py, codex.py)."""
         return None
 
     def preflight(self, profile: dict, environ: dict | None = None, deny=None) -> list[PreflightProblem]:

@@ -22,10 +22,12 @@ import os
 import shutil
 from pathlib import Path
 
+from . import registry
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 TOOLS_BIN = BASE_DIR / "tools" / "agents" / "node_modules" / ".bin"
 #: The executables ``make agents`` installs (scripts/install-agent-clis.sh).
-PINNED = ("claude", "codex", "gemini", "pi")
+PINNED = tuple(registry.CLIS.values())
 SETTING = "CP_AGENT_EXECUTABLES"
 
 

@@ -101,7 +101,7 @@ def stderr_lines(path: str | None, limit: int | None = None) -> Iterator[str]:
 
 class JsonEvents:
     """The JSON-object lines of a CLI's stdout capture, read through :class:`BoundedLines`: what
-    every adapter's parser loops over (engine/agents/claude.py, codex.py, gemini.py, pi.py).
+    every adapter's parser loops over (engine/agents/claude/adapter.py, codex.py, gemini.py, pi.py).
 
     :param path: the capture (a missing file has no line).
     :param on_line: called with every non-empty line (stripped bytes) before it is parsed.

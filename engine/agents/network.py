@@ -21,20 +21,13 @@ from __future__ import annotations
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+from . import registry
 from .netproxy import EgressProxy, split_host_port
 from .sandbox import NetworkPolicy
 
-#: The provider hosts each adapter may reach by default (any port of the name). claude: the
-#: Messages API; codex: the Responses API, and ChatGPT's backend and login host for a ChatGPT
-#: sign-in; gemini-cli: the Gemini API. The scripted test adapter talks to no model.
-PROVIDER_HOSTS = {
-    "claude-code": ("api.anthropic.com",),
-    "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
-    "gemini-cli": ("generativelanguage.googleapis.com",),
-    # pi: the built-in hosts of the providers engine/agents/pi.py runs (pi-ai 0.73.1 models.generated.js)
-    "pi": ("api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"),
-    "scripted": (),
-}
+#: The provider hosts each adapter may reach by default (any port of the name): each CLI's policy
+#: says which (engine/agents/<cli>/policy.py PROVIDER_HOSTS). The scripted test adapter talks to no model.
+PROVIDER_HOSTS = registry.provider_hosts()
 #: Gateway variables a profile's ``env`` may set; their host joins the allow-list.
 GATEWAY_ENV = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "GOOGLE_GEMINI_BASE_URL")
 
@@ -53,21 +46,10 @@ def url_entry(url: str) -> str | None:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-#: pi's hosts by the provider its profile's model names (``model: openai/gpt-5``; no prefix:
-#: anthropic, engine/agents/pi.py ``split_model``): an attempt reaches its own provider only, not
-#: the other providers' APIs (a channel out for what the agent read).
-PI_PROVIDER_HOSTS = {"anthropic": ("api.anthropic.com",), "openai": ("api.openai.com",),
-                     "google": ("generativelanguage.googleapis.com",)}
-
-
 def provider_hosts(profile: dict) -> tuple[str, ...]:
-    """The provider hosts one attempt of ``profile`` may reach (PROVIDER_HOSTS; for pi, PI_PROVIDER_HOSTS
-    of its model's provider, none for a provider pi's adapter does not run)."""
-    adapter = profile.get("adapter") or ""
-    if adapter == "pi":
-        model = str(profile.get("model") or "")
-        return PI_PROVIDER_HOSTS.get(model.partition("/")[0] if "/" in model else "anthropic", ())
-    return PROVIDER_HOSTS.get(adapter, ())
+    """The provider hosts one attempt of ``profile`` may reach (PROVIDER_HOSTS, or its CLI's policy's
+    ``hosts_for`` for a CLI of several providers: engine/agents/registry.py ``hosts_for``)."""
+    return registry.hosts_for(profile)
 
 
 def network_allow(profile: dict, endpoint_url: str | None = None) -> list[str]:

@@ -346,7 +346,7 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
 
     ``replace``: ``{path in the view: host file}``, each host file bound read-only in the place of
     a file the view already shows (codex finds the host's bubblewrap on PATH first; see
-    engine/agents/codex.py ``sandboxed``). A path outside the read-only view is skipped.
+    engine/agents/codex/adapter.py ``sandboxed``). A path outside the read-only view is skipped.
 
     ``binds``: ``(host folder, path in the view, writable)`` each: a host folder shown at another place
     (the run's setup environment at ``/cp/env`` and its kept worktree folders such as

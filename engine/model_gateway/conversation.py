@@ -277,7 +277,7 @@ class WireConversation:
 
     def __init__(self, path: str | Path, workspace: str = "", secrets: list | None = None):
         self.path = Path(path)
-        self.transcript = transcript.Transcript(self.path, "claude", workspace, Redactor(secrets or []))
+        self.transcript = transcript.Transcript(self.path, "messages", workspace, Redactor(secrets or []))
         self.seen_results: set[str] = set()
         #: the sentences of the tool calls the model asked for (engine/transcript.py ``tool_sentence``)
         self.tool_calls: list[str] = []

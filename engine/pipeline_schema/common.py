@@ -10,10 +10,12 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticUseDefault
 
+from ..agents.registry import CLIS
+
 #: The only format version this module reads (top-level key ``format``).
 FORMAT_VERSION = 1
-#: Adapters of real agent CLIs (engine/agents/): each talks to a model endpoint.
-CLI_ADAPTERS = ("claude-code", "codex", "gemini-cli", "pi")
+#: Adapters of real agent CLIs (engine/agents/registry.py): each talks to a model endpoint.
+CLI_ADAPTERS = tuple(CLIS)
 #: Adapter names a profile may use. ``scripted`` is the test adapter (simulated runs).
 ADAPTERS = (*CLI_ADAPTERS, "scripted")
 #: Roles a pipeline assigns to profiles.

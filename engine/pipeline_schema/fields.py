@@ -222,7 +222,7 @@ def _env_name(value: str) -> str:
 #: temporary folder, the CLIs' configuration folders and trust, the egress proxy, git's and the
 #: loader's paths, the engine's own CP_*), and one of them set by a profile would point the CLI at
 #: the worker's own login and settings, past the attempt's proxy, or at code of the profile's choice
-#: (engine/agents/claude.py, codex.py, gemini.py, pi.py ``environment``).
+#: (engine/agents/claude/adapter.py, codex.py, gemini.py, pi.py ``environment``).
 ENGINE_ENV = ("HOME", "TMPDIR", "TMP", "TEMP", "PATH", "SHELL", "USER", "LOGNAME", "PWD",
               "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NODE_OPTIONS",
               "NODE_PATH", "BASH_ENV", "ENV", "CODEX_HOME", "CLAUDE_CONFIG_DIR", "GEMINI_SANDBOX",

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from .. import limits
 from ..agents import gateways
-from ..agents.cli_options import _PERMISSION_ARGS, _refused_args
+from ..agents.cli_options import _refused_args, has_options
 from ..model_gateway.meter import DEFAULT_IDLE_MINUTES, DEFAULT_IDLE_TURNS, DEFAULT_REPEATED_CALLS
 from ..scripted_endpoint import ScenarioError, normalize_scenario
 from .base import _Level
@@ -127,7 +127,7 @@ class Profile(_Level):
             problems.append((("scripted_endpoint",), f"only {', '.join(CLI_ADAPTERS)} profiles talk to a model endpoint", True))
         if values.get("scenario_path") and not isinstance(scenario, dict):
             problems.append((("scenario_path",), "is only kept beside an inline scenario mapping; give the file path as 'scenario'", True))
-        if adapter in _PERMISSION_ARGS and "extra_args" not in failed:
+        if has_options(adapter) and "extra_args" not in failed:
             plays = tuple(role for role, names in (context.get("raw_roles") or {}).items()
                           if key is not None and (names == key or (isinstance(names, list) and key in names)))
             problems += [(("extra_args", index), problem, True)

@@ -4,24 +4,22 @@ run; changed documentation is verified and reviewed again before the checkpoint.
 from __future__ import annotations
 
 from .. import context, machine
-from ..agents import claude, pi
+from ..agents import registry
 from ..models import AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
 from .plans import AgentOutcome, AgentPlan, StagePlan
 
 
-#: The file-writing tools of the agent CLIs, by the names their adapters record refusals under:
-#: Claude Code's (engine/agents/claude.py WRITE_TOOLS), codex's apply_patch (0.171.0), Gemini CLI's
-#: write_file and replace (0.61.0, engine/agents/gemini.py) and Pi's write and edit (0.73.1,
-#: engine/agents/pi.py WRITE_TOOLS).
-WRITE_TOOLS = claude.WRITE_TOOLS | {"apply_patch", "write_file", "replace"} | pi.WRITE_TOOLS
+#: The file-writing tools of the agent CLIs, by the names their adapters record refusals under
+#: (engine/agents/<cli>/policy.py WRITE_TOOLS).
+WRITE_TOOLS = registry.write_tools()
 
 
 def refused_writes(refusals: list[dict] | None) -> list[dict]:
     """The refusals of an attempt (``Attempt.refusals``: ``{"tool", "message", "path"?, "recovered"?}``)
     that are file writes the CLI refused or that failed, for good: a tool of WRITE_TOOLS (Claude Code's
     "File has not been read yet" refusal of a Write, a denied permission, codex's failed patch) whose
-    file no later write of the same attempt wrote (``recovered``: engine/agents/claude.py parse_stream)."""
+    file no later write of the same attempt wrote (``recovered``: engine/agents/claude/adapter.py parse_stream)."""
     return [r for r in refusals or [] if isinstance(r, dict) and r.get("tool") in WRITE_TOOLS
             and not r.get("recovered")]
 

@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 
 from engine import operations
-from engine.agents.claude import find_executable
+from engine.agents.claude.adapter import find_executable
 from engine.models import Attempt, Run
 
 from ..conftest import PASS_REVIEW

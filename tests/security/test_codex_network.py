@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from engine.agents.codex import CodexAdapter
+from engine.agents.codex.adapter import CodexAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from ..test_codex_adapter import CODEX, log_of, make_request

@@ -1,7 +1,7 @@
 """A hostile repository configures the Gemini CLI for the reviewer that reads it: ``.gemini/settings.json``
 asks for yolo, lifts the tool exclusions, adds an MCP server and a hook; ``.gemini/policies`` allows
 the writing and shell tools; ``GEMINI.md`` tells the agent to write; ``.env`` picks another model.
-None of it reaches the attempt (engine/agents/gemini.py: the reviewer's worktree is untrusted), and
+None of it reaches the attempt (engine/agents/gemini/adapter.py: the reviewer's worktree is untrusted), and
 the reviewer's scripted writes are refused and recorded. Runs the real gemini 0.61.0 (slow)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import pytest
 
 import engine.scripted_endpoint as endpoint_module
-from engine.agents.gemini import GeminiCliAdapter
+from engine.agents.gemini.adapter import GeminiCliAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from ..test_gemini_adapter import log_of, make_request, needs_gemini

@@ -19,7 +19,7 @@ from django.urls import reverse
 
 from engine import operations
 from engine.agents import executables
-from engine.agents.claude import ClaudeCodeAdapter
+from engine.agents.claude.adapter import ClaudeCodeAdapter
 from engine.models import Pipeline, Run
 from engine.pipeline_format import PipelineFormatError, validate
 

@@ -1,7 +1,7 @@
 """A hostile repository plants pi configuration for the agents that will work in it, and the worker's
 own ``~/.pi`` holds an extension: none of it reaches an attempt of the real ``pi`` 0.73.1.
 
-What pi would load from the worktree (engine/agents/pi.py, module docstring): ``.pi/settings.json``
+What pi would load from the worktree (engine/agents/pi/adapter.py, module docstring): ``.pi/settings.json``
 (here: a ``shellCommandPrefix`` that leaves a marker, an ``extensions`` entry, a ``packages`` entry
 with an ``npmCommand`` that leaves a marker), ``.pi/extensions/*.ts`` (code run in pi's own
 process at start: it leaves a marker and registers a tool named ``sneak``), ``.pi/SYSTEM.md``
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.agents.pi import PiAdapter
+from engine.agents.pi.adapter import PiAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from ..conftest import make_repo

@@ -90,37 +90,24 @@ import shutil
 from collections import deque
 from pathlib import Path
 
-from . import gateways, sandbox
-from .. import tool_outcomes
-from ..redaction import redact_text
-from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, probe_output, var_dir
-from .lines import JsonEvents, stderr_lines
+from .. import gateways, sandbox
+from ...redaction import redact_text
+from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
+from ..cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, probe_output, var_dir
+from ..lines import JsonEvents, stderr_lines
+from .conversation import outcome_of
+from .policy import CREDENTIALS, DEFAULT_PROVIDER, PROVIDERS, WRITE_TOOLS  # noqa: F401 - the tests take them from here
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
-#: pi's file-writing tools (0.73.1), the names refusals are recorded under.
-WRITE_TOOLS = frozenset({"write", "edit"})
 #: The tool allowlists (``--tools``): a reviewer's has no bash, edit or write (pi's documented
 #: read-only mode); the writers get pi's default set, named, so that no extension tool joins it.
 READ_ONLY_TOOLS = "read,grep,find,ls"
 WRITER_TOOLS = "read,bash,edit,write"
-#: The providers this adapter runs (the ``provider/`` prefix of the profile's model, default
-#: DEFAULT_PROVIDER): the variables pi reads for each (pi-ai 0.73.1 ``env-api-keys.js``, most usual
-#: first) and the hosts its built-in models use (``models.generated.js``). engine/boundary.py
-#: CREDENTIALS["pi"] and engine/agents/network.py PROVIDER_HOSTS["pi"] list them all.
-PROVIDERS = {
-    "anthropic": {"keys": ("ANTHROPIC_API_KEY", "ANTHROPIC_OAUTH_TOKEN"), "hosts": ("api.anthropic.com",),
-                  "base": "https://api.anthropic.com"},
-    "openai": {"keys": ("OPENAI_API_KEY",), "hosts": ("api.openai.com",), "base": "https://api.openai.com/v1"},
-    "google": {"keys": ("GEMINI_API_KEY",), "hosts": ("generativelanguage.googleapis.com",),
-               "base": "https://generativelanguage.googleapis.com/v1beta"},
-}
 #: Keys the model gateway takes from pi's environment (``base``: the provider's built-in base URL, which
 #: the gateway forwards to). Not ANTHROPIC_OAUTH_TOKEN: pi picks its header style by the token's own
 #: prefix, which a placeholder does not have; with only that token, pi's calls are not metered.
 GATEWAY_KEYS = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY")
-DEFAULT_PROVIDER = "anthropic"
 #: The provider the adapter defines for the scripted endpoint (Anthropic Messages API, which
 #: engine/scripted_endpoint.py speaks), its model and the variable holding its key.
 SCRIPTED_PROVIDER = "cp-scripted"
@@ -412,7 +399,7 @@ def _tool_end(found: dict, event: dict, calls: dict) -> None:
     result = event.get("result")
     text = _text_of(result.get("content")) if isinstance(result, dict) else str(result or "")
     command = args.get("command") if isinstance(args.get("command"), str) else ""
-    outcome, code = tool_outcomes.of_pi(name, text, True, command)
+    outcome, code = outcome_of(name, text, True, command)
     refusal = {"tool": name, "message": text.strip()[-OUTPUT_CHARS:],
                "unavailable": text.strip() == f"Tool {name} not found",
                "sandbox_denied": any(denial in text for denial in DENIAL_TEXTS), "outcome": outcome}
@@ -509,7 +496,7 @@ class PiAdapter(CliAdapter):
         Credentials: only the variables of the profile's provider (PROVIDERS) stay; a gateway's key
         (``api_key_env``, which engine/boundary.py puts under ``KEY_TARGETS["pi"]``,
         ANTHROPIC_API_KEY) is moved to the variable the provider reads (OPENAI_API_KEY for openai...)."""
-        from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
+        from ... import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
 
         env = dict(request.env)
         provider, _ = split_model(request.profile)
@@ -644,8 +631,12 @@ class PiAdapter(CliAdapter):
 
 
 def credential_env_names() -> tuple[str, ...]:
-    """Every credential variable of PROVIDERS, most usual first (engine/boundary.py CREDENTIALS["pi"])."""
-    return tuple(dict.fromkeys(key for info in PROVIDERS.values() for key in info["keys"]))
+    """Every credential variable of PROVIDERS, most usual first (engine/agents/pi/policy.py CREDENTIALS)."""
+    return tuple(CREDENTIALS)
 
 
 __all__ = ["PiAdapter", "build_argv", "parse_stream", "usage_of", "split_model"]
+
+
+#: The adapter class engine/agents/registry.py registers.
+ADAPTER = PiAdapter

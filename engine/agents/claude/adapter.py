@@ -29,20 +29,19 @@ import os
 import shutil
 from pathlib import Path
 
-from . import gateways, sandbox
-from .. import tool_outcomes
-from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
+from .. import gateways, sandbox
+from ... import tool_outcomes
+from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
+from ..cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
                           var_dir)
-from .cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
-from .lines import JsonEvents, stderr_lines
+from ..cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
+from ..lines import JsonEvents, stderr_lines
+from .policy import WRITE_TOOLS
 
 #: The Messages API's address, and the variables claude sends a key from (``x-api-key``; a token as
 #: ``Authorization: Bearer``): the model gateway (engine/model_gateway) takes the key from the first set.
 PROVIDER_URL = "https://api.anthropic.com"
 KEY_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
-#: Claude Code's file-writing tools (2.1.197).
-WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
 READ_ONLY_TOOLS = "Read,Grep,Glob"
 #: Messages of the CLI that mean it has no usable login (checked on 2.1.197).
@@ -181,7 +180,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
                     said = text if isinstance(content, str) else "\n".join(  # as the conversation reads it
                         str(part.get("text") or "") for part in (content if isinstance(content, list) else [])
                         if isinstance(part, dict))
-                    outcome, code = tool_outcomes.of_claude(tools.get(call, "?"), said, True, commands.get(call, ""))
+                    outcome, code = tool_outcomes.of_message_result(tools.get(call, "?"), said, True, commands.get(call, ""))
                     refusal = {"tool": tools.get(call, "?"), "message": text[:500], "outcome": outcome}
                     if code is not None:
                         refusal["exit_code"] = code
@@ -371,3 +370,7 @@ class ClaudeCodeAdapter(CliAdapter):
                    "refusals": parsed["refusals"], "num_turns": (outcome or {}).get("num_turns"),
                    "network": self.network, "truncated_lines": parsed["truncated_lines"]},
         )
+
+
+#: The adapter class engine/agents/registry.py registers.
+ADAPTER = ClaudeCodeAdapter

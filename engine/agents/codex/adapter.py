@@ -82,13 +82,13 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import gateways, sandbox
-from .. import tool_outcomes, transcript
-from ..redaction import redact_text
-from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
-from .cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint,
+from .. import gateways, sandbox
+from ... import tool_outcomes, transcript
+from ...redaction import redact_text
+from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage
+from ..cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint,
                           login_present, var_dir)
-from .lines import BoundedLines, JsonEvents, stderr_lines
+from ..lines import BoundedLines, JsonEvents, stderr_lines
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -632,3 +632,7 @@ class CodexAdapter(CliAdapter):
                                     + (f": {said}" if said else ""),
                             "detail": transcript.first_lines(denial["message"])})
         transcript.append(transcript.transcript_path(request.raw_path), entries, request.secrets)
+
+
+#: The adapter class engine/agents/registry.py registers.
+ADAPTER = CodexAdapter

@@ -77,12 +77,12 @@ from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import gateways, sandbox
-from .. import tool_outcomes
-from ..redaction import redact_text
-from .base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from .cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, var_dir
-from .lines import BoundedLines, JsonEvents, stderr_lines
+from .. import gateways, sandbox
+from ...redaction import redact_text
+from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
+from ..cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, var_dir
+from ..lines import BoundedLines, JsonEvents, stderr_lines
+from .conversation import outcome_of
 
 #: Roles whose attempts may write in the workspace; every other role runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
@@ -299,7 +299,7 @@ def _tool_result(refusals: list[dict], calls: dict[str, tuple[str, str, str]], e
     tool, path, command = calls.get(str(event.get("tool_id")), ("?", "", ""))
     error = event.get("error") if isinstance(event.get("error"), dict) else {}
     status, output = str(event.get("status") or ""), str(event.get("output") or "")
-    outcome, code = tool_outcomes.of_gemini(tool, status, str(error.get("type") or ""),
+    outcome, code = outcome_of(tool, status, str(error.get("type") or ""),
                                             output or str(error.get("message") or ""), command)
     if status == "success" and path and tool in ("write_file", "replace"):
         for refusal in refusals:
@@ -517,3 +517,7 @@ class GeminiCliAdapter(CliAdapter):
             extra={"tool_calls": parsed["tool_calls"], "refusals": refusals, "model": parsed["model"],
                    "session_tokens": tokens, "network": self.network, "truncated_lines": parsed["truncated_lines"]},
         )
+
+
+#: The adapter class engine/agents/registry.py registers.
+ADAPTER = GeminiCliAdapter
