@@ -8,7 +8,7 @@ test named after its id, in tests/test_process.py and tests/test_steps.py):
   ``/dev/null`` and ``GIT_TERMINAL_PROMPT=0`` / ``GIT_ASKPASS=`` (docs/field-cases.md C10), so a prompt
   sees EOF instead of waiting forever;
 * every process of the tree carries ``CP_PROCESS_MARKER=<marker>`` in its environment,
-  so descendants that escaped into their own session (claude's Bash tool shells,
+  so descendants that escaped into their own session (an agent CLI's Bash tool shells,
   ``sleep 600 &``) can still be found and killed (docs/field-cases.md C06), also by a later reconciler
   (:func:`kill_tree`; finding and stopping trees is engine/process_tree.py);
 * stdout and stderr go to one pipe that a reader thread streams through a

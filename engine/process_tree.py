@@ -237,7 +237,7 @@ def _terminate(
     """Stop ``root``'s tree plus every process carrying ``marker`` (plus, with
     ``session=(sid, not_before)``, the members of that session started since then).
 
-    SIGINT (the claude CLI cleans up its tool shells only on SIGINT), then SIGTERM, each
+    SIGINT (one agent CLI cleans up its tool shells only on SIGINT), then SIGTERM, each
     sent to every distinct process group and to every process; after ``grace_seconds``
     in total, SIGKILL to whatever is left, re-collected first to catch new children.
     With ``polite=False`` SIGKILL is sent at once.  Returns the pids signalled.

@@ -15,7 +15,10 @@ beat processes, a beat and a worker start) act once (docs/field-cases.md C17).
     run to its next step: it goes on without a person;
   - else mark the open attempt ``interrupted``, keep completed stages, and stop the run for review;
 * a checkpoint journal entry left in ``intent`` (of a run no step owns): the commit carrying its
-  id in a trailer tells whether git ran; found -> done, else it stays for a person's Recover.
+  id in a trailer tells whether git ran; found -> done, else it stays for a person's Recover;
+* a run creation's staging folder (``runs/.creating-*``) older than STAGING_STALE_SECONDS, left by a
+  create_run killed between reading the protected files and its transaction: removed
+  (``remove_stale_staging``), as are the empty control groups of attempts whose worker died.
 
 Per host (engine/hosts.py; README.md, "Several hosts"): a pass reaps and inspects only this host's
 processes and worktrees. A stale run pinned to another host is left to that host's own pass while
@@ -35,6 +38,7 @@ import os
 import shutil
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -108,9 +112,34 @@ def reconcile() -> dict:
     removed = limits.remove_stale_groups()  # the empty control groups of attempts whose worker died
     if removed:
         log.info("reconcile: removed %s empty control group(s) of ended attempts and checks", removed)
+    staged = remove_stale_staging()
+    if staged:
+        log.info("reconcile: removed %s staging folder(s) of run creations that never finished", staged)
     if any(counts.values()):
         log.info("reconcile: %s", counts)
     return counts
+
+
+#: Seconds after which a run creation's staging folder (``runs/.creating-<uuid>``, engine/operations.py
+#: ``create_run``: its protected files, read from git before the transaction, for a few seconds) is
+#: one a create_run killed between its snapshot and its rename left behind.
+STAGING_STALE_SECONDS = 3600
+
+
+def remove_stale_staging(now: float | None = None) -> int:
+    """Remove the staging folders of run creations older than STAGING_STALE_SECONDS (by their own
+    modification time; a link is left alone) under this host's var directory. Returns how many."""
+    now = time.time() if now is None else now
+    removed = 0
+    for folder in (Path(settings.VAR_DIR) / "runs").glob(".creating-*"):
+        try:
+            if folder.is_symlink() or not folder.is_dir() or now - folder.lstat().st_mtime < STAGING_STALE_SECONDS:
+                continue
+            shutil.rmtree(folder)
+            removed += 1
+        except OSError as exc:  # another pass removed it, or it cannot be: the next pass tries again
+            log.warning("reconcile: could not remove the staging folder %s: %s", folder, exc)
+    return removed
 
 
 def _deliver_notifications() -> int:

@@ -151,11 +151,12 @@ def classify(exit_code: int | None = None, output: str = "", command: str = "", 
 
 # ----------------------------------------------------------------------------- each CLI's words
 
-#: Texts of a tool error that say the CLI's permission rules refused the call (Claude Code 2.1.197:
-#: a denied permission, a removed tool; other CLIs word theirs alike).
+#: Texts of a tool error that say the CLI's permission rules refused the call (one of the CLIs, at its
+#: version 2.1.197: a denied permission, a removed tool; other CLIs word theirs alike).
 CLI_REFUSAL = re.compile(r"permission|denied|not allowed|haven't granted|No such tool available|blocked|"
                          r"requires approval|declined", re.IGNORECASE)
-#: A failed Bash command's ``tool_result`` text in the Messages shape (Claude Code's): "Exit code N".
+#: A failed Bash command's ``tool_result`` text in the Messages shape (as an agent CLI whose stream has
+#: that shape words it): "Exit code N".
 EXIT_CODE_TEXT = re.compile(r"Exit code:?\s*(-?\d+)")
 
 
@@ -165,10 +166,10 @@ def _exit(pattern: re.Pattern, text: str) -> int | None:
 
 
 def of_message_result(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:
-    """``(outcome, exit status)`` of an Anthropic Messages-shaped ``tool_result`` (Claude Code's, and the
-    model gateway's conversation, which words every CLI's results so): ``content`` its text, ``error``
-    its ``is_error``. A failed Bash command is an error with "Exit code N" (EXIT_CODE_TEXT); a Bash result
-    that is no error exited 0."""
+    """``(outcome, exit status)`` of an Anthropic Messages-shaped ``tool_result`` (that of an agent CLI
+    whose stream has that shape, and the model gateway's conversation, which words every CLI's results
+    so): ``content`` its text, ``error`` its ``is_error``. A failed Bash command is an error with
+    "Exit code N" (EXIT_CODE_TEXT); a Bash result that is no error exited 0."""
     code = _exit(EXIT_CODE_TEXT, content) if error else (0 if tool == "Bash" else None)
     refused = error and bool(CLI_REFUSAL.search(content[:500]))
     return classify(code, content[:500], command, refused=refused, error=error), code

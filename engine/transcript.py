@@ -218,7 +218,7 @@ class Normalizer:
 
     def messages(self, event: dict) -> list[dict]:
         """The entries of an ``assistant`` or ``user`` message in the Messages shape (module docstring):
-        Claude Code's stream and the model gateway's conversation (engine/model_gateway/conversation.py)
+        one agent CLI's stream and the model gateway's conversation (engine/model_gateway/conversation.py)
         are of it. A failed Bash result says "Exit code N" (engine/tool_outcomes.py ``of_message_result``)."""
         kind = event.get("type")
         if kind == "assistant":
@@ -460,8 +460,8 @@ def read_tail(path: str | os.PathLike[str], limit: int = 300, window: int = 256 
 
 
 def append(path: str | os.PathLike[str], entries: list[dict], secrets=()) -> None:
-    """Add entries an adapter learns only after the process ended (codex's refused commands, which its
-    JSON stream leaves out) to a closed transcript, numbered on from its last entry, redacted."""
+    """Add entries an adapter learns only after the process ended (e.g. one CLI's refused commands, which
+    its JSON stream leaves out) to a closed transcript, numbered on from its last entry, redacted."""
     if not entries:
         return
     _, last = read_tail(path, 1, 64 * 1024)

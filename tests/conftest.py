@@ -379,11 +379,7 @@ def _names_a_driver(code, scope: dict, seen: set) -> bool:
 
 
 def _drives(item) -> bool:
-    """True when the test, or a fixture it uses, calls a run driver (``_DRIVERS``), or lives in a
-    ``_PIPELINE_MODULES`` module."""
-    path = Path(str(item.fspath)).as_posix()
-    if any(part in path for part in _PIPELINE_MODULES):
-        return True
+    """True when the test, or a fixture it uses, calls a run driver (``_DRIVERS``)."""
     seen: set = set()
     function = getattr(item, "function", None)
     if function is not None and _names_a_driver(function.__code__, function.__globals__, seen):
@@ -397,11 +393,22 @@ def _drives(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark ``pipeline`` every test that drives a whole run (``make test-fast`` leaves them to
-    ``make test``): the fast tier is what needs no worker and no whole run."""
+    """The tiers are explicit: a test that drives a whole run carries ``@pytest.mark.pipeline`` (or
+    ``slow``), and every test of a ``_PIPELINE_MODULES`` module or folder is marked ``pipeline`` here;
+    ``make test-fast`` leaves them to ``make test`` (the fast tier is what needs no worker and no whole
+    run). A test that calls a run driver (``_drives``, read from its code and its fixtures') without
+    either mark is a collection error naming it, so none slips into the fast tier unmarked."""
+    unmarked = []
     for item in items:
-        if _drives(item):
+        path = Path(str(item.fspath)).as_posix()
+        if any(part in path for part in _PIPELINE_MODULES):
             item.add_marker(pytest.mark.pipeline)
+        elif item.get_closest_marker("pipeline") is None and item.get_closest_marker("slow") is None \
+                and _drives(item):
+            unmarked.append(item.nodeid)
+    if unmarked:
+        raise pytest.UsageError("these tests drive a whole run but carry no @pytest.mark.pipeline (or slow): "
+                                + ", ".join(unmarked[:20]))
     wanted = os.environ.get("CP_TEST_SET", "")
     if wanted in ("database", "no-database"):
         # .ci/run splits the suite in three side by side: the tests that touch the database or the

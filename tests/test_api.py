@@ -367,6 +367,7 @@ def test_fail_a_run_then_every_action_on_it_is_refused(operator, pending, sent):
     assert sent == []
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_approve_through_the_api_on_a_real_human_gate(operator, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)
@@ -393,6 +394,7 @@ def test_approve_through_the_api_on_a_real_human_gate(operator, make_pipeline, r
     assert Decision.objects.get(pk=decision.pk).decided_by == "operator"
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_recheck_through_the_api_asks_for_a_new_approval(operator, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)
@@ -408,6 +410,7 @@ def test_recheck_through_the_api_asks_for_a_new_approval(operator, make_pipeline
     assert run.status == "waiting_approval" and run.decisions.get(state="pending").pk != old.pk
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_recover_through_the_api_on_a_run_waiting_for_review(operator, make_pipeline, repo, sent):
     finding = {"file": "app/core.py", "line": 4, "severity": "major", "text": "Is 42 the right answer?"}

@@ -60,6 +60,7 @@ def finished_run(make_pipeline, repo, sent):
     return run
 
 
+@pytest.mark.pipeline
 def test_the_attempt_page_links_its_files_and_shows_the_prompts_sha256(staff, finished_run):
     attempt = Attempt.objects.get(run=finished_run, operation="implement")
     html = page(staff, attempt)
@@ -82,6 +83,7 @@ def test_the_attempt_page_links_its_files_and_shows_the_prompts_sha256(staff, fi
     assert reverse("admin:engine_attempt_change", args=[attempt.pk]) in run_html
 
 
+@pytest.mark.pipeline
 def test_a_changed_prompt_file_shows_as_differing(staff, finished_run):
     attempt = Attempt.objects.get(run=finished_run, operation="implement")
     with open(Path(settings.VAR_DIR) / attempt.prompt_path, "a", encoding="utf-8") as fh:
@@ -89,6 +91,7 @@ def test_a_changed_prompt_file_shows_as_differing(staff, finished_run):
     assert f"sha256 {attempt.prompt_sha256} (DIFFERS from the file now)" in page(staff, attempt)
 
 
+@pytest.mark.pipeline
 def test_the_files_are_for_staff_only(client, django_user_model, finished_run):
     attempt = Attempt.objects.get(run=finished_run, operation="implement")
     url = file_url(attempt, "prompt")
@@ -109,6 +112,7 @@ def test_the_files_are_for_staff_only(client, django_user_model, finished_run):
     "controlpanel.sqlite3",
     "test.sqlite3",
 ])
+@pytest.mark.pipeline
 def test_only_the_recorded_paths_inside_the_runs_control_records_are_served(staff, finished_run, recorded):
     attempt = Attempt.objects.get(run=finished_run, operation="implement")
     Attempt.objects.filter(pk=attempt.pk).update(prompt_path=recorded)
@@ -118,6 +122,7 @@ def test_only_the_recorded_paths_inside_the_runs_control_records_are_served(staf
     assert f'href="{file_url(attempt, "prompt")}"' not in page(staff, attempt)
 
 
+@pytest.mark.pipeline
 def test_another_runs_files_and_unknown_kinds_are_not_served(staff, finished_run, make_pipeline, repo, sent):
     other = operations.create_run(make_pipeline(name="other", stages=QUICK), str(repo), "main")
     operations.request_start(other, requested_by="t", source="test")
@@ -132,6 +137,7 @@ def test_another_runs_files_and_unknown_kinds_are_not_served(staff, finished_run
     assert staff.get(f"/admin/engine/attempt/{mine.pk + 10_000}/file/log/").status_code == 404
 
 
+@pytest.mark.pipeline
 def test_a_symlink_in_the_control_records_pointing_out_is_not_followed(staff, finished_run, tmp_path):
     attempt = Attempt.objects.get(run=finished_run, operation="implement")
     outside = tmp_path / "outside.txt"
@@ -144,6 +150,7 @@ def test_a_symlink_in_the_control_records_pointing_out_is_not_followed(staff, fi
     assert b"NOT A CONTROL RECORD" not in response.content
 
 
+@pytest.mark.pipeline
 def test_earlier_attempts_logs_stay_linked_from_a_later_attempt(staff, make_pipeline, repo, sent):
     first = {"print": "first try, giving up", "exit": 3}
     pipeline = make_pipeline(stages=QUICK, scenario={"stages": {"answer": {"implement": [first, ANSWER_STEP]}}})

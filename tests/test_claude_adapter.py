@@ -105,6 +105,7 @@ def test_a_hanging_endpoint_is_a_timeout_with_nothing_left(claude_pipeline, repo
     assert left == []
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_a_missing_binary_is_refused_at_creation_and_missing_executable_at_launch(claude_pipeline, repo, sent,
                                                                                   tmp_path):
@@ -135,6 +136,7 @@ def test_a_cli_without_the_boundary_flags_is_refused_naming_role_profile_and_bou
     assert "implementer (profile 'claude')" in message and "--permission-mode" in message
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_c11_output_cut_mid_json_is_malformed_with_unknown_usage(claude_pipeline, repo, sent, tmp_path):
     big = json.dumps({"type": "result", "is_error": False, "result": "x" * 200_000,

@@ -39,6 +39,7 @@ def stopped_run(make_pipeline, repo, sent) -> Run:
     return run
 
 
+@pytest.mark.pipeline
 def test_a_run_stopped_at_its_budget_continues_from_its_last_checkpoint(make_pipeline, repo, sent):
     run = stopped_run(make_pipeline, repo, sent)
     first = run.stages.get(key="answer")
@@ -67,6 +68,7 @@ def test_a_run_stopped_at_its_budget_continues_from_its_last_checkpoint(make_pip
     ({"max_attempts": 5, "stage": {"max_tokenz": 1}}, "invalid_budgets", "budgets.stage.max_tokenz"),
     ("more please", "invalid_budgets", "budgets must be a mapping"),
 ])
+@pytest.mark.pipeline
 def test_a_budget_that_is_not_raised_is_refused_and_nothing_is_made(make_pipeline, repo, sent, budgets, code, says):
     run = stopped_run(make_pipeline, repo, sent)
     before = Run.objects.count()
@@ -77,6 +79,7 @@ def test_a_budget_that_is_not_raised_is_refused_and_nothing_is_made(make_pipelin
     assert Run.objects.count() == before and run.status == "waiting_review"
 
 
+@pytest.mark.pipeline
 def test_only_a_run_its_budget_stopped_is_continued_and_only_once(make_pipeline, repo, sent):
     run = stopped_run(make_pipeline, repo, sent)
     operations.continue_run(run, {"max_attempts": 3}, start=False)
@@ -86,6 +89,7 @@ def test_only_a_run_its_budget_stopped_is_continued_and_only_once(make_pipeline,
     assert Run.objects.filter(rerun_of=run).count() == 1
 
 
+@pytest.mark.pipeline
 def test_the_api_the_run_page_and_the_command_continue_a_run(make_pipeline, repo, sent, admin_client):
     from django.core.management import call_command
     from django.urls import reverse
@@ -119,6 +123,7 @@ def test_the_api_the_run_page_and_the_command_continue_a_run(make_pipeline, repo
     assert Run.objects.get(rerun_of=run).status == "pending"
 
 
+@pytest.mark.pipeline
 def test_caps_not_given_stay_and_a_null_removes_one(make_pipeline, repo, sent):
     run = stopped_run(make_pipeline, repo, sent)
     later = operations.continue_run(run, {"max_attempts": 2}, start=False)

@@ -34,6 +34,7 @@ def test_a_root_relative_link_names_the_note(tmp_path):
     assert context.unindexed_notes(str(root), "docs/INDEX.md", ["docs/auth.md"]) == []
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_a_documentation_attempt_that_leaves_a_note_out_of_the_index_stops_the_run(make_pipeline, repo, sent):
     doc = {"write": {"docs/answer.md": "# answer\n\n`answer()` returns 42.\n",
@@ -46,6 +47,7 @@ def test_a_documentation_attempt_that_leaves_a_note_out_of_the_index_stops_the_r
     assert "docs/answer.md" in attempt.failure_message
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_a_documentation_attempt_that_indexes_its_note_is_checkpointed(make_pipeline, repo, sent):
     doc = {"write": {"docs/answer.md": "# answer\n\n`answer()` returns 42.\n",

@@ -56,6 +56,7 @@ def test_a_pending_run_fails_at_once_and_a_failed_run_takes_no_action(make_pipel
     assert sent == []  # nothing was ever sent to a worker
 
 
+@pytest.mark.pipeline
 def test_a_run_waiting_for_review_fails_and_its_decision_cannot_be_used(make_pipeline, repo, sent):
     stages = [{**QUICK[0], "gates": [{"name": "unit", "command": "false"}]}]
     run = operations.create_run(make_pipeline(stages=stages), str(repo), "main")

@@ -35,6 +35,7 @@ def status_text(run) -> str:
     return out.getvalue()
 
 
+@pytest.mark.pipeline
 def test_code_under_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_s_record(make_pipeline, repo, sent,
                                                                                         admin_client):
     pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [EXIT_FIRST]}}})
@@ -61,6 +62,7 @@ def test_code_under_test_that_ends_pytest_with_0_fails_the_gate_from_the_runner_
     assert shown["unfinished"] == 1 and shown["record"] and "record_path" not in shown
 
 
+@pytest.mark.pipeline
 def test_an_honest_stage_passes_with_the_counts_shown_and_an_exit_status_gate_says_so(make_pipeline, repo, sent,
                                                                                      admin_client):
     stage = {**STAGE, "gates": [{"name": "unit", "command": "python -m pytest -q"},
@@ -93,6 +95,7 @@ def test_an_honest_stage_passes_with_the_counts_shown_and_an_exit_status_gate_sa
 SKIPPING_CORE = ('"""Core."""\nimport pytest\n\n\ndef answer():\n    pytest.skip("later")\n')
 
 
+@pytest.mark.pipeline
 def test_code_under_test_that_skips_an_agreed_test_stops_with_its_id(make_pipeline, repo, sent):
     pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [
         {"write": {"app/core.py": SKIPPING_CORE}}]}}})
@@ -109,6 +112,7 @@ def test_code_under_test_that_skips_an_agreed_test_stops_with_its_id(make_pipeli
     assert "[pytest: 1 skipped; agreed 0 of 1 passed again]" in shown
 
 
+@pytest.mark.pipeline
 def test_a_test_that_skips_itself_at_the_starting_commit_too_is_not_held_against_the_stage(make_pipeline, repo, sent):
     """An optional dependency missing (``pytest.importorskip``) skips a test at run time, which collecting
     cannot tell: the gate runs once at the stage's starting commit, where it skipped too, so it is excused;
@@ -132,6 +136,7 @@ def test_a_test_that_skips_itself_at_the_starting_commit_too_is_not_held_against
     assert final.passed and final.tests["agreed"]["skipped_at_start"] == 1
 
 
+@pytest.mark.pipeline
 def test_code_an_earlier_stage_wrote_that_skips_an_agreed_test_later_is_not_excused(make_pipeline, repo, sent):
     """A time bomb: stage 1's code passes its tests, and skips them from stage 2 on. The skip is judged
     against the run's starting commit (where the test ran), not stage 2's start (stage 1's checkpoint,
@@ -152,6 +157,7 @@ def test_code_an_earlier_stage_wrote_that_skips_an_agreed_test_later_is_not_excu
     assert run.stages.get(key="second").agreed_tests["unit"]["skipped_at_start"] == []
 
 
+@pytest.mark.pipeline
 def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pipeline, repo, sent):
     core = '"""Core."""\n\n\ndef answer():\n    return 42\n\n\ndef bonus():\n    return 43\n'
     more = "from app import core\n\n\ndef test_bonus():\n    assert core.bonus() == 43\n"
@@ -174,6 +180,7 @@ def test_a_test_an_earlier_stage_made_pass_is_agreed_for_the_next_stage(make_pip
         "tests/test_more.py::test_bonus"]
 
 
+@pytest.mark.pipeline
 def test_the_reviewer_is_told_the_tests_added_and_the_lines_that_change_how_tests_run(make_pipeline, repo, sent):
     more = ("import atexit\n\nimport pytest\n\nfrom app import core\n\natexit.register(print, 'bye')\n\n\n"
             "def test_more():\n    assert core.answer() == 42\n\n\n@pytest.mark.skip(reason='later')\n"
@@ -197,6 +204,7 @@ def test_the_reviewer_is_told_the_tests_added_and_the_lines_that_change_how_test
     assert "- tests/test_more.py::test_later (skipped)" in prompt
 
 
+@pytest.mark.pipeline
 def test_a_new_test_module_that_patches_what_the_agreed_test_calls_fails_when_they_run_apart(make_pipeline, repo,
                                                                                             sent):
     patching = "from app import core\n\ncore.answer = lambda: 42\n\n\ndef test_setup():\n    pass\n"
@@ -214,6 +222,7 @@ def test_a_new_test_module_that_patches_what_the_agreed_test_calls_fails_when_th
     assert "test_aaa_setup" not in log
 
 
+@pytest.mark.pipeline
 def test_deleting_an_agreed_test_module_stops_naming_its_tests(make_pipeline, repo, sent):
     pipeline = make_pipeline(stages=[STAGE], protected_paths=["tests/test_*.py"], scenario={"stages": {"answer": {
         "implement": [{**ANSWER_STEP, "delete": ["tests/test_core.py"]}]}}})
@@ -232,6 +241,7 @@ def test_deleting_an_agreed_test_module_stops_naming_its_tests(make_pipeline, re
     {"conftest.py": "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n    for item in items:\n"
                     "        item.add_marker(pytest.mark.skip(reason='later'))\n"},
 ], ids=["deselect", "keyword", "collect-ignore", "skip-marks"])
+@pytest.mark.pipeline
 def test_a_runner_configuration_that_deselects_an_agreed_test_stops_naming_it(make_pipeline, repo, sent, files):
     """The change is refused as tampering before any gate runs (a configuration the agent wrote decides
     nothing); the stop names the agreed test it took away, from pytest's --collect-only on a checkout of
@@ -264,6 +274,7 @@ def test_a_runner_configuration_that_deselects_an_agreed_test_stops_naming_it(ma
     ({"app/core.py": '"""Core."""\nimport atexit\nimport os\n\natexit.register(os._exit, 0)\n\n\n'
                      "def answer():\n    return 0\n"}, 0, "tests_failed", None),
 ], ids=["exit-at-collection", "exit-in-test-body", "sys-exit-from-fixture", "atexit-rewrite"])
+@pytest.mark.pipeline
 def test_each_way_to_end_pytest_early_stops_the_run(make_pipeline, repo, sent, files, exit_code, kind, apart):
     pipeline = make_pipeline(stages=[STAGE], scenario={"stages": {"answer": {"implement": [{"write": files}]}}})
     run = operations.create_run(pipeline, str(repo), "main")
@@ -277,6 +288,7 @@ def test_each_way_to_end_pytest_early_stops_the_run(make_pipeline, repo, sent, f
     assert "tests/test_core.py::test_answer" in (check.tests["failed_ids"] + check.tests["agreed"]["missing_ids"])
 
 
+@pytest.mark.pipeline
 def test_new_test_data_and_helpers_are_welcome_and_protected_from_the_next_stage_on(make_pipeline, repo, sent):
     """protected_paths [tests/**]: stage one adds tests/data/cases.json and tests/helpers.py with the new test
     that uses them, and succeeds; stage two changes that data file and stops, naming it."""
@@ -315,6 +327,7 @@ UT_STAGE = {**STAGE, "gates": [{"name": "unit", "command": "python -m unittest d
     ({"app/core.py": '"""Core."""\nimport unittest\n\n\ndef answer():\n    raise unittest.SkipTest("later")\n'},
      "waiting_review", "tests_missing"),
 ], ids=["honest", "exit-at-import", "skip-from-code"])
+@pytest.mark.pipeline
 def test_a_python_m_unittest_gate_is_judged_by_unittest_s_own_record(make_pipeline, tmp_path, sent, write, status,
                                                                       kind):
     from .conftest import make_repo

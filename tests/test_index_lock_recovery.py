@@ -170,6 +170,7 @@ def test_journal_moves_go_through_the_machine(make_pipeline, repo, sent):
 # ----------------------------------------------------------------------------- the checkpoint step, in this process
 
 
+@pytest.mark.pipeline
 def test_a_reset_that_never_gets_the_lock_keeps_the_commit_and_one_recovery_finishes(make_pipeline, repo, sent,
                                                                                       tmp_path, settings):
     """The commit is made, then a live process keeps the index lock past CP_INDEX_LOCK_WAIT: the run
@@ -201,6 +202,7 @@ def test_a_reset_that_never_gets_the_lock_keeps_the_commit_and_one_recovery_fini
     assert not JournalEntry.objects.filter(run=run).exclude(state="done").exists()
 
 
+@pytest.mark.pipeline
 def test_a_live_lock_during_the_checkpoint_is_waited_for(make_pipeline, repo, sent, tmp_path):
     run = operations.create_run(make_pipeline(stages=QUICK), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
@@ -223,6 +225,7 @@ def test_a_live_lock_during_the_checkpoint_is_waited_for(make_pipeline, repo, se
 # ----------------------------------------------------------------------------- final verification
 
 
+@pytest.mark.pipeline
 def test_final_verification_leaves_the_users_own_worktree_registrations_alone(make_pipeline, repo, sent, tmp_path):
     """A worktree of the user's whose folder is away for a moment (an unmounted disk, a rename)
     keeps its registration: the final verification removes only the checkout it made."""
@@ -246,6 +249,7 @@ def test_final_verification_leaves_the_users_own_worktree_registrations_alone(ma
     assert final_dirs == []  # its own checkout's registration is gone
 
 
+@pytest.mark.pipeline
 def test_final_checkouts_are_made_under_the_repository_lock(make_pipeline, repo, sent, tmp_path):
     run = operations.create_run(make_pipeline(stages=QUICK), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")

@@ -121,6 +121,7 @@ def ended_run(run_row, status="succeeded") -> Run:
     return run
 
 
+@pytest.mark.pipeline
 def test_a_gated_run_gets_one_signed_delivery_per_waiting_decision_and_one_per_end(
         configured, receiver, outbox_sent, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)

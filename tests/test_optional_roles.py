@@ -37,6 +37,7 @@ def test_a_role_written_as_null_is_left_out_and_a_missing_one_is_still_an_error(
     assert "roles.implementer" in str(implementer.value)
 
 
+@pytest.mark.pipeline
 def test_without_reviewer_and_documenter_a_stage_goes_implement_verify_checkpoint(make_pipeline, repo, sent):
     pipeline = make_pipeline(roles=NO_REVIEW_NO_DOCS, reviews=False)
     run = operations.create_run(pipeline, str(repo), "main")
@@ -53,6 +54,7 @@ def test_without_reviewer_and_documenter_a_stage_goes_implement_verify_checkpoin
     assert run.steps == 3, run.steps
 
 
+@pytest.mark.pipeline
 def test_without_reviewer_a_failed_gate_still_stops_the_stage(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "repair_allowance": 0,
                "gates": [{"name": "unit", "command": "python -m pytest -q"}]}]
@@ -66,6 +68,7 @@ def test_without_reviewer_a_failed_gate_still_stops_the_stage(make_pipeline, rep
     assert not RunEvent.objects.filter(run=run, kind="review_skipped").exists()
 
 
+@pytest.mark.pipeline
 def test_only_the_documenter_left_out_still_reviews(make_pipeline, repo, sent):
     roles = {"implementer": "scripted", "reviewer": "scripted", "documenter": None}
     run = operations.create_run(make_pipeline(roles=roles), str(repo), "main")
@@ -95,6 +98,7 @@ def test_the_run_page_says_a_left_out_role_is_not_configured(make_pipeline, repo
     assert "not configured (roles.reviewer: null)" in form and "not configured (roles.documenter: null)" in form
 
 
+@pytest.mark.pipeline
 def test_a_scripted_step_that_only_answers_runs_no_process(make_pipeline, repo, sent):
     scenario = {"stages": {"answer": {"implement": [ANSWER_STEP],
                                       "review": [{"verdict": {"verdict": "pass", "findings": []},

@@ -39,6 +39,7 @@ def prompt_of(attempt: Attempt) -> str:
     return var(attempt.prompt_path).read_text(encoding="utf-8")
 
 
+@pytest.mark.pipeline
 def test_request_changes_repairs_rechecks_and_asks_again(make_pipeline, repo, sent):
     run = gated(make_pipeline, repo, sent)
     old = run.decisions.get(state="pending")
@@ -84,6 +85,7 @@ def test_request_changes_repairs_rechecks_and_asks_again(make_pipeline, repo, se
     assert kinds.count("changes_requested") == 1 and kinds.count("waiting_approval") == 2
 
 
+@pytest.mark.pipeline
 def test_request_changes_with_the_allowance_used_up_waits_for_review(make_pipeline, repo, sent):
     run = gated(make_pipeline, repo, sent, allowance=0)
     decision = run.decisions.get(state="pending")
@@ -105,6 +107,7 @@ def test_request_changes_with_the_allowance_used_up_waits_for_review(make_pipeli
     assert NOTE in prompt and "Do what pat asked." in prompt and "Written by sam on " in prompt
 
 
+@pytest.mark.pipeline
 def test_request_changes_refuses_what_approve_refuses_and_bad_comments(make_pipeline, repo, sent):
     run = gated(make_pipeline, repo, sent)
     decision = run.decisions.get(state="pending")
@@ -131,6 +134,7 @@ def test_request_changes_refuses_what_approve_refuses_and_bad_comments(make_pipe
     assert run.stages.get().repairs_used == 0 and not sent
 
 
+@pytest.mark.pipeline
 def test_the_command_requests_changes_with_comments(make_pipeline, repo, sent, capsys):
     run = gated(make_pipeline, repo, sent)
     decision = run.decisions.get(state="pending")
@@ -146,6 +150,7 @@ def test_the_command_requests_changes_with_comments(make_pipeline, repo, sent, c
                                  {"file": None, "line": None, "text": "Note: be brief"}]
 
 
+@pytest.mark.pipeline
 def test_recover_retry_after_an_escalation_tells_the_agent_the_question_and_the_answer(make_pipeline, repo, sent):
     question = "Should hyphenated words count as one? A person must decide."
     escalate = {"verdict": {"verdict": "escalate", "summary": "unclear",
@@ -169,6 +174,7 @@ def test_recover_retry_after_an_escalation_tells_the_agent_the_question_and_the_
     assert later.number > retry.number and answer in prompt_of(later)
 
 
+@pytest.mark.pipeline
 def test_a_recheck_note_reaches_the_next_reviewer(make_pipeline, repo, sent):
     wrong = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 41\n'}}
     run = run_with(make_pipeline, repo, sent, {"implement": [wrong], "review": [PASS]},
@@ -187,6 +193,7 @@ def test_a_recheck_note_reaches_the_next_reviewer(make_pipeline, repo, sent):
     assert "asked for a recheck" in prompt and "gate_failed" in prompt
 
 
+@pytest.mark.pipeline
 def test_request_changes_through_the_api_and_the_run_page(make_pipeline, repo, sent, django_user_model, client):
     run = gated(make_pipeline, repo, sent)
     decision = run.decisions.get(state="pending")
@@ -217,6 +224,7 @@ def test_request_changes_through_the_api_and_the_run_page(make_pipeline, repo, s
     assert run.status == "waiting_approval" and run.decisions.get(state="pending").pk != decision.pk
 
 
+@pytest.mark.pipeline
 def test_a_repair_that_leaves_the_rejected_files_unchanged_stops_and_says_so(make_pipeline, repo, sent):
     run = gated(make_pipeline, repo, sent, ops={"implement": [ANSWER_STEP], "repair": [ANSWER_STEP], "review": [PASS]})
     decision = run.decisions.get(state="pending")
@@ -227,6 +235,7 @@ def test_a_repair_that_leaves_the_rejected_files_unchanged_stops_and_says_so(mak
     assert not run.decisions.filter(kind="approval", state="pending").exists()  # never presented again as new
 
 
+@pytest.mark.pipeline
 def test_a_recheck_of_unchanged_files_is_reviewed_again_with_the_note(make_pipeline, repo, sent):
     run = gated(make_pipeline, repo, sent)
     reviews = Attempt.objects.filter(run=run, operation="review").count()
@@ -238,6 +247,7 @@ def test_a_recheck_of_unchanged_files_is_reviewed_again_with_the_note(make_pipel
     assert "Please look at the rounding once more." in prompt_of(later.first())
 
 
+@pytest.mark.pipeline
 def test_a_person_s_words_are_bounded_redacted_and_cannot_forge_the_prompt(make_pipeline, repo, sent):
     run = gated(make_pipeline, repo, sent)
     decision = run.decisions.get(state="pending")

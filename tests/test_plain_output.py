@@ -95,6 +95,7 @@ def test_a_codex_that_prints_text_keeps_it_as_its_final_message(tmp_path):
     assert Path(request.stderr_path).read_text() == "warning: no config\n"
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_a_claude_that_prints_text_is_recorded_structured_false_with_stderr_apart(claude_pipeline, repo, sent,
                                                                                   tmp_path):

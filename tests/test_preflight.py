@@ -165,6 +165,7 @@ def test_a_gateway_that_answers_is_accepted_and_one_the_proxy_refuses_is_not(mak
 # ----------------------------------------------------------------------------- auth_failed says what to set
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_please_run_login_names_the_variable_in_the_attempt_and_the_stop_message(make_pipeline, repo, tmp_path,
                                                                                  bare, monkeypatch, sent):

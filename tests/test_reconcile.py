@@ -1,5 +1,6 @@
 """Reconciliation: lost wake-up messages are sent again; a step whose worker died is interrupted once."""
 import os
+import shutil
 import subprocess
 import time
 from datetime import timedelta
@@ -111,6 +112,7 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
     assert (Path(settings.VAR_DIR) / retry.patch_path).read_text().count("+++ b/") == 1  # only app/core.py
 
 
+@pytest.mark.pipeline
 def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pipeline, repo, sent, admin_client):
     from django.urls import reverse
 
@@ -140,6 +142,7 @@ def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pi
     assert "budget is exhausted" in text and "requires a new run" in text
 
 
+@pytest.mark.pipeline
 def test_a_missing_repository_never_stops_a_reconcile_pass(make_pipeline, repo, sent, tmp_path):
     """A finished run whose repository is gone, with a journal entry still an intent: the pass
     records the fact on that run once and settles the other runs' entries."""
@@ -194,3 +197,32 @@ def test_an_index_lock_is_left_alone_while_another_hosts_attempt_is_unconfirmed(
     assert looked == []
     assert (run.status, run.stop_reason) == ("waiting_review", "interrupted")
     assert "index lock was left alone" in run.stop_message and "another host" in run.stop_message
+
+
+def test_a_run_creation_killed_before_its_rename_leaves_no_staging_folder_for_ever(make_pipeline, repo, tmp_path):
+    """create_run stages the protected files in runs/.creating-<uuid> before its transaction; a process
+    killed in between leaves the folder. A reconcile pass removes one older than STAGING_STALE_SECONDS
+    and leaves a fresh one (a creation in progress) and a link alone."""
+    runs = Path(settings.VAR_DIR) / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    old, fresh, link = runs / ".creating-old", runs / ".creating-fresh", runs / ".creating-link"
+    for folder in (old, fresh):
+        (folder / "protected").mkdir(parents=True)
+        (folder / "protected" / "tests__test_core.py").write_text("kept\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep\n")
+    link.symlink_to(outside)
+    long_ago = time.time() - reconcile.STAGING_STALE_SECONDS - 60
+    os.utime(old, (long_ago, long_ago))
+    os.utime(link, (long_ago, long_ago), follow_symlinks=False)
+
+    reconcile.reconcile()
+    assert not old.exists() and (fresh / "protected" / "tests__test_core.py").is_file()
+    assert link.is_symlink() and (outside / "keep.txt").is_file()
+    # a run created meanwhile is untouched and leaves no staging folder of its own
+    run = operations.create_run(make_pipeline(protected_paths=["tests/test_*.py"]), str(repo), "main")
+    assert sorted(p.name for p in runs.glob(".creating-*")) == [".creating-fresh", ".creating-link"]
+    assert (Path(settings.VAR_DIR) / run.control_dir / "protected").is_dir()
+    link.unlink()
+    shutil.rmtree(fresh)

@@ -65,6 +65,7 @@ def succeeded_run(make_pipeline, repo, sent):
 # ----------------------------------------------------------------------------- what the page shows
 
 
+@pytest.mark.pipeline
 def test_the_page_of_a_simulated_run_shows_its_story(staff, make_pipeline, repo, sent):
     run = review_run(make_pipeline, repo, sent)
     text = page(staff, run)
@@ -130,6 +131,7 @@ def test_the_page_of_a_simulated_run_shows_its_story(staff, make_pipeline, repo,
     assert any(e.decision_id for e in events)
 
 
+@pytest.mark.pipeline
 def test_the_patch_is_a_readable_diff(staff, make_pipeline, repo, sent):
     run = succeeded_run(make_pipeline, repo, sent)
     implement = Attempt.objects.get(run=run, operation="implement")
@@ -170,6 +172,7 @@ def test_a_pending_run_offers_start_and_fail(staff, make_pipeline, repo):
     assert buttons(page(staff, run)) == {"start", "fail"}
 
 
+@pytest.mark.pipeline
 def test_a_run_waiting_for_review_offers_recover_recheck_and_fail(staff, make_pipeline, repo, sent):
     run = review_run(make_pipeline, repo, sent)
     text = page(staff, run)
@@ -179,6 +182,7 @@ def test_a_run_waiting_for_review_offers_recover_recheck_and_fail(staff, make_pi
     assert re.search(r'name="action" value="retry"[^>]*checked', text)
 
 
+@pytest.mark.pipeline
 def test_a_run_at_a_human_gate_offers_approve_request_changes_recheck_and_fail(staff, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)
     text = page(staff, run)
@@ -190,6 +194,7 @@ def test_a_run_at_a_human_gate_offers_approve_request_changes_recheck_and_fail(s
     assert f"approve files {decision.artifact[:12]}" in text
 
 
+@pytest.mark.pipeline
 def test_a_finished_run_offers_nothing(staff, make_pipeline, repo, sent):
     done = succeeded_run(make_pipeline, repo, sent)
     text = page(staff, done)
@@ -202,6 +207,7 @@ def test_a_finished_run_offers_nothing(staff, make_pipeline, repo, sent):
 # ----------------------------------------------------------------------------- permissions
 
 
+@pytest.mark.pipeline
 def test_a_viewer_sees_no_button_and_every_action_is_refused(staff_with, make_pipeline, repo, sent,
                                                                django_user_model):
     run = review_run(make_pipeline, repo, sent)
@@ -253,6 +259,7 @@ def test_start_queues_the_run_and_a_second_start_is_refused(staff, make_pipeline
     assert len(sent) == 1
 
 
+@pytest.mark.pipeline
 def test_approve_continues_a_human_gate(staff, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)
     text = page(staff, run)
@@ -273,6 +280,7 @@ def test_approve_continues_a_human_gate(staff, make_pipeline, repo, sent):
     assert buttons(page(staff, run)) == {"rerun"}
 
 
+@pytest.mark.pipeline
 def test_recheck_asks_for_a_new_approval(staff, make_pipeline, repo, sent):
     run = gated_run(make_pipeline, repo, sent)
     old = run.decisions.get(state="pending")
@@ -286,6 +294,7 @@ def test_recheck_asks_for_a_new_approval(staff, make_pipeline, repo, sent):
     assert run.status == "waiting_approval" and run.decisions.get(state="pending").pk != old.pk
 
 
+@pytest.mark.pipeline
 def test_recover_retry_through_the_page(staff, make_pipeline, repo, sent):
     run = review_run(make_pipeline, repo, sent)
     decision = prefilled(page(staff, run), "recover", "decision")
@@ -302,6 +311,7 @@ def test_recover_retry_through_the_page(staff, make_pipeline, repo, sent):
     assert Attempt.objects.filter(run=run, operation="implement").count() == 2  # retry: a new attempt
 
 
+@pytest.mark.pipeline
 def test_fail_through_the_page(staff, make_pipeline, repo, sent):
     run = review_run(make_pipeline, repo, sent)
     refused = messages_of(press(staff, run, "fail", reason=" "), "error")
@@ -325,6 +335,7 @@ WAIT_FOR_RELEASE = ['sh', '-c', 'echo "working on it"; i=0; '
                     'while [ ! -f "$CP_DATA_DIR/release" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done']
 
 
+@pytest.mark.pipeline
 def test_a_running_attempt_is_tailed_live_until_it_ends(staff, make_pipeline, repo, sent, settings):
     waits = {**ANSWER_STEP, "run": WAIT_FOR_RELEASE}
     pipeline = make_pipeline(scenario={"stages": {"answer": {"implement": [waits], "review": [PASS]}}})
@@ -381,6 +392,7 @@ def test_a_running_attempt_is_tailed_live_until_it_ends(staff, make_pipeline, re
     assert changed.status_code == 200 and changed["HX-Refresh"] == "true"
 
 
+@pytest.mark.pipeline
 def test_the_tail_endpoint_returns_only_the_end_of_a_large_log(staff, make_pipeline, repo, sent):
     run = succeeded_run(make_pipeline, repo, sent)
     attempt = Attempt.objects.get(run=run, operation="implement")
@@ -470,6 +482,7 @@ def test_the_page_costs_a_fixed_number_of_queries_and_reads_logs_by_reference(st
 # ----------------------------------------------------------------------------- creating a run from a pipeline
 
 
+@pytest.mark.pipeline
 def test_every_field_of_the_page_has_an_id_of_its_own(staff, make_pipeline, repo, sent):
     """Recheck and Recover both ask for a note: a label must lead to its own form's field."""
     run = review_run(make_pipeline, repo, sent)
@@ -569,6 +582,7 @@ def test_the_live_tail_answers_204_while_nothing_changed_and_tells_the_page_when
     assert "HX-Trigger" not in staff.get(tail_url)
 
 
+@pytest.mark.pipeline
 def test_the_page_of_a_stopped_run_follows_its_state_and_the_state_says_what_it_became(staff, make_pipeline, repo,
                                                                                          sent):
     from django.utils import timezone
@@ -596,6 +610,7 @@ def test_the_page_of_a_stopped_run_follows_its_state_and_the_state_says_what_it_
     assert staff.get(poll).status_code == 200
 
 
+@pytest.mark.pipeline
 def test_a_refused_action_keeps_what_was_typed_once(staff, make_pipeline, repo, sent):
     run = review_run(make_pipeline, repo, sent)
     decision = run.decisions.get(state="pending", kind="review")
@@ -627,6 +642,7 @@ def _changes_of(manifest) -> list[str]:
     return [c["path"] for c in data["changes"]]
 
 
+@pytest.mark.pipeline
 def test_manifests_are_shown_and_every_digest_leads_to_its_manifest(staff, make_pipeline, repo, sent):
     from engine.models import Manifest
     from engine.steps import save_manifest
@@ -672,6 +688,7 @@ def test_manifests_are_shown_and_every_digest_leads_to_its_manifest(staff, make_
     assert "<code>app/gen/m199.py</code>" in details and "m200.py" not in details and "and 50 more" in details
 
 
+@pytest.mark.pipeline
 def test_each_stage_shows_its_requirement_and_a_review_its_verdict(staff, make_pipeline, repo, sent):
     requirement = "Make app.core.answer() return 42 <script>alert(1)</script>.\n" + "Say why, in detail. " * 60
     stages = [{"key": "answer", "title": "The <answer> stage", "requirement": requirement, "scope": ["app/**"],
@@ -713,6 +730,7 @@ def test_the_tail_says_truthfully_how_much_it_shows(staff, make_pipeline, repo):
     assert f"the whole log: {size} bytes" in head and "64.0" not in head
 
 
+@pytest.mark.pipeline
 def test_the_header_says_active_time_without_steps_and_agrees_with_the_timeline(staff, make_pipeline, repo, sent):
     from controlpanel.views import seconds_text
 
@@ -740,6 +758,7 @@ def test_the_run_list_filter_names_stages_in_the_right_number(staff, make_pipeli
 # ----------------------------------------------------------------------------- why it stopped, on top
 
 
+@pytest.mark.pipeline
 def test_the_stop_card_shows_the_failing_check_s_log_and_the_evidence_as_links(staff, make_pipeline, repo, sent):
     from .test_verification import stage as one_stage
 

@@ -55,6 +55,7 @@ def _setup_check(run) -> Check:
     return Check.objects.get(run=run, kind="setup")
 
 
+@pytest.mark.pipeline
 def test_the_setup_environment_is_made_once_and_every_shell_and_gate_sees_it_read_only(make_pipeline, repo, sent):
     pipeline = make_pipeline(stages=STAGES, setup=SETUP,
                              scenario={"stages": {"answer": {"implement": [AGENT_LOOKS]}}})
@@ -85,6 +86,7 @@ def test_the_setup_environment_is_made_once_and_every_shell_and_gate_sees_it_rea
     assert events and "reused the environment" in events[0]
 
 
+@pytest.mark.pipeline
 def test_a_changed_cache_key_file_makes_a_new_environment(make_pipeline, repo, sent):
     pipeline = make_pipeline(stages=[{"key": "answer", "requirement": "r", "scope": ["app/**"],
                                       "gates": [{"name": "env", "command": "test -x /cp/env/bin/python"}]}],
@@ -102,6 +104,7 @@ def test_a_changed_cache_key_file_makes_a_new_environment(make_pipeline, repo, s
     assert not _setup_check(second).setup["reused"]
 
 
+@pytest.mark.pipeline
 def test_a_failing_setup_stops_the_run_with_its_log_and_keeps_no_environment(make_pipeline, repo, sent):
     pipeline = make_pipeline(setup={"commands": ['python -m venv --without-pip "$CP_ENV"',
                                                  "echo 'resolving dependencies'; echo 'no matching version' >&2; exit 3"]})
@@ -129,6 +132,7 @@ class _Registry(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.pipeline
 def test_the_setup_reaches_the_listed_registries_only_and_agents_and_gates_none(make_pipeline, repo, sent, settings):
     servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Registry) for _ in range(2)]
     for server in servers:
@@ -157,6 +161,7 @@ def test_the_setup_reaches_the_listed_registries_only_and_agents_and_gates_none(
     assert run.events.filter(kind="network_refused").exists() or not check.network["refused"]
 
 
+@pytest.mark.pipeline
 def test_the_setup_is_part_of_the_run_status(make_pipeline, repo, sent):
     # the gates' python is the setup's now (no pytest in it): the stage's gate reads the file instead
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
@@ -169,6 +174,7 @@ def test_the_setup_is_part_of_the_run_status(make_pipeline, repo, sent):
     assert json.dumps(data)  # the API's and run_status --json's shape
 
 
+@pytest.mark.pipeline
 def test_eviction_removes_environments_no_unfinished_run_uses_and_a_later_run_makes_them_again(make_pipeline, repo,
                                                                                                sent):
     from django.core.management import call_command
@@ -195,6 +201,7 @@ def test_eviction_removes_environments_no_unfinished_run_uses_and_a_later_run_ma
     assert again.status == "succeeded" and not _setup_check(again).setup["reused"], again.stop_message
 
 
+@pytest.mark.pipeline
 def test_the_run_page_shows_the_setup_first_and_its_check_page_the_environment(make_pipeline, repo, sent, admin_client):
     from django.urls import reverse
 
@@ -211,6 +218,7 @@ def test_the_run_page_shows_the_setup_first_and_its_check_page_the_environment(m
     assert "made by this check" in detail and "the run&#x27;s setup step" in detail and "+ python -m venv" in detail
 
 
+@pytest.mark.pipeline
 def test_recovering_a_run_whose_setup_failed_runs_the_setup_again(make_pipeline, repo, sent):
     pipeline = make_pipeline(setup={"commands": ["echo 'the registry did not answer'; exit 1"]})
     run = _start(pipeline, repo, sent)
@@ -222,6 +230,7 @@ def test_recovering_a_run_whose_setup_failed_runs_the_setup_again(make_pipeline,
     assert Check.objects.filter(run=run, kind="setup").count() == 2  # it ran again, and said so again
 
 
+@pytest.mark.pipeline
 def test_run_status_says_what_the_setup_did(make_pipeline, repo, sent):
     import io
 

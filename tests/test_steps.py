@@ -33,6 +33,7 @@ ENV_GATE = ('test "$TMPDIR" = "$CP_TMP_DIR" && test -d "$CP_DATA_DIR" && test -d
             '&& echo "$CP_RUN_ID $CP_PORT_BASE $CP_DATA_DIR" > "$CP_DATA_DIR/seen"')
 
 
+@pytest.mark.pipeline
 def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, sent, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", "postgres://secret@db/x")
     monkeypatch.setenv("DJANGO_SETTINGS_MODULE", "controlpanel.test_settings")
@@ -52,6 +53,7 @@ def test_each_run_gets_its_own_folders_and_ports(make_pipeline, repo, sent, monk
     assert abs(int(port_a) - int(port_b)) >= settings.CP_PORT_SPAN
 
 
+@pytest.mark.pipeline
 def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
                "gates": [{"name": "slow", "command": "sleep 30", "deadline": 1}], "repair_allowance": 0}]
@@ -65,6 +67,7 @@ def test_a_gate_past_its_deadline_fails_as_timeout(make_pipeline, repo, sent):
     assert run.stop_reason == "gate_failed" and "deadline" in run.stop_message
 
 
+@pytest.mark.pipeline
 def test_a_killed_gate_fails(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
                "gates": [{"name": "suicide", "command": "kill -9 $$"}], "repair_allowance": 0}]
@@ -108,6 +111,7 @@ def test_a_result_after_the_lease_is_lost_is_stored_as_late(make_pipeline, repo,
     assert sent == []  # and nothing was enqueued
 
 
+@pytest.mark.pipeline
 def test_status_json_contract(make_pipeline, repo, sent):
     run = operations.create_run(make_pipeline(), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
@@ -131,6 +135,7 @@ def test_status_json_contract(make_pipeline, repo, sent):
 
 @pytest.mark.parametrize("command, status, kind", [("echo from the command; exit 0", "succeeded", ""),
                                                     ("echo from the command; exit 3", "failed", "crashed")])
+@pytest.mark.pipeline
 def test_a_scenario_command_gives_the_agent_its_output_and_status(make_pipeline, repo, sent, command, status,
                                                                     kind):
     step = {**ANSWER_STEP, "run": ["sh", "-c", command]}
@@ -143,6 +148,7 @@ def test_a_scenario_command_gives_the_agent_its_output_and_status(make_pipeline,
     assert "from the command" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
 
 
+@pytest.mark.pipeline
 def test_an_attempt_that_never_launched_says_why_in_its_log(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"], "docs": ["docs/MISSING.md"],
                "gates": [{"name": "unit", "command": "true"}]}]
@@ -155,6 +161,7 @@ def test_an_attempt_that_never_launched_says_why_in_its_log(make_pipeline, repo,
     assert "not launched: missing_file" in (Path(settings.VAR_DIR) / attempt.log_path).read_text()
 
 
+@pytest.mark.pipeline
 def test_an_implementer_writing_outside_its_scope_stops_the_run(make_pipeline, repo, sent):
     step = {"write": {**ANSWER_STEP["write"], "README.md": "rewritten by the agent\n", "app/sub/x.py": "ok\n"}}
     run = operations.create_run(make_pipeline(scenario={"stages": {"answer": {"implement": [step]}}}), str(repo),
@@ -180,6 +187,7 @@ def test_scope_globs():
     assert outside(["app/x.py", "tests/t.py", "setup.py"], ["app/**", "tests/**"]) == ["setup.py"]
 
 
+@pytest.mark.pipeline
 def test_c10_an_agent_waiting_for_a_person_fails_fast_as_interactive_prompt(make_pipeline, repo, sent):
     ask = ("import sys; print('Do you want to continue? [Y/n]', flush=True); "
            "answer = sys.stdin.readline(); sys.exit(0 if answer.strip() == 'y' else 1)")
@@ -195,6 +203,7 @@ def test_c10_an_agent_waiting_for_a_person_fails_fast_as_interactive_prompt(make
     assert run.stop_reason == "interactive_prompt" and "Do you want to continue" in run.stop_message
 
 
+@pytest.mark.pipeline
 def test_files_a_gate_writes_outside_the_scope_never_reach_a_checkpoint(make_pipeline, repo, sent):
     stages = [{"key": "answer", "requirement": "r", "scope": ["app/**"],
                "gates": [{"name": "unit", "command": "python -m pytest -q | tee gate.log"}]}]
@@ -206,6 +215,7 @@ def test_files_a_gate_writes_outside_the_scope_never_reach_a_checkpoint(make_pip
     assert not run.stages.get().checkpoint_commit
 
 
+@pytest.mark.pipeline
 def test_an_agent_that_relinks_the_worktrees_git_stops_the_run_before_any_git_runs(make_pipeline, repo, sent,
                                                                                   tmp_path):
     evil = tmp_path / "evil.git"

@@ -190,6 +190,7 @@ def test_each_line_is_redacted_before_it_is_read(tmp_path):
     assert "[REDACTED]" in entries[1]["text"]
 
 
+@pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
 def test_a_scripted_attempt_keeps_its_transcript_and_the_page_shows_it(staff, make_pipeline, repo, sent):  # noqa: F811
     run = run_with(make_pipeline, repo, sent, {"implement": [ANSWER_STEP]})

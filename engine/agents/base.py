@@ -187,7 +187,7 @@ class Adapter:
 
     def auth_hint(self, profile: dict) -> str:
         """The sentence an ``auth_failed`` message ends with: which variable or login to provide
-        (engine/agents/claude/adapter.py, engine/agents/codex/adapter.py); '' when there is nothing to set."""
+        (the CLIs' adapters, engine/agents/<cli>/adapter.py); '' when there is nothing to set."""
         return ""
 
 
@@ -200,7 +200,7 @@ class PreflightProblem:
     attempt's egress proxy would refuse it) or
     ``gateway_unreachable`` (the gateway's host:port does not answer a TCP connect);
     ``message``: a sentence naming what to provide; ``provide``: the variable, file or address
-    (e.g. ``ANTHROPIC_API_KEY``, ``~/.claude/.credentials.json``, ``gw.example:443``).
+    (e.g. ``ANTHROPIC_API_KEY``, a CLI's login file under ``~/.<cli>/``, ``gw.example:443``).
     """
 
     code: str

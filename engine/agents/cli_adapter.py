@@ -1,4 +1,4 @@
-"""What the adapters of real agent CLIs share (engine/agents/claude/adapter.py, engine/agents/codex/adapter.py).
+"""What the adapters of real agent CLIs share (engine/agents/<cli>/adapter.py).
 
 * ``find_executable``: the profile's ``executable``, else the project's pinned install in
   tools/agents (``TOOLS_BIN``), else the name on PATH;
@@ -94,7 +94,7 @@ def probe(executable: str, timeout: float = 30.0, help_args: tuple[str, ...] = (
     ``help_args``, both run in the sandbox), cached by path, modification time and help arguments;
     ``("", "")`` when the file cannot be read. A probe that got no answer (it timed out on a loaded
     machine) is not kept: the next check asks again (CI once saw every later check of one process
-    refuse gemini because one ``gemini --help`` had timed out)."""
+    refuse one CLI because one run of its help command had timed out)."""
     try:
         key = (os.path.realpath(executable), os.stat(executable).st_mtime_ns, help_args)
     except OSError:
@@ -121,7 +121,7 @@ class CliAdapter(Adapter):
     """What the adapters of real CLIs share: the executable (``executable_name``) and its version."""
 
     executable_name = ""
-    #: How the help text is asked for, as named in messages (e.g. ``claude --help``), and its arguments.
+    #: How the help text is asked for, as named in messages (e.g. ``<cli> --help``), and its arguments.
     help_command = ""
     help_args: tuple[str, ...] = ("--help",)
     #: Words of the help text that must be there for every role.
@@ -182,7 +182,7 @@ class CliAdapter(Adapter):
     def start_endpoint(self, request: AgentRequest, path: str = ""):
         """The scripted model endpoint of a simulated attempt, started (engine/scripted_endpoint.py),
         with the SIMULATED line in the attempt's log (``path``: what the CLI's base URL adds to the
-        endpoint's, e.g. codex's ``/v1``); None for a real model (no ``scripted_endpoint`` here)."""
+        endpoint's, e.g. ``/v1`` for one of the CLIs); None for a real model (no ``scripted_endpoint`` here)."""
         from ..scripted_endpoint import ScriptedEndpoint  # noqa: PLC0415 - only simulated attempts need it
 
         scenario = endpoint_turns(request.profile.get("scripted_endpoint"), request.stage_key, request.operation)
@@ -299,7 +299,7 @@ class CliAdapter(Adapter):
         return result
 
     #: The adapter's sandbox builder, ``(argv, env, request, network) -> argv``: each subclass sets
-    #: its own (engine/agents/claude/adapter.py and engine/agents/codex/adapter.py ``sandboxed``).
+    #: its own (engine/agents/<cli>/adapter.py ``sandboxed``).
     wrapper: Callable[..., list[str]]
 
     def supervise(self, argv: list[str], env: dict, request: AgentRequest, endpoint_url: str | None = None):
@@ -336,7 +336,7 @@ class CliAdapter(Adapter):
 
     def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
         """A ``credentials_missing`` problem when neither a credential variable nor a login file
-        is there for the CLI; None when one is (subclasses: engine/agents/claude/adapter.py, codex.py)."""
+        is there for the CLI; None when one is (subclasses: engine/agents/<cli>/adapter.py)."""
         return None
 
     def preflight(self, profile: dict, environ: dict | None = None, deny=None) -> list[PreflightProblem]:

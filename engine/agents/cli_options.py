@@ -53,7 +53,7 @@ def extra_args_table(adapter: str) -> dict:
 
 def _spellings(policy, option: str) -> list[str]:
     """The option names ``option`` stands for on the CLI's command line (its policy's ``spellings``;
-    the others match names exactly: clap, commander, pi's own parser)."""
+    the others match names exactly: clap, commander, one CLI's own parser)."""
     return policy.spellings(option) if hasattr(policy, "spellings") else [option]
 
 

@@ -87,7 +87,7 @@ def refusal(value: str | None) -> str | None:
                 f"listed ({SETTING}) or leaves executable out for the pinned install of `make agents`")
     path = os.path.normpath(value)
     if path != value or "/../" in f"{value}/":
-        # the kernel resolves '..' after following links, normpath before: /var/x/link/../../bin/claude
+        # the kernel resolves '..' after following links, normpath before: /var/x/link/../../bin/<cli>
         # reads as a listed path and runs a file under the var directory
         return (f"'{value}' is not written plainly: give the executable's absolute path without '..', '.', "
                 "repeated or trailing '/'")
@@ -104,7 +104,7 @@ def refusal(value: str | None) -> str | None:
 
 
 def resolve(name: str, configured: str | None = None) -> str | None:
-    """The CLI to run for ``name`` (claude, codex, ...): the profile's ``executable`` when the
+    """The CLI to run for ``name`` (an agent CLI's executable name): the profile's ``executable`` when the
     operator allows it (``refusal``) and it is executable; else the pinned install; else ``name``
     on PATH if that path is one the operator listed. None when none may run."""
     if configured:

@@ -101,13 +101,13 @@ def stderr_lines(path: str | None, limit: int | None = None) -> Iterator[str]:
 
 class JsonEvents:
     """The JSON-object lines of a CLI's stdout capture, read through :class:`BoundedLines`: what
-    every adapter's parser loops over (engine/agents/claude/adapter.py, codex.py, gemini.py, pi.py).
+    every adapter's parser loops over (engine/agents/<cli>/adapter.py).
 
     :param path: the capture (a missing file has no line).
     :param on_line: called with every non-empty line (stripped bytes) before it is parsed.
     :param on_text: called with every line that is not a JSON object (stderr when it shares the
         capture, a CLI's plain text, a cut line).
-    :param skip: line prefixes counted as the stream's own but not parsed (pi's deltas).
+    :param skip: line prefixes counted as the stream's own but not parsed (e.g. one CLI's partial-message deltas).
     :ivar structured: whether a JSON object (or a skipped line) was read.
     :ivar plain: the lines that are not JSON and do not start with ``{`` (:class:`PlainText`;
         a cut or broken JSON line is no answer, docs/field-cases.md C11).

@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
         return 127
 
     # the engine signals every process of the tree itself (engine/process.py): passing a signal on
-    # would give the CLI a second SIGINT (claude ends at once on a second one, without cleaning up)
+    # would give the CLI a second SIGINT (one of the CLIs ends at once on a second one, without cleaning up)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     while True:

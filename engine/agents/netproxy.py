@@ -6,7 +6,7 @@ attempt on a Unix socket in a folder bound into the sandbox, and the bridge insi
 (engine/agents/netbridge.py) makes it an ordinary HTTP proxy on the sandbox's 127.0.0.1. The
 design follows Anthropic's sandbox-runtime (``@anthropic-ai/sandbox-runtime`` on npm:
 bubblewrap, a network namespace, an HTTP proxy over a Unix socket with a domain allow-list),
-built here on our own bubblewrap layer so that one sandbox serves claude, codex, the test
+built here on our own bubblewrap layer so that one sandbox serves the agent CLIs, the test
 adapter and the gates alike.
 
 What it speaks: ``CONNECT host:port`` (HTTPS through ``HTTPS_PROXY``; the bridge's port

@@ -54,6 +54,16 @@ def hosts_for(profile: dict) -> tuple[str, ...]:
     return found.hosts_for(profile) if hasattr(found, "hosts_for") else tuple(found.PROVIDER_HOSTS)
 
 
+def bundled(name: str) -> list:
+    """The values of the policies that set ``name`` (e.g. BUNDLED_BWRAP, a file a CLI's package ships)."""
+    return [getattr(policy(adapter), name) for adapter in CLIS if hasattr(policy(adapter), name)]
+
+
+def bundled_all(name: str) -> tuple[str, ...]:
+    """The names of every policy's tuple ``name`` (e.g. ENGINE_ENV), in registry order, once each."""
+    return tuple(dict.fromkeys(item for value in bundled(name) for item in value))
+
+
 def write_tools() -> frozenset[str]:
     """The file-writing tools of every CLI, by the names their adapters record refusals under."""
     return frozenset().union(*(policy(adapter).WRITE_TOOLS for adapter in CLIS))

@@ -2,7 +2,7 @@
 
 A CLI's own permission rules are not enough alone: an implementer's shell tool runs any
 command, as the worker's user (root on many machines), and a gate runs code an agent wrote.
-Every agent (claude, codex, the scripted test adapter) and every gate runs under ``wrap``:
+Every agent (each CLI's, the scripted test adapter's) and every gate runs under ``wrap``:
 
 * **Filesystem, by allow-list**: an empty root with only the system folders read-only
   (SYSTEM_PATHS, less SYSTEM_SECRETS), a private ``/dev``, ``/proc`` and ``/tmp``, and what the
@@ -12,7 +12,7 @@ Every agent (claude, codex, the scripted test adapter) and every gate runs under
   Nothing else of the host: not the Control Panel's var directory (database, every run's control
   records and worktrees, the broker's messages), other installations, the rest of ``/tmp``,
   ``/root``, ``/home``, ``/var`` or ``/run``. Where a bound install encloses a private path
-  (``private_paths``: the var directory, the worker's HOME with ``~/.claude``, ``~/.codex``,
+  (``private_paths``: the var directory, the worker's HOME with the CLIs' login folders,
   ``~/.ssh``, the project's ``.env``) it is covered again. Agents cannot commit in the worktree:
   its git metadata is read-only to them; the engine commits checkpoints.
 * **Network**: a namespace of its own, loopback only (``--unshare-net``): the host's
@@ -28,7 +28,7 @@ Every agent (claude, codex, the scripted test adapter) and every gate runs under
   root could ``umount`` a hiding tmpfs or ``mount -o remount,rw`` a read-only bind (both checked
   on the bundled bubblewrap: they worked, and no longer do).
 
-For an agent that runs its own bubblewrap inside (codex), ``wrap(..., user_namespace=True)`` adds
+For an agent that runs its own bubblewrap inside, ``wrap(..., user_namespace=True)`` adds
 a user namespace where the agent is SANDBOX_UID (its own bubblewrap can then map that uid
 without capabilities; root cannot map uid 0); ``user_namespace_available()`` checks that a
 bubblewrap nested in it works.
@@ -37,9 +37,10 @@ The environment is allow-listed by the engine (engine/boundary.py ``agent_env``)
 engine's own git never runs on what an agent made before checking it (engine/workspace.py
 ``find_nested_repositories``). What remains is listed in docs/agents.md, "Known limits".
 
-Which bubblewrap: the one the pinned codex package ships in tools/agents (``make agents``), so
-every machine runs the same version, whatever it has installed; only without it a ``bwrap`` on
-PATH (Debian package ``bubblewrap``). ``available()`` runs it once to be sure the kernel lets it.
+Which bubblewrap: the one a pinned agent CLI's package ships in tools/agents (``make agents``; its
+policy's ``BUNDLED_BWRAP``, engine/agents/registry.py ``bundled``), so every machine runs the same
+version, whatever it has installed; only without it a ``bwrap`` on PATH (Debian package
+``bubblewrap``). ``available()`` runs it once to be sure the kernel lets it.
 """
 from __future__ import annotations
 
@@ -53,23 +54,25 @@ from functools import lru_cache
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
-_BUNDLED = "tools/agents/node_modules/@openai/codex-linux-x64/vendor/*/codex-resources/bwrap"
 #: Names of PATH folders whose parent is the install they belong to (``~/.pyenv/shims`` needs
-#: ``~/.pyenv``; ``~/.local/bin/claude`` links into ``~/.local/share``).
+#: ``~/.pyenv``; a CLI's ``~/.local/bin/<name>`` links into ``~/.local/share``).
 _PREFIX_CHILDREN = ("bin", "sbin", "shims")
 #: Credentials that may sit inside an install kept visible under the worker's HOME; hidden again.
 HOME_SECRETS = (".cargo/credentials", ".cargo/credentials.toml", ".local/share/keyrings")
 #: The user and group an agent runs as in the user-namespace mode (``wrap(..., user_namespace=True)``):
-#: not 0, so a bubblewrap inside (codex's) can map it without capabilities. Outside the sandbox its
+#: not 0, so a bubblewrap inside (an agent CLI's own) can map it without capabilities. Outside the sandbox its
 #: files belong to the worker's user.
 SANDBOX_UID = SANDBOX_GID = 1000
 
 
 @lru_cache(maxsize=1)
 def bundled_bwrap() -> str | None:
-    """The bubblewrap the pinned codex package ships (``codex-resources/bwrap`` under
-    tools/agents, codex 0.171.0), or None when it is not installed."""
-    bundled = sorted(glob.glob(str(BASE_DIR / _BUNDLED)))
+    """The bubblewrap a pinned agent CLI's package ships under tools/agents (engine/agents/registry.py
+    ``bundled``), or None when it is not installed."""
+    from . import registry  # noqa: PLC0415 - the registry's policies are read when asked
+
+    bundled = sorted(found for pattern in registry.bundled("BUNDLED_BWRAP")
+                     for found in glob.glob(str(BASE_DIR / pattern)))
     return bundled[0] if bundled and os.access(bundled[0], os.X_OK) else None
 
 
@@ -84,7 +87,7 @@ def available() -> tuple[bool, str]:
     """``(True, path)`` when bubblewrap runs here with a read-only root; ``(False, why)`` otherwise."""
     path = bwrap_path()
     if path is None:
-        return False, "no bubblewrap: run `make agents` (the pinned codex package ships it)"
+        return False, "no bubblewrap: run `make agents` (a pinned agent CLI's package ships it)"
     try:
         probe = subprocess.run([path, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-ipc",
                                 "--unshare-net", "--proc", "/proc", "--cap-drop", "ALL", "--tmpfs", "/mnt",
@@ -100,7 +103,7 @@ def available() -> tuple[bool, str]:
 @lru_cache(maxsize=1)
 def user_namespace_available() -> tuple[bool, str]:
     """``(True, path)`` when the user-namespace sandbox (``wrap(..., user_namespace=True,
-    private_tmp=True)``) runs here and a bubblewrap inside it can make its own sandbox, as codex's
+    private_tmp=True)``) runs here and a bubblewrap inside it can make its own sandbox, as an agent CLI's own
     does for every command; ``(False, why)`` otherwise."""
     ok, path = available()
     if not ok:
@@ -264,8 +267,8 @@ class NetworkPolicy:
 
     def env(self) -> dict[str, str]:
         """``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY`` (and lower-case) = the bridge; loopback direct
-        (``NO_PROXY``), where the bridge's forwards listen. Claude Code honours ``HTTPS_PROXY``
-        (its documentation on proxies); codex's HTTP client (reqwest) reads the same names."""
+        (``NO_PROXY``), where the bridge's forwards listen. The agent CLIs honour ``HTTPS_PROXY`` and
+        these names (their documentation on proxies; a Rust CLI's reqwest reads the same)."""
         url = f"http://127.0.0.1:{PROXY_PORT}"
         env = {}
         for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"):
@@ -345,8 +348,8 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     caller adds ``network.env()`` to the environment. None: no way out at all.
 
     ``replace``: ``{path in the view: host file}``, each host file bound read-only in the place of
-    a file the view already shows (codex finds the host's bubblewrap on PATH first; see
-    engine/agents/codex/adapter.py ``sandboxed``). A path outside the read-only view is skipped.
+    a file the view already shows (a CLI that finds the host's bubblewrap on PATH first: its
+    adapter's ``sandboxed``, engine/agents/<cli>/adapter.py). A path outside the read-only view is skipped.
 
     ``binds``: ``(host folder, path in the view, writable)`` each: a host folder shown at another place
     (the run's setup environment at ``/cp/env`` and its kept worktree folders such as
@@ -358,7 +361,7 @@ def wrap(argv: list[str], *, writable: list[str], read_only: list[str] = (), hid
     ``/etc/profile`` is always the sandbox's own (PROFILE): a login shell keeps the PATH given.
 
     ``user_namespace``: its own user namespace too, as SANDBOX_UID, so that a bubblewrap it starts
-    itself (codex's sandbox for its commands) can make its own user namespace: without
+    itself (an agent CLI's sandbox for its commands) can make its own user namespace: without
     capabilities, root cannot map uid 0 into a new one. ``private_tmp`` is kept for callers; /tmp
     is always the sandbox's own.
 

@@ -391,7 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._answer(401, "the attempt has ended: its model gateway is closed", "authentication_error")
         if self.command == "HEAD" and path in ("", "/") and not gateway.stop_kind:
-            # claude's preflight of its base URL: answered here, it needs no key and reaches no model
+            # an agent CLI's preflight of its base URL (HEAD /): answered here, it needs no key and reaches no model
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
@@ -476,7 +476,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _idle(self, fmt: str, body: bytes) -> str:
         """'' or why the attempt made no progress for too long (``IdleWatch``), for a call of the main
-        conversation (one that offers tools; a side call, such as claude's session title, does not count)."""
+        conversation (one that offers tools; a side call, such as a CLI's call for its session title, does
+        not count)."""
         watch = self.owner.idle
         if watch is None:
             return ""

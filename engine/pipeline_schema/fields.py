@@ -15,7 +15,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .. import globs
-from ..agents import executables, gateways
+from ..agents import executables, gateways, registry
 from ..agents.netproxy import is_internal_host, split_host_port
 from .common import (
     _ENV_NAME_RE,
@@ -222,13 +222,14 @@ def _env_name(value: str) -> str:
 #: temporary folder, the CLIs' configuration folders and trust, the egress proxy, git's and the
 #: loader's paths, the engine's own CP_*), and one of them set by a profile would point the CLI at
 #: the worker's own login and settings, past the attempt's proxy, or at code of the profile's choice
-#: (engine/agents/claude/adapter.py, codex.py, gemini.py, pi.py ``environment``).
+#: (the CLIs' adapters, engine/agents/<cli>/adapter.py ``environment``; each CLI's own names are its
+#: policy's ENGINE_ENV and ENGINE_ENV_PREFIXES, engine/agents/<cli>/policy.py).
 ENGINE_ENV = ("HOME", "TMPDIR", "TMP", "TEMP", "PATH", "SHELL", "USER", "LOGNAME", "PWD",
               "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "NODE_OPTIONS",
-              "NODE_PATH", "BASH_ENV", "ENV", "CODEX_HOME", "CLAUDE_CONFIG_DIR", "GEMINI_SANDBOX",
-              "PI_CODING_AGENT_DIR", "PI_OFFLINE", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA",
-              "GOOGLE_APPLICATION_CREDENTIALS", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
-ENGINE_ENV_PREFIXES = ("CP_", "GEMINI_CLI_", "XDG_", "GIT_", "SSL_CERT", "REQUESTS_CA", "NODE_EXTRA_CA")
+              "NODE_PATH", "BASH_ENV", "ENV", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+              *registry.bundled_all("ENGINE_ENV"))
+ENGINE_ENV_PREFIXES = ("CP_", "XDG_", "GIT_", "SSL_CERT", "REQUESTS_CA", "NODE_EXTRA_CA",
+                       *registry.bundled_all("ENGINE_ENV_PREFIXES"))
 
 
 def _profile_env_name(value: str) -> str:

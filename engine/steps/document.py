@@ -17,9 +17,10 @@ WRITE_TOOLS = registry.write_tools()
 
 def refused_writes(refusals: list[dict] | None) -> list[dict]:
     """The refusals of an attempt (``Attempt.refusals``: ``{"tool", "message", "path"?, "recovered"?}``)
-    that are file writes the CLI refused or that failed, for good: a tool of WRITE_TOOLS (Claude Code's
-    "File has not been read yet" refusal of a Write, a denied permission, codex's failed patch) whose
-    file no later write of the same attempt wrote (``recovered``: engine/agents/claude/adapter.py parse_stream)."""
+    that are file writes the CLI refused or that failed, for good: a tool of WRITE_TOOLS (one CLI's
+    "File has not been read yet" refusal of a Write, a denied permission, another CLI's failed patch) whose
+    file no later write of the same attempt wrote (``recovered``: set by the adapter reading the CLI's output,
+    engine/agents/<cli>/adapter.py)."""
     return [r for r in refusals or [] if isinstance(r, dict) and r.get("tool") in WRITE_TOOLS
             and not r.get("recovered")]
 

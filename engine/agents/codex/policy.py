@@ -12,8 +12,15 @@ CREDENTIALS = ("CODEX_API_KEY", "OPENAI_API_KEY")
 #: The hosts its attempts may reach by default (any port of the name): the Responses API, and
 #: ChatGPT's backend and login host for a ChatGPT sign-in.
 PROVIDER_HOSTS = ("api.openai.com", "chatgpt.com", "auth.openai.com")
+#: The bubblewrap its package ships (0.171.0), under the repository: every sandbox uses it
+#: (engine/agents/sandbox.py ``bundled_bwrap``), so every machine runs the same version.
+BUNDLED_BWRAP = "tools/agents/node_modules/@openai/codex-linux-x64/vendor/*/codex-resources/bwrap"
 #: Its file-writing tool (0.171.0), the name its refusals are recorded under.
 WRITE_TOOLS = frozenset({"apply_patch"})
+
+#: Variables the adapter sets for each attempt (its configuration folder): a profile's ``env`` may not set them
+#: (engine/pipeline_schema/fields.py ENGINE_ENV).
+ENGINE_ENV = ("CODEX_HOME",)
 
 #: Permission and sandbox options: the engine chooses them per role (a profile cannot add them).
 PERMISSION_ARGS = (
