@@ -2,7 +2,7 @@
 
 The adapters (engine/agents/<cli>/adapter.py) record the tool calls of an attempt that did not
 succeed in ``Attempt.refusals``; each record carries an ``"outcome"`` (``classify``), the conversation
-(engine/transcript.py, engine/agents/<cli>/conversation.py) words each result by the same outcome, and
+(engine/transcript.py, engine/agents/<cli>/stream.py) words each result by the same outcome, and
 ``run_status``, the API and the run page count them (``counts``, ``sentence``):
 
 * ``command_not_found``: the program was missing: exit status 127 (bash, sh and env say so), or,
@@ -18,7 +18,7 @@ succeed in ``Attempt.refusals``; each record carries an ``"outcome"`` (``classif
 * ``failed``: any other non-zero exit status or error.
 
 Each CLI says these its own way: its package reads its words and calls ``classify`` (its
-conversation module's ``outcome_of``, or its adapter's records); an Anthropic Messages-shaped tool
+stream module's ``outcome_of``, or its adapter's records); an Anthropic Messages-shaped tool
 result ("Exit code N") is read here (``of_message_result``). Some CLIs report a command that exited
 non-zero as a success whose output is what the command printed: then its exit status is unknown, and
 only a line the shell itself printed ("bash: line 4: python: command not found", "bash: line 4:

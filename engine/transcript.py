@@ -1,7 +1,7 @@
 """An agent's conversation as a person reads it: its CLI's stream normalized into transcript entries.
 
 Each adapter names the format of its CLI's output (``Adapter.transcript_format``): a CLI's package
-name (engine/agents/registry.py), whose ``conversation.py`` turns each event of its stream into entries
+name (engine/agents/registry.py), whose ``stream.py`` turns each event of its stream into entries
 with the helpers of ``Normalizer`` (``entries(normalizer, event)``; its ``SKIPPED`` line prefixes are not
 read); ``messages`` (Anthropic Messages-shaped ``assistant`` messages with ``text``, ``thinking`` and
 ``tool_use`` blocks and ``user`` messages with ``tool_result`` blocks: what the model gateway writes,
@@ -99,8 +99,8 @@ class Normalizer:
         self.commands: dict[str, str] = {}  # tool call id -> its shell command line
         self.usage = {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
         self.message_ids: set[str] = set()
-        self.kept: dict = {}  # what a CLI's conversation module keeps between events
-        self.reader = registry.conversation(self.fmt)  # the CLI's conversation module, or None
+        self.kept: dict = {}  # what a CLI's stream module keeps between events
+        self.reader = registry.stream(self.fmt)  # the CLI's stream module, or None
 
     # ------------------------------------------------------------------ entry point
 

@@ -1,6 +1,6 @@
 """The contract every agent CLI's package keeps (engine/agents/registry.py), the same test over the four.
 
-A CLI's package (engine/agents/<cli>/) holds all the engine knows of it: ``adapter.py``, ``conversation.py``
+A CLI's package (engine/agents/<cli>/) holds all the engine knows of it: ``adapter.py``, ``stream.py``
 and ``policy.py``. The engine's own tables (credential variables, provider hosts, the extra_args
 allow-list, the file-writing tools, the pinned executables, the conversation formats) are read from
 the packages, the pinned binary offers every flag each role's boundary needs, and no module outside a
@@ -46,7 +46,7 @@ def test_each_cli_package_has_its_three_parts(adapter):
     cls = registry.adapter_module(adapter).ADAPTER
     assert adapters()[adapter] is cls and cls.name == adapter
     assert cls.executable_name == package and cls.transcript_format == package
-    assert callable(registry.conversation(package).entries)
+    assert callable(registry.stream(package).entries)
     policy = registry.policy(adapter)
     assert policy.CREDENTIALS and all(re.fullmatch(r"[A-Z][A-Z0-9_]*", name) for name in policy.CREDENTIALS)
     assert policy.PROVIDER_HOSTS and all("." in host for host in policy.PROVIDER_HOSTS)
@@ -91,7 +91,7 @@ def test_a_profile_cannot_pass_what_the_engine_chooses_and_may_pass_what_is_list
 @pytest.mark.parametrize("adapter", CLIS)
 def test_the_conversation_reads_only_its_own_events(adapter):
     normalizer = transcript.Normalizer(registry.CLIS[adapter], "/w")
-    assert normalizer.reader is registry.conversation(registry.CLIS[adapter])
+    assert normalizer.reader is registry.stream(registry.CLIS[adapter])
     assert normalizer.line(b'{"type": "an-event-no-cli-sends"}') == []
     assert normalizer.line(b"plain text the CLI printed") == [{"kind": "output", "text": "plain text the CLI printed"}]
     assert normalizer.line(b"") == []

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from engine import tool_outcomes
-from engine.agents.gemini.conversation import outcome_of as of_gemini
-from engine.agents.pi.conversation import outcome_of as of_pi
+from engine.agents.gemini.stream import outcome_of as of_gemini
+from engine.agents.pi.stream import outcome_of as of_pi
 from engine.tool_outcomes import classify, missing_program, of_message_result as of_claude, programs_of
 
 

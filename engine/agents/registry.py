@@ -2,11 +2,12 @@
 that line.
 
 A CLI's package, ``engine/agents/<package>/``, holds everything the engine knows about it:
-``adapter.py`` (its argument arrays, role flags, home and sandbox, and reading its output into the
-attempt's result), ``conversation.py`` (its output as the conversation's entries, engine/transcript.py)
-and ``policy.py`` (plain data: its credential variables, provider hosts, file-writing tools and the
-options a profile's ``extra_args`` may pass). The package's name is also its executable's name (tools/agents,
-``make agents``) and its transcript format's. This module imports the policies only (plain data), so
+``adapter.py`` (its argument arrays, role flags, home and sandbox, and the attempt's result),
+``stream.py`` (its output read from the same events into the facts of that result and into the
+conversation's entries, engine/transcript.py) and ``policy.py`` (plain data: its credential
+variables, provider hosts, file-writing tools and the options a profile's ``extra_args`` may pass).
+The package's name is also its executable's name (tools/agents, ``make agents``) and its transcript
+format's. This module imports the policies only (plain data), so
 the modules the adapters themselves use can ask it at import time.
 """
 from __future__ import annotations
@@ -30,9 +31,9 @@ def adapter_module(adapter: str) -> ModuleType:
     return import_module(f"engine.agents.{CLIS[adapter]}.adapter")
 
 
-def conversation(fmt: str) -> ModuleType | None:
-    """The conversation module of the transcript format ``fmt`` (a package name); None for another."""
-    return import_module(f"engine.agents.{fmt}.conversation") if fmt in CLIS.values() else None
+def stream(fmt: str) -> ModuleType | None:
+    """The stream module of the transcript format ``fmt`` (a package name); None for another."""
+    return import_module(f"engine.agents.{fmt}.stream") if fmt in CLIS.values() else None
 
 
 def credentials() -> dict[str, tuple[str, ...]]:

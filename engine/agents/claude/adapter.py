@@ -30,13 +30,11 @@ import shutil
 from pathlib import Path
 
 from .. import gateways, sandbox
-from ... import tool_outcomes
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
 from ..cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
                           var_dir)
 from ..cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
-from ..lines import JsonEvents, stderr_lines
-from .policy import WRITE_TOOLS
+from .stream import AUTH_TEXTS, parse_stream, usage_of  # noqa: F401 - the tests take them from here
 
 #: The Messages API's address, and the variables claude sends a key from (``x-api-key``; a token as
 #: ``Authorization: Bearer``): the model gateway (engine/model_gateway) takes the key from the first set.
@@ -44,9 +42,6 @@ PROVIDER_URL = "https://api.anthropic.com"
 KEY_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
 #: Tools a reviewer gets: read-only; Write, Edit, Bash and the rest do not exist for it.
 READ_ONLY_TOOLS = "Read,Grep,Glob"
-#: Messages of the CLI that mean it has no usable login (checked on 2.1.197).
-AUTH_TEXTS = ("Not logged in", "Please run /login", "Failed to authenticate", "authentication_failed",
-              "Invalid API key", "invalid x-api-key")
 
 
 #: Flags each role's boundary depends on; each must appear in ``claude --help`` (2.1.197 lists
@@ -108,104 +103,6 @@ def login_file() -> Path:
     """The worker's Claude Code login, ``~/.claude/.credentials.json`` (written by ``claude``'s
     /login, 2.1.197), which ``prepare_home`` copies into each attempt's HOME."""
     return Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
-
-
-def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
-    """Read a stream-json capture line by line (bounded memory).
-
-    Returns ``{"result": dict | None, "last_text": str, "session_id": str, "version": str,
-    "auth_error": bool, "refusals": [{"tool", "message", "outcome"}]}``: the last ``result`` object (None
-    when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
-    message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
-    CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
-    permission; at most 200; ``"outcome"``: engine/tool_outcomes.py ``of_claude``, a missing program
-    ``command_not_found``, what the permission rules refused ``refused``, else ``failed``; ``"exit_code"``
-    when the error says "Exit code N"; with ``"path"`` when the call named a file, and ``"recovered": True``
-    when a later file-writing call on that file succeeded), and ``"truncated_lines": int``: lines longer than
-    engine/agents/lines.py MAX_LINE_BYTES, read in bounded chunks and not parsed (whole in the raw log);
-    ``"structured": bool``: whether any line was a JSON event, and ``"plain_text": str``: the
-    lines that were not (engine/agents/lines.py ``PlainText``, bounded), which become the final
-    message when the CLI printed text instead of its stream. ``stderr_path``: the attempt's stderr
-    capture, read for the not-logged-in texts only.
-    """
-    found = {"result": None, "last_text": "", "session_id": "", "version": "", "auth_error": False,
-             "refusals": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
-    for text in stderr_lines(stderr_path):
-        if any(auth in text for auth in AUTH_TEXTS):
-            found["auth_error"] = True
-    tools: dict[str, str] = {}
-    paths: dict[str, str] = {}  # tool_use id -> the file it writes or reads
-    commands: dict[str, str] = {}  # tool_use id -> a Bash command line
-
-    def auth_text(line: bytes) -> None:
-        if any(text.encode() in line for text in AUTH_TEXTS):
-            found["auth_error"] = True
-
-    stream = JsonEvents(raw_path, on_line=auth_text)
-    for event in stream:
-        kind = event.get("type")
-        if kind == "result":
-            found["result"] = event
-        elif kind == "system" and event.get("subtype") == "init":
-            found["session_id"] = event.get("session_id") or found["session_id"]
-            found["version"] = event.get("claude_code_version") or found["version"]
-        elif kind == "assistant":
-            for block in (event.get("message") or {}).get("content") or []:
-                if isinstance(block, dict) and block.get("type") == "text" and block.get("text"):
-                    found["last_text"] = block["text"]
-                elif isinstance(block, dict) and block.get("type") == "tool_use":
-                    tools[str(block.get("id"))] = str(block.get("name"))
-                    given = block.get("input") if isinstance(block.get("input"), dict) else {}
-                    target = given.get("file_path") or given.get("notebook_path")
-                    if isinstance(target, str):
-                        paths[str(block.get("id"))] = target[:1000]
-                    command = given.get("command")
-                    if block.get("name") == "Bash" and isinstance(command, str) and len(commands) < 10_000:
-                        commands[str(block.get("id"))] = command[:2000]
-        elif kind == "user":
-            for block in (event.get("message") or {}).get("content") or []:
-                if not (isinstance(block, dict) and block.get("type") == "tool_result"):
-                    continue
-                call = str(block.get("tool_use_id"))
-                if not block.get("is_error"):
-                    # a later success on the same file: the refusals of it before were recovered from
-                    if call in paths and tools.get(call) in WRITE_TOOLS:
-                        for refusal in found["refusals"]:
-                            if refusal.get("path") == paths[call]:
-                                refusal["recovered"] = True
-                    continue
-                content = block.get("content")
-                text = content if isinstance(content, str) else json.dumps(content)
-                if len(found["refusals"]) < 200:
-                    said = text if isinstance(content, str) else "\n".join(  # as the conversation reads it
-                        str(part.get("text") or "") for part in (content if isinstance(content, list) else [])
-                        if isinstance(part, dict))
-                    outcome, code = tool_outcomes.of_message_result(tools.get(call, "?"), said, True, commands.get(call, ""))
-                    refusal = {"tool": tools.get(call, "?"), "message": text[:500], "outcome": outcome}
-                    if code is not None:
-                        refusal["exit_code"] = code
-                    if call in paths:
-                        refusal["path"] = paths[call]
-                    found["refusals"].append(refusal)
-    found["truncated_lines"], found["structured"] = stream.truncated, stream.structured
-    found["plain_text"] = stream.plain.text
-    return found
-
-
-def usage_of(result: dict | None) -> dict:
-    """Usage of a result object in our keys; every field None when not reported (never 0 made up)."""
-    usage = empty_usage()
-    if not result:
-        return usage
-    reported = result.get("usage")
-    if isinstance(reported, dict):
-        usage["input_tokens"] = reported.get("input_tokens")
-        usage["output_tokens"] = reported.get("output_tokens")
-        usage["cached_tokens"] = reported.get("cache_read_input_tokens")
-        usage["cache_creation_tokens"] = reported.get("cache_creation_input_tokens")
-    if isinstance(result.get("total_cost_usd"), (int, float)) and isinstance(reported, dict):
-        usage["cost_usd"] = result["total_cost_usd"]
-    return usage
 
 
 def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:

@@ -16,7 +16,8 @@ PROVIDER_HOSTS = ("generativelanguage.googleapis.com",)
 #: Its file-writing tools (0.61.0), the names its refusals are recorded under.
 WRITE_TOOLS = frozenset({"write_file", "replace"})
 
-#: Variables the adapter sets for each attempt (its sandbox, its Google sign-in and its settings and trust): a profile's ``env`` may not set them
+#: Variables the adapter sets for each attempt (its sandbox, its Google sign-in and its settings and
+#: trust): a profile's ``env`` may not set them
 #: (engine/pipeline_schema/fields.py ENGINE_ENV).
 ENGINE_ENV = ("GEMINI_SANDBOX", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA",
               "GOOGLE_APPLICATION_CREDENTIALS")
