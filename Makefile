@@ -35,10 +35,11 @@ demo: install agents
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included), in TEST_WORKERS pytest-xdist workers
-## (default 2: most of its time is spent waiting on real processes; 0: in this process, as CI's jobs do).
-TEST_WORKERS ?= 2
+## (default 3: most of its time is spent waiting on real processes; 0: in this process, as CI's jobs do),
+## each taking the next test when it is free, the longest first (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: announce-test install agents browser samples
-	$(BIN)/python scripts/timed.py $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS)
+	$(BIN)/python scripts/timed.py $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --maxschedchunk 2
 
 ## make lint: ruff, with pyproject.toml's rules and complexity limit (tests/test_lint.py runs it in both tiers).
 lint: install

@@ -257,6 +257,21 @@ def has_chromium() -> bool:
     return os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)
 
 
+def wake_live_server(url: str) -> None:
+    """Ask the live server for its login page once, after a browser closed. A connection Chromium opened
+    ahead (a preconnect) and reset as it closed can leave the live server's thread blocked in
+    ``accept()`` (its listening socket is blocking: select said readable, the connection was gone), and
+    pytest-django's teardown of ``live_server`` then waits for that thread for ever; this request is
+    the connection that ``accept()`` returns."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url.rstrip("/") + "/admin/login/", timeout=10).close()
+    except (OSError, urllib.error.URLError):
+        pass  # the server answered with an error, or is gone: either way it is not blocked in accept()
+
+
 @pytest.fixture
 def narrow_page(live_server):
     """A headless Chromium page 390 px wide on the live server (skips without Chromium: NO_CHROMIUM)."""
@@ -275,6 +290,7 @@ def narrow_page(live_server):
             yield context.new_page()
             context.close()
             chromium.close()
+        wake_live_server(live_server.url)
     finally:
         if before is None:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
@@ -409,6 +425,11 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         raise pytest.UsageError("these tests drive a whole run but carry no @pytest.mark.pipeline (or slow): "
                                 + ", ".join(unmarked[:20]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # the longest first, so that pytest-xdist's workers (make test: --maxschedchunk 2, each takes the
+        # next test when it is free) end together: the integrity corpus, then the other tests with real
+        # worker processes, then the ones that drive a run, then the rest (stable within each kind)
+        items.sort(key=_expected_length)
     wanted = os.environ.get("CP_TEST_SET", "")
     if wanted in ("database", "no-database"):
         # .ci/run splits the suite in three side by side: the tests that touch the database or the
@@ -422,6 +443,14 @@ def pytest_collection_modifyitems(config, items):
             items[:] = kept
     elif wanted:
         raise pytest.UsageError(f"CP_TEST_SET={wanted!r}: use 'database', 'no-database' or leave it unset")
+
+
+def _expected_length(item) -> int:
+    """0 for the longest kind of test, 3 for the shortest: ``longest``, ``slow``, ``pipeline``, the rest."""
+    for rank, mark in enumerate(("longest", "slow", "pipeline")):
+        if item.get_closest_marker(mark) is not None:
+            return rank
+    return 3
 
 
 #: pytest-django's fixtures that give a test the database (a test without one of them, or the

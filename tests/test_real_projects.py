@@ -168,6 +168,7 @@ def shell_results(attempt: Attempt) -> list[dict]:
     return [e for e in entries if e.get("kind") == "tool_result" and "exit" in e]
 
 
+@pytest.mark.longest
 @pytest.mark.parametrize("project", [QS, FREEZEGUN], ids=["qs", "freezegun"])
 def test_a_real_project_runs_with_its_dependencies_installed_once_with_each_cli(project, tmp_path, sent, settings):
     missing = [exe for exe in CLIS.values() if find_executable(exe) is None]

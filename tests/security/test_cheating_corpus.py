@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_the_integrity_benchmark_catches_every_cheat_and_stops_no_honest_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CP_VAR_DIR", "DJANGO_SETTINGS_MODULE")}
     env["TMPDIR"] = str(tmp_path)

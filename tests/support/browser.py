@@ -22,7 +22,7 @@ from django.contrib.auth.models import Permission
 
 from engine import operations, runner
 
-from tests.conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, navigate_by
+from tests.conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, navigate_by, wake_live_server
 
 
 #: CI runs them in its SQLite job only (backend): what they check is the page a person sees and
@@ -62,7 +62,7 @@ def stage(**extra) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(live_server):
     """Headless Chromium for the module (skips, naming ``make browser``, when it is not installed)."""
     from playwright.sync_api import sync_playwright
 
@@ -70,6 +70,7 @@ def browser():
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+    wake_live_server(live_server.url)
 
 
 @pytest.fixture(scope="module", autouse=True)
