@@ -33,6 +33,30 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 TOOLS_BIN = executables.TOOLS_BIN
 
 var_dir = sandbox.var_dir
+#: Roles whose attempts may write in the worktree; every other role (the reviewer) runs read-only.
+WRITE_ROLES = ("implementer", "documenter")
+
+
+def sandboxed_view(argv: list[str], env: dict, request: AgentRequest, network=None, **extra) -> list[str]:
+    """``argv`` inside the bubblewrap sandbox of an agent CLI's attempt (engine/agents/sandbox.py), the
+    same view for every CLI: the attempt's HOME, TMPDIR and data folder read-write; its worktree
+    read-write for a role of WRITE_ROLES and read-only for the others (its ``.git`` file read-only
+    either way); read-only the original repository's git metadata, the CLI (``argv[0]``), tools/agents
+    (node and the bundles), the Python install and the PATH folders of ``env``; hidden what encloses
+    them (the var directory, the worker's HOME, the project's .env); nothing else of the host.
+    ``network``: the attempt's ``sandbox.NetworkPolicy`` (None: no network at all). ``extra``: what one
+    CLI adds (engine/agents/<cli>/adapter.py ``sandboxed``), passed to ``sandbox.wrap``."""
+    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
+    visible = sandbox.git_dirs(request.workspace)
+    if request.role in WRITE_ROLES:
+        writable.append(request.workspace)
+    else:
+        visible.append(request.workspace)
+    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
+    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
+                        read_only=[os.path.join(request.workspace, ".git")],
+                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
+                        binds=request.binds, **extra)
 
 
 def find_executable(name: str, configured: str | None = None) -> str | None:

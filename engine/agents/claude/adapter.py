@@ -29,10 +29,10 @@ import os
 import shutil
 from pathlib import Path
 
-from .. import gateways, sandbox
+from .. import gateways
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from ..cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint, login_present,
-                          var_dir)
+from ..cli_adapter import (CliAdapter, cli_version, gateway_key_hint, login_present,
+                          sandboxed_view)
 from ..cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
 from .stream import AUTH_TEXTS, parse_stream, usage_of  # noqa: F401 - the tests take them from here
 
@@ -106,26 +106,9 @@ def login_file() -> Path:
 
 
 def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
-    """``argv`` inside the bubblewrap sandbox of the attempt (engine/agents/sandbox.py).
-
-    Bound: the attempt's HOME, TMPDIR and data folder (read-write), its worktree (read-write for
-    writers, read-only for the reviewer; its ``.git`` file read-only), and read-only the
-    original repository's git metadata, the CLI (``argv[0]``), tools/agents, the Python install
-    and the PATH folders of ``env``; nothing else of the host. Covered again where a bound folder
-    encloses them: the var directory, the worker's HOME and the project's .env. ``network``: the
-    attempt's ``sandbox.NetworkPolicy`` (None: no network at all).
-    """
-    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
-    visible = sandbox.git_dirs(request.workspace)
-    if request.role != "reviewer":
-        writable.append(request.workspace)
-    else:
-        visible.append(request.workspace)
-    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
-    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
-                        read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
-                        binds=request.binds)
+    """``argv`` inside the bubblewrap sandbox of the attempt: the view every agent CLI gets
+    (engine/agents/cli_adapter.py ``sandboxed_view``; the attempt's HOME holds ``.claude``)."""
+    return sandboxed_view(argv, env, request, network)
 
 
 class ClaudeCodeAdapter(CliAdapter):

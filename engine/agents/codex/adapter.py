@@ -84,12 +84,10 @@ from .. import gateways, sandbox
 from ... import transcript
 from ...redaction import redact_text
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process
-from ..cli_adapter import (TOOLS_BIN, CliAdapter, cli_version, gateway_key_hint,
-                          login_present, var_dir)
+from ..cli_adapter import (WRITE_ROLES, CliAdapter, cli_version, gateway_key_hint,
+                          login_present, sandboxed_view)
 from .stream import MAX_REFUSALS, parse_events, refusals_of, session_record, usage_of  # noqa: F401 - the tests take them from here
 
-#: Roles whose attempts may write in the workspace; every other role runs read-only.
-WRITE_ROLES = ("implementer", "documenter")
 #: ``-c`` overrides of the writing roles (checked on 0.171.0: /tmp and $TMPDIR read-only, no network).
 WORKSPACE_WRITE_OVERRIDES = ("sandbox_workspace_write.exclude_slash_tmp=true",
                              "sandbox_workspace_write.exclude_tmpdir_env_var=true",
@@ -154,41 +152,26 @@ def kept_message_path(request: AgentRequest) -> str:
 
 
 def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
-    """``argv`` inside the engine's bubblewrap sandbox (engine/agents/sandbox.py), as
-    claude.sandboxed, in the user-namespace mode that codex's own sandbox needs inside it
-    (sandbox.wrap ``user_namespace``; ``/tmp`` is the sandbox's own, as codex writes
-    ``/tmp/codex-daemon-<uid>`` whatever TMPDIR says).
-
-    Bound: the attempt's HOME (= CODEX_HOME, holding the ``-o`` file), TMPDIR and data folder
-    (read-write), its worktree (read-write for writers, read-only for every other role; its
-    ``.git`` file read-only), and read-only the original repository's git metadata, the CLI
-    (``argv[0]``), tools/agents, the Python install and the PATH folders of ``env``; nothing else
-    of the host. ``network``: the attempt's ``sandbox.NetworkPolicy`` (None: no network).
+    """``argv`` inside the bubblewrap sandbox of the attempt: the view every agent CLI gets
+    (engine/agents/cli_adapter.py ``sandboxed_view``; the attempt's HOME is CODEX_HOME, holding the
+    ``-o`` file), in the user-namespace mode that codex's own sandbox needs inside it (sandbox.wrap
+    ``user_namespace``; ``/tmp`` is the sandbox's own, as codex writes ``/tmp/codex-daemon-<uid>``
+    whatever TMPDIR says).
 
     Codex 0.171.0 starts the first ``bwrap`` on PATH before its bundled one (its strings name a
     ``system_bwrap_candidate`` and a ``bundled_bwrap_candidate``), and with Debian's bubblewrap
     0.8.0, which has no ``--argv0``, every command fails with "bwrap: execvp codex-linux-sandbox:
-    No such file or directory" while codex exits 0. So each ``bwrap`` on the agent's PATH (and
-    in /usr/local/bin, /usr/bin, /bin) is replaced in the view by the bundled one (``sandbox.bundled_bwrap``; tests/test_codex_adapter.py
-    runs with whichever the host has).
+    No such file or directory" while codex exits 0. So each ``bwrap`` on the agent's PATH (and in
+    /usr/local/bin, /usr/bin, /bin) is replaced in the view by the bundled one
+    (``sandbox.bundled_bwrap``; tests/test_codex_adapter.py runs with whichever the host has).
     """
-    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
-    visible = sandbox.git_dirs(request.workspace)
-    if request.role in WRITE_ROLES:
-        writable.append(request.workspace)
-    else:
-        visible.append(request.workspace)
-    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
     bundled = sandbox.bundled_bwrap()
     replace = {}
     if bundled:
         for folder in [*(env.get("PATH") or "").split(os.pathsep), "/usr/local/bin", "/usr/bin", "/bin"]:
             if folder and os.path.isfile(os.path.join(folder, "bwrap")):
                 replace[os.path.join(folder, "bwrap")] = bundled
-    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
-                        read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(var_dir()), visible=visible, user_namespace=True,
-                        network=network, replace=replace, binds=request.binds)
+    return sandboxed_view(argv, env, request, network, user_namespace=True, replace=replace)
 
 
 def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None = None,

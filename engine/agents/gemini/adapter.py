@@ -75,14 +75,12 @@ import signal
 from pathlib import Path
 from types import SimpleNamespace
 
-from .. import gateways, sandbox
+from .. import gateways
 from ...redaction import redact_text
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from ..cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, var_dir
+from ..cli_adapter import CliAdapter, gateway_key_hint, cli_version, sandboxed_view, WRITE_ROLES
 from .stream import parse_stream, session_tokens, usage_of  # noqa: F401 - the tests take them from here
 
-#: Roles whose attempts may write in the workspace; every other role runs read-only.
-WRITE_ROLES = ("implementer", "documenter")
 #: The model of a scripted attempt when the profile names none: a name the CLI knows (no router call).
 SCRIPTED_MODEL = "gemini-2.5-pro"
 #: The variables the CLI sends a key from (``x-goog-api-key``; GOOGLE_API_KEY is copied into
@@ -178,23 +176,10 @@ def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None 
 
 
 def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
-    """``argv`` inside the engine's bubblewrap sandbox (engine/agents/sandbox.py), as claude.sandboxed.
-
-    Bound: the attempt's HOME (settings, policy, session record, TMPDIR) and data folder
-    (read-write), its worktree (read-write for writers, read-only for every other role; its
-    ``.git`` file read-only), and read-only the original repository's git metadata, the CLI,
-    tools/agents (node and the bundle), the Python install and the PATH folders of ``env``."""
-    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
-    visible = sandbox.git_dirs(request.workspace)
-    if request.role in WRITE_ROLES:
-        writable.append(request.workspace)
-    else:
-        visible.append(request.workspace)
-    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
-    return sandbox.wrap(argv, writable=[folder for folder in writable if folder],
-                        read_only=[os.path.join(request.workspace, ".git")],
-                        hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
-                        binds=request.binds)
+    """``argv`` inside the bubblewrap sandbox of the attempt: the view every agent CLI gets
+    (engine/agents/cli_adapter.py ``sandboxed_view``; the attempt's HOME holds its settings, policy,
+    session record and TMPDIR)."""
+    return sandboxed_view(argv, env, request, network)
 
 
 class GeminiCliAdapter(CliAdapter):

@@ -89,15 +89,13 @@ import os
 import shutil
 from pathlib import Path
 
-from .. import gateways, sandbox
+from .. import gateways
 from ...redaction import redact_text
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, interactive_prompt
-from ..cli_adapter import TOOLS_BIN, CliAdapter, gateway_key_hint, cli_version, probe_output, var_dir
+from ..cli_adapter import CliAdapter, gateway_key_hint, cli_version, probe_output, sandboxed_view, WRITE_ROLES
 from .stream import parse_stream, usage_of  # noqa: F401 - the tests take them from here
 from .policy import CREDENTIALS, DEFAULT_PROVIDER, PROVIDERS, WRITE_TOOLS  # noqa: F401 - the tests take them from here
 
-#: Roles whose attempts may write in the workspace; every other role runs read-only.
-WRITE_ROLES = ("implementer", "documenter")
 #: The tool allowlists (``--tools``): a reviewer's has no bash, edit or write (pi's documented
 #: read-only mode); the writers get pi's default set, named, so that no extension tool joins it.
 READ_ONLY_TOOLS = "read,grep,find,ls"
@@ -235,24 +233,10 @@ def project_config_mask(workspace: str) -> list[str]:
 
 
 def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
-    """``argv`` inside the engine's bubblewrap sandbox (engine/agents/sandbox.py), as
-    claude.sandboxed: bound are the attempt's HOME (holding the pi folder), TMPDIR and data folder
-    (read-write), its worktree (read-write for implementer and documenter, read-only for every
-    other role; its ``.git`` file read-only), and read-only the original repository's git metadata,
-    the CLI (``argv[0]``), tools/agents, the Python install and the PATH folders of ``env`` (node);
-    nothing else of the host. The worktree's ``.pi`` folder is covered (``project_config_mask``).
-    ``network``: the attempt's ``sandbox.NetworkPolicy`` (None: no network)."""
-    writable = [request.home_dir, env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")]
-    visible = sandbox.git_dirs(request.workspace)
-    if request.role in WRITE_ROLES:
-        writable.append(request.workspace)
-    else:
-        visible.append(request.workspace)
-    visible += sandbox.tool_paths(env.get("PATH"), (argv[0],)) + [str(TOOLS_BIN.parent.parent)]
-    wrapped = sandbox.wrap(argv, writable=[folder for folder in writable if folder],
-                           read_only=[os.path.join(request.workspace, ".git")],
-                           hide=sandbox.private_paths(var_dir()), visible=visible, network=network,
-                           binds=request.binds)
+    """``argv`` inside the bubblewrap sandbox of the attempt: the view every agent CLI gets
+    (engine/agents/cli_adapter.py ``sandboxed_view``; the attempt's HOME holds the pi folder), with the
+    worktree's ``.pi`` folder covered (``project_config_mask``)."""
+    wrapped = sandboxed_view(argv, env, request, network)
     mask = project_config_mask(request.workspace)
     if mask:  # after every bind of wrap(), before the root is made read-only and the command starts
         end = wrapped.index("--")
