@@ -61,7 +61,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
     message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
     CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
-    permission; at most 200; ``"outcome"``: engine/tool_outcomes.py ``of_claude``, a missing program
+    permission; at most 200; ``"outcome"``: engine/tool_outcomes.py ``of_message_result``, a missing program
     ``command_not_found``, what the permission rules refused ``refused``, else ``failed``; ``"exit_code"``
     when the error says "Exit code N"; with ``"path"`` when the call named a file, and ``"recovered": True``
     when a later file-writing call on that file succeeded), and ``"truncated_lines": int``: lines longer than

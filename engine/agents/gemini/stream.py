@@ -133,7 +133,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
       status ``success`` whose command did not succeed as far as gemini says (its program not found,
       "Command exited with code: N"), in call order (at most MAX_REFUSALS): ``{"tool", "message",
       "error_type", "outcome", "path"?, "command"?, "exit_code"?}`` (``outcome``:
-      engine/tool_outcomes.py ``of_gemini``; ``path`` when the call named a ``file_path``,
+      ``outcome_of``; ``path`` when the call named a ``file_path``,
       ``command`` a shell command), ``"recovered": True`` when a later successful call wrote that file;
     * ``errors``: the last five ``error`` event messages; ``stderr_tail`` the last five non-JSON
       lines (without the CLI's colour and ripgrep notices);

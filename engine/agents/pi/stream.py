@@ -165,7 +165,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
       ``isError``), at most MAX_REFUSALS, in order: ``{"tool": name, "message": the result text
       (OUTPUT_CHARS), "path"?: the file named, "command"?: a bash command, "unavailable": the
       tool is not in the allowlist ("Tool X not found"), "sandbox_denied": DENIAL_TEXTS in it,
-      "outcome": engine/tool_outcomes.py ``of_pi`` (bash's exit status 127 ``command_not_found``, a
+      "outcome": ``outcome_of`` (bash's exit status 127 ``command_not_found``, a
       tool not in the allowlist or a sandbox denial ``refused``, else ``failed``), "exit_code"?: bash's
       "Command exited with code N", "recovered"?: True when a later write or edit of that file succeeded}``;
     * ``stderr_tail``: the last five lines of ``stderr_path`` and of the raw log that are not JSON
