@@ -14,9 +14,9 @@ class EngineConfig(AppConfig):
     def ready(self):
         from django.conf import settings
 
-        from . import workspace
+        from .git import core
 
-        workspace.before_git = GitOutsideTransactions(strict=settings.CP_REFUSE_GIT_IN_TRANSACTION)
+        core.before_git = GitOutsideTransactions(strict=settings.CP_REFUSE_GIT_IN_TRANSACTION)
 
 
 class GitOutsideTransactions:
