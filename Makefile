@@ -35,9 +35,9 @@ demo: install agents
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included), in TEST_WORKERS pytest-xdist workers
-## (default 3: most of its time is spent waiting on real processes; 0: in this process, as CI's jobs do),
-## each taking the next test when it is free, the longest first (tests/conftest.py).
-TEST_WORKERS ?= 3
+## (default 2; 0: in this process, as CI's jobs do), each taking the next test when it is free, the longest
+## first (tests/conftest.py). Three workers were slower here: the end-to-end tests' agent CLIs fill both cores.
+TEST_WORKERS ?= 2
 test: announce-test install agents browser samples
 	$(BIN)/python scripts/timed.py $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --maxschedchunk 2
 

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from engine import workspace as ws
+from engine.git import core as git_core, manifests as git_manifests, repos as git_repos
 from engine.workspace import WorkspaceError
 
 IDENTITY = {
@@ -337,7 +338,7 @@ def test_c02_deleted_worktree_is_recreated(repo, tmp_path, lock_dir):
                                {"Checkpoint-Id": "j-1"})["commit"]
     main_before = _snapshot(repo)
     entries_before = [b for b in worktree_list(repo).split("\n\n") if path8 not in b]
-    admin9 = ws._admin_dir_for(os.path.join(repo, ".git"), path9)
+    admin9 = git_repos._admin_dir_for(os.path.join(repo, ".git"), path9)
     with open(os.path.join(admin9, "gitdir"), "rb") as fh:
         gitdir9 = fh.read()
 
@@ -674,9 +675,9 @@ def test_manifest_unchanged_and_empty_patch(repo, tmp_path, lock_dir):
 
 
 def _ref_ls_files_stage(cwd, args, env):
-    out = ws.git([*ws._TEMP_INDEX_CONFIG, "ls-files", "--stage", "-z", *args], cwd, env=env).stdout
+    out = ws.git([*git_core._TEMP_INDEX_CONFIG, "ls-files", "--stage", "-z", *args], cwd, env=env).stdout
     entries = {}
-    for item in ws._split_z(out):
+    for item in git_core._split_z(out):
         meta, _, path = item.partition(b"\t")
         mode, oid, _stage = meta.split(b" ")
         entries[os.fsdecode(path)] = (mode.decode(), oid.decode())
@@ -684,8 +685,8 @@ def _ref_ls_files_stage(cwd, args, env):
 
 
 def _ref_ls_files_paths(cwd, args, env, config):
-    out = ws.git([*ws._TEMP_INDEX_CONFIG, *config, "ls-files", "-z", *args], cwd, env=env).stdout
-    return [os.fsdecode(p) for p in ws._split_z(out)]
+    out = ws.git([*git_core._TEMP_INDEX_CONFIG, *config, "ls-files", "-z", *args], cwd, env=env).stdout
+    return [os.fsdecode(p) for p in git_core._split_z(out)]
 
 
 def _ref_drop_listed_parents(paths):
@@ -705,7 +706,7 @@ def _ref_covered(path, prefixes):
 def _ref_tree_entries(cwd, tree):
     out = ws.git(["ls-tree", "-r", "-z", "--full-tree", tree], cwd).stdout
     entries = []
-    for item in ws._split_z(out):
+    for item in git_core._split_z(out):
         meta, _, path = item.partition(b"\t")
         mode, _kind, oid = meta.split(b" ")
         entries.append({"path": os.fsdecode(path), "mode": mode.decode(), "blob": oid.decode()})
@@ -716,7 +717,7 @@ def _ref_tree_entries(cwd, tree):
 def _ref_tree_changes(cwd, base, tree):
     out = ws.git(["diff-tree", "-r", "-z", "--no-renames", "--no-ext-diff",
                   "--ignore-submodules=none", base, tree], cwd).stdout
-    items = ws._split_z(out)
+    items = git_core._split_z(out)
     changes = []
     for i in range(0, len(items) - 1, 2):
         old_mode, new_mode, old_blob, new_blob, status = items[i].lstrip(b":").decode().split()
@@ -737,9 +738,9 @@ def _ref_tree_changes(cwd, base, tree):
 def reference_manifest(worktree, base_commit, excludes=None):
     patterns = ws.DEFAULT_EXCLUDES if excludes is None else list(excludes)
     base = ws.resolve_commit(worktree, base_commit)
-    top = ws._out(["rev-parse", "--show-toplevel"], worktree)
-    own_index = ws._out(["rev-parse", "--path-format=absolute", "--git-path", "index"], top)
-    config = ws._TEMP_INDEX_CONFIG
+    top = git_core._out(["rev-parse", "--show-toplevel"], worktree)
+    own_index = git_core._out(["rev-parse", "--path-format=absolute", "--git-path", "index"], top)
+    config = git_core._TEMP_INDEX_CONFIG
     with tempfile.TemporaryDirectory(prefix="cp-manifest-ref-") as tmp:
         index, exclude_file, empty_file = (os.path.join(tmp, n) for n in ("index", "x", "e"))
         with open(exclude_file, "w", encoding="utf-8") as fh:
@@ -768,7 +769,7 @@ def reference_manifest(worktree, base_commit, excludes=None):
         if restore:
             ws.git([*config, "update-index", "-z", "--index-info"], top, env=env,
                    input=b"".join(restore))
-        tree = ws._out([*config, "write-tree"], top, env=env)
+        tree = git_core._out([*config, "write-tree"], top, env=env)
         untracked_matching = _ref_drop_listed_parents(_ref_ls_files_paths(
             top, ["--others", "--ignored", "--directory", *exclude_from], env, []))
         repo_ignored = set(_ref_ls_files_paths(
@@ -1029,13 +1030,13 @@ def test_resetting_to_a_final_checkpoint_keeps_no_file_list_of_it(repo, tmp_path
     path, _ = new_worktree(repo, tmp_path, lock_dir)
     base = head(repo)
     ws.manifest(path, base)  # a stage's base: kept
-    assert base in ws._BASE_FILES
+    assert base in git_manifests._BASE_FILES
     checkpoints = []
-    for n in range(ws._BASE_FILES_KEPT + 1):
+    for n in range(git_manifests._BASE_FILES_KEPT + 1):
         write(os.path.join(path, "src", "app.py"), f"print({n})\n")
         run(path, "add", "-A")
         run(path, "commit", "-q", "-m", f"checkpoint {n}")
         checkpoints.append(run(path, "rev-parse", "HEAD").strip())
         assert ws.reset_to_commit(path, checkpoints[-1])
-    assert base in ws._BASE_FILES
-    assert not set(checkpoints) & set(ws._BASE_FILES)
+    assert base in git_manifests._BASE_FILES
+    assert not set(checkpoints) & set(git_manifests._BASE_FILES)
