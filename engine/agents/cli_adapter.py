@@ -33,6 +33,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 TOOLS_BIN = executables.TOOLS_BIN
 
 var_dir = sandbox.var_dir
+#: Seconds a CLI's ``--version`` or ``--help`` may take: about a second on a quiet machine, but a node CLI
+#: took more than 30 on a CI machine running three test suites at once, and a probe that does not answer
+#: makes the CLI look missing (its check refuses the profile).
+PROBE_SECONDS = 90.0
 #: Roles whose attempts may write in the worktree; every other role (the reviewer) runs read-only.
 WRITE_ROLES = ("implementer", "documenter")
 
@@ -66,7 +70,8 @@ def find_executable(name: str, configured: str | None = None) -> str | None:
     return executables.resolve(name, configured)
 
 
-def probe_output(executable: str, args: tuple[str, ...], timeout: float = 30.0, env: dict | None = None) -> str:
+def probe_output(executable: str, args: tuple[str, ...], timeout: float = PROBE_SECONDS,
+                 env: dict | None = None) -> str:
     """What ``executable args`` prints (stdout, then stderr), run inside the sandbox: no network, a
     throwaway HOME and TMPDIR (its only writable folder), the worker's var directory and HOME
     hidden, an allow-listed environment (PATH, LANG, and ``env``, where ``{home}`` in a value is that
@@ -91,7 +96,7 @@ def probe_output(executable: str, args: tuple[str, ...], timeout: float = 30.0, 
 _versions: dict[tuple, str] = {}
 
 
-def cli_version(executable: str, timeout: float = 30.0) -> str:
+def cli_version(executable: str, timeout: float = PROBE_SECONDS) -> str:
     """``<executable> --version``'s first line (run in the sandbox, ``probe_output``), or '' when it
     does not answer. A version is a fact of the file: once read, it is kept by path, inode, size and
     modification time, so that an attempt does not start the CLI once more only to ask it (a probe
@@ -113,7 +118,8 @@ def cli_version(executable: str, timeout: float = 30.0) -> str:
 _checked: dict[tuple, tuple[str, str]] = {}
 
 
-def probe(executable: str, timeout: float = 30.0, help_args: tuple[str, ...] = ("--help",)) -> tuple[str, str]:
+def probe(executable: str, timeout: float = PROBE_SECONDS,
+          help_args: tuple[str, ...] = ("--help",)) -> tuple[str, str]:
     """``(version, help text)`` of an executable (``--version``'s first line, the output of
     ``help_args``, both run in the sandbox), cached by path, modification time and help arguments;
     ``("", "")`` when the file cannot be read. A probe that got no answer (it timed out on a loaded

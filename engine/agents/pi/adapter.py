@@ -92,7 +92,7 @@ from pathlib import Path
 from .. import gateways
 from ...redaction import redact_text
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, interactive_prompt
-from ..cli_adapter import CliAdapter, gateway_key_hint, cli_version, probe_output, sandboxed_view, WRITE_ROLES
+from ..cli_adapter import PROBE_SECONDS, CliAdapter, gateway_key_hint, cli_version, probe_output, sandboxed_view, WRITE_ROLES
 from .stream import parse_stream, usage_of  # noqa: F401 - the tests take them from here
 from .policy import CREDENTIALS, DEFAULT_PROVIDER, PROVIDERS, WRITE_TOOLS  # noqa: F401 - the tests take them from here
 
@@ -248,7 +248,7 @@ def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -
 _probed: dict[tuple, tuple[str, str]] = {}
 
 
-def probe(executable: str, timeout: float = 30.0) -> tuple[str, str]:
+def probe(executable: str, timeout: float = PROBE_SECONDS) -> tuple[str, str]:
     """``(version, help text)`` of a pi executable, as cli_adapter.probe (in the sandbox, with a
     throwaway HOME), with ``PI_CODING_AGENT_DIR`` inside that HOME (``pi --help`` 0.73.1 writes
     auth.json and sessions/ there) and ``PI_OFFLINE``."""
