@@ -1,4 +1,4 @@
-"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/claude/adapter.py ``sandboxed``,
+"""The bubblewrap sandbox of an agent (engine/agents/sandbox.py, engine/agents/cli_adapter.py ``sandboxed_view``,
 engine/agents/codex/adapter.py ``sandboxed``), run for real: what a wrapped shell can read and write.
 
 Each test lays out a var directory (another run's control records and worktree, a database
@@ -17,7 +17,8 @@ import pytest
 
 from engine.agents import AgentRequest, sandbox
 from engine.agents.codex import adapter as codex_adapter
-from engine.agents.claude.adapter import find_executable, sandboxed
+from engine.agents.claude.adapter import find_executable
+from engine.agents.cli_adapter import sandboxed_view
 
 from .conftest import git, make_repo
 
@@ -64,7 +65,7 @@ def layout(request, tmp_path, monkeypatch, settings):
 
 
 def run_in(layout: dict, role: str, script: str, argv0: str = "/bin/sh",
-           wrapper=sandboxed) -> subprocess.CompletedProcess:
+           wrapper=sandboxed_view) -> subprocess.CompletedProcess:
     """``sh -c script`` in the worktree, wrapped the way the claude adapter wraps its CLI for ``role``
     (``wrapper``: or the codex adapter's ``sandboxed``)."""
     env = layout["env"]

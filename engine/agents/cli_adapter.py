@@ -328,9 +328,9 @@ class CliAdapter(Adapter):
             result.failure_kind, result.failure_message = gateway.stop_kind, gateway.stop_message
         return result
 
-    #: The adapter's sandbox builder, ``(argv, env, request, network) -> argv``: each subclass sets
-    #: its own (engine/agents/<cli>/adapter.py ``sandboxed``).
-    wrapper: Callable[..., list[str]]
+    #: The adapter's sandbox builder, ``(argv, env, request, network) -> argv``: the view every CLI gets
+    #: (``sandboxed_view``) unless a CLI adds its own part (its engine/agents/<cli>/adapter.py ``sandboxed``).
+    wrapper: Callable[..., list[str]] = staticmethod(sandboxed_view)
 
     def supervise(self, argv: list[str], env: dict, request: AgentRequest, endpoint_url: str | None = None):
         """Run ``argv`` for the attempt in its sandbox with its egress proxy (``Adapter.sandboxed_run``),

@@ -31,8 +31,7 @@ from pathlib import Path
 
 from .. import gateways
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from ..cli_adapter import (CliAdapter, cli_version, gateway_key_hint, login_present,
-                          sandboxed_view)
+from ..cli_adapter import CliAdapter, cli_version, gateway_key_hint, login_present
 from ..cli_adapter import find_executable  # noqa: F401 - the tests and tests/security/attacks.py take it from here
 from .stream import AUTH_TEXTS, parse_stream, usage_of  # noqa: F401 - the tests take them from here
 
@@ -105,11 +104,6 @@ def login_file() -> Path:
     return Path(os.path.expanduser("~")) / ".claude" / ".credentials.json"
 
 
-def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
-    """``argv`` inside the bubblewrap sandbox of the attempt: the view every agent CLI gets
-    (engine/agents/cli_adapter.py ``sandboxed_view``; the attempt's HOME holds ``.claude``)."""
-    return sandboxed_view(argv, env, request, network)
-
 
 class ClaudeCodeAdapter(CliAdapter):
     """The real ``claude`` CLI (Claude Code), headless, stream-json output."""
@@ -126,7 +120,6 @@ class ClaudeCodeAdapter(CliAdapter):
     def required_help(self, role: str) -> dict[str, str]:
         return REQUIRED_FLAGS.get(role, {})
 
-    wrapper = staticmethod(sandboxed)
 
     def credential_problem(self, profile: dict, environ) -> PreflightProblem | None:
         """``credentials_missing`` unless the attempt would get a credential: one of

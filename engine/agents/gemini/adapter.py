@@ -78,7 +78,7 @@ from types import SimpleNamespace
 from .. import gateways
 from ...redaction import redact_text
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process, empty_usage, interactive_prompt
-from ..cli_adapter import CliAdapter, gateway_key_hint, cli_version, sandboxed_view, WRITE_ROLES
+from ..cli_adapter import CliAdapter, gateway_key_hint, cli_version, WRITE_ROLES
 from .stream import parse_stream, session_tokens, usage_of  # noqa: F401 - the tests take them from here
 
 #: The model of a scripted attempt when the profile names none: a name the CLI knows (no router call).
@@ -175,12 +175,6 @@ def build_argv(executable: str, request: AgentRequest, endpoint_url: str | None 
     return argv
 
 
-def sandboxed(argv: list[str], env: dict, request: AgentRequest, network=None) -> list[str]:
-    """``argv`` inside the bubblewrap sandbox of the attempt: the view every agent CLI gets
-    (engine/agents/cli_adapter.py ``sandboxed_view``; the attempt's HOME holds its settings, policy,
-    session record and TMPDIR)."""
-    return sandboxed_view(argv, env, request, network)
-
 
 class GeminiCliAdapter(CliAdapter):
     """The real ``gemini`` CLI (Google Gemini CLI), headless, stream-json output."""
@@ -197,7 +191,6 @@ class GeminiCliAdapter(CliAdapter):
     def required_help(self, role: str) -> dict[str, str]:
         return REQUIRED_HELP.get(role, REQUIRED_HELP["reviewer"])
 
-    wrapper = staticmethod(sandboxed)
 
     def environment(self, request: AgentRequest, home: str) -> dict:
         """The attempt's environment (module docstring): the run's and the profile's ``env``, then
