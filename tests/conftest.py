@@ -309,16 +309,18 @@ def navigate_by(tab, press) -> None:
                           timeout=30_000)
 
 
-def wait_until(predicate, timeout: float = 60.0, what: str = "the condition"):
+def wait_until(predicate, timeout: float = 60.0, what: str = "the condition", logs=()):
     """Poll ``predicate`` every 0.1 s until it returns something true (returned) or ``timeout`` seconds
-    pass (AssertionError naming ``what``)."""
+    pass (AssertionError naming ``what``, with the tails of ``logs``: objects with ``text()``)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         value = predicate()
         if value:
             return value
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {getattr(log, 'log', log)}\n{log.text()[-3000:]}" for log in logs)
+            raise AssertionError(f"{what} did not happen within {timeout} s\n{tails}".rstrip())
         time.sleep(0.1)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -27,7 +27,7 @@ from engine.models import Attempt, Check, RunEvent
 
 from .conftest import ANSWER_STEP, git, new_log_text, wait_for
 from .support.claude import claude_profile
-from .test_steps import drive
+from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

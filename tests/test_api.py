@@ -22,9 +22,8 @@ from engine import operations
 from engine.models import Attempt, Decision, Run, StartRequest
 
 from .conftest import ANSWER_STEP, new_log_text, wait_for
-from .test_start_concurrency import QUICK_SCENARIO, QUICK_STAGE
-from .test_steps import drive
-from .test_verification import gated_run, run_with
+from .support.runs import QUICK_SCENARIO, QUICK_STAGE
+from .support.runs import drive, gated_run, run_with
 
 ALL_PERMISSIONS = ("add_run", "view_run", "start_run", "approve_run", "recheck_run", "recover_run", "fail_run")
 

@@ -8,15 +8,13 @@ checked before a 405, and the OPTIONS answer naming the endpoint.
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.urls import reverse
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from controlpanel.api import RunStatusSerializer
 from engine import operations
 
-from .test_start_concurrency import QUICK_SCENARIO, QUICK_STAGE
+from .support.runs import QUICK_SCENARIO, QUICK_STAGE
+from .support.fixtures import client_of
 
 pytestmark = pytest.mark.django_db
 
@@ -24,14 +22,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def pending(make_pipeline, repo):
     return operations.create_run(make_pipeline(stages=QUICK_STAGE, scenario=QUICK_SCENARIO), str(repo), "main")
-
-
-def client_of(django_user_model, name: str, *codenames: str) -> APIClient:
-    user = django_user_model.objects.create_user(name, f"{name}@example.invalid", "pw-for-tests-only")
-    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine", codename__in=codenames))
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
 
 
 def test_the_url_names_and_paths_are_the_ones_the_api_always_had():

@@ -15,7 +15,7 @@ from django.urls import URLPattern
 from controlpanel.api import RunViewSet, router
 from engine import operations
 
-from .test_api_contract import client_of
+from .support.fixtures import client_of
 
 pytestmark = pytest.mark.django_db
 

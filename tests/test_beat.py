@@ -11,9 +11,9 @@ from django.conf import settings
 from engine import operations
 from engine.models import Attempt, Run
 
-from .conftest import wait_for
-from .test_crash_recovery import Beat, agent_tree, dead, live_attempt, stub, tree_gone, wait_until
-from .test_run_records import QUICK, Solo
+from .conftest import wait_for, wait_until
+from .support.workers import Beat, Solo, agent_tree, dead, live_attempt, stub, tree_gone
+from .support.runs import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -13,7 +13,7 @@ from engine import operations, reconcile
 from engine.models import JournalEntry, Run
 
 from .conftest import git, index_is, wait_for
-from .test_run_records import Solo
+from .support.workers import Solo
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

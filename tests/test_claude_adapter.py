@@ -16,7 +16,7 @@ from engine.models import Attempt
 
 from .conftest import ANSWER_STEP, git
 from .support.claude import REVIEW_TURNS, WRITE_ANSWER, claude_profile, stub_claude
-from .test_steps import drive
+from .support.runs import drive
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")

@@ -4,7 +4,6 @@ against the scripted model endpoint (tests marked ``slow``), and its parser and 
 The real-binary tests skip only when tools/agents has no codex (``make agents`` installs it).
 """
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -16,45 +15,22 @@ import pytest
 from django.conf import settings
 
 from engine import operations, transcript
-from engine.agents import AgentRequest, AgentResult, get_adapter
+from engine.agents import AgentResult, get_adapter
 from engine.agents.codex.adapter import CodexAdapter, build_argv, parse_events, usage_of
-from engine.agents.claude.adapter import find_executable
 from engine.models import Attempt
 from engine.process import MARKER_ENV, ProcessResult
 
-from .conftest import git, make_repo
-from .test_steps import drive
+from .conftest import git
+from .support.runs import drive
+from .support.adapters import log_of, write_jsonl
+from .support.codex import make_request, needs_codex
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
-CODEX = find_executable("codex")
-needs_codex = pytest.mark.skipif(CODEX is None, reason="the pinned codex CLI is not installed: run `make agents`")
 
 USAGE_1 = {"input_tokens": 501, "output_tokens": 31, "cached_input_tokens": 200, "reasoning_output_tokens": 3}
 USAGE_2 = {"input_tokens": 502, "output_tokens": 32, "cached_input_tokens": 201, "reasoning_output_tokens": 4}
-
-
-def make_request(tmp_path: Path, role: str, scenario=None, deadline: float = 60, **profile) -> AgentRequest:
-    """An AgentRequest for one attempt in tmp_path: workspace ``work`` (a git repo), logs, prompt, HOME, marker."""
-    work = tmp_path / "work"
-    if not work.exists():
-        make_repo(work, {"README.md": "hello\n"})
-    control = tmp_path / "control"
-    control.mkdir(exist_ok=True)
-    (control / "prompt.md").write_text("Do the scripted task.\n", encoding="utf-8")
-    if scenario is not None:
-        profile["scripted_endpoint"] = {"default": scenario}
-    return AgentRequest(
-        role=role, operation="review" if role == "reviewer" else "implement", prompt="Do the scripted task.",
-        workspace=str(work), profile={"adapter": "codex", **profile}, deadline_seconds=deadline,
-        log_path=str(control / "out.log"), raw_path=str(control / "out.raw"), env=dict(os.environ), stage_key="s",
-        attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
-        home_dir=str(tmp_path / "attempt-home"), marker=f"cp-test-codex-{uuid.uuid4().hex[:12]}")
-
-
-def log_of(request: AgentRequest) -> str:
-    return Path(request.log_path).read_text(encoding="utf-8", errors="replace")
 
 
 def marked(marker: str) -> list:
@@ -381,10 +357,6 @@ def test_the_environment_passes_the_openai_key_as_codex_api_key(tmp_path):
     env = CodexAdapter().environment(request, request.home_dir)
     assert env["HOME"] == env["CODEX_HOME"] == request.home_dir
     assert env["CODEX_API_KEY"] == "sk-test-0123456789"
-
-
-def write_jsonl(path: Path, events: list) -> None:
-    path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events), encoding="utf-8")
 
 
 def test_the_parser_sums_usage_and_finds_session_and_final_message(tmp_path):

@@ -93,7 +93,7 @@ TOOL_CALLS = [
 
 @pytest.mark.django_db
 def test_run_status_says_what_happened_to_each_tool_call(make_pipeline, repo, capsys):
-    from .test_run_page import live_attempt
+    from .support.pages import live_attempt
 
     run = operations.create_run(make_pipeline(), str(repo), "main")
     live_attempt(run, "done\n", status="succeeded", exit_code=0, refusals=TOOL_CALLS)

@@ -22,7 +22,7 @@ from engine.models import Attempt, Pipeline, Run
 from engine.pipeline_format import PipelineFormatError
 
 from .conftest import ANSWER_STEP
-from .test_steps import drive
+from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

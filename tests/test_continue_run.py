@@ -15,7 +15,7 @@ from engine.models import Run
 from engine.operations import OperationError
 
 from .conftest import ANSWER_STEP
-from .test_steps import drive
+from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

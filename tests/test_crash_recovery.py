@@ -27,8 +27,6 @@ import random
 import re
 import shlex
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -44,22 +42,16 @@ from django.db import connection
 
 from engine import operations, reconcile, runner
 from engine.models import ATTEMPT_OPEN, Attempt, Run
-from engine.process import find_marked
 from engine.worker_process import WORKER_FLAGS, start_worker, worker_argv
 
-from .conftest import ANSWER_STEP, Workers, wait_for
+from .conftest import ANSWER_STEP, wait_for, wait_until
 from .redis_server import INSTALL_HINT, RedisServer, redis_binary
-from .test_run_records import QUICK, Solo, gone
+from .support.workers import PERIOD, STALE, Beat, Solo, agent_tree, dead, engine_env, live_attempt, stub, tree_gone
+from .support.runs import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 BASE_DIR = Path(settings.BASE_DIR)
-#: Seconds without a heartbeat before a step counts as interrupted (every worker's CP_HEARTBEAT_STALE).
-STALE = 3.0
-#: Seconds between the beats' reconciliation passes (CP_RECONCILE_PERIOD).
-PERIOD = 2.0
-#: Seconds a queued run or a handed-off step may wait unclaimed before it is sent again (CP_QUEUED_STALE).
-QUEUED_STALE = 3.0
 #: What one pass may take on a busy two-core machine once it is due: the beat's message reaching
 #: an idle worker, the pass's queries, reaping an agent tree that dies at its first SIGTERM.
 SLACK = 3.0
@@ -94,13 +86,6 @@ def publish(monkeypatch):
     return to
 
 
-def engine_env(url: str, **extra) -> dict:
-    """The environment every engine process of these tests gets on top of its base one."""
-    return {"CELERY_BROKER_URL": url, "CP_HEARTBEAT_INTERVAL": "0.5", "CP_HEARTBEAT_STALE": str(STALE),
-            "CP_RECONCILE_PERIOD": str(PERIOD), "CP_QUEUED_STALE": str(QUEUED_STALE),
-            **{k: str(v) for k, v in extra.items()}}
-
-
 #: The pool size of ``MakeWorker``: ``make worker`` leaves it to Celery (one process per core: 2 on
 #: the two-core machines this runs on), docker-compose.yml says 2. With two, a free process keeps
 #: asking the broker for work (a pending BRPOP) while a step holds its unacknowledged message.
@@ -124,105 +109,11 @@ def start_all(solos: list[Solo]) -> list[Solo]:
     return solos
 
 
-class Beat:
-    """A real ``celery -A controlpanel beat`` process; it runs each reconciliation pass itself
-    (controlpanel/beat.py), and would send any other entry of the schedule to ``queue``."""
-
-    def __init__(self, log_dir: Path, queue: str, url: str, **env):
-        tag = uuid.uuid4().hex[:6]
-        self.log = log_dir / f"beat-{queue}-{tag}.log"
-        self.schedule = log_dir / f"beat-{queue}-{tag}.schedule"
-        self.env = {**Workers(1, log_dir).env(), "CP_QUEUE": queue, **engine_env(url, **env)}
-        self.proc: subprocess.Popen | None = None
-
-    def launch(self) -> "Beat":
-        argv = [sys.executable, "-m", "celery", "-A", "controlpanel", "beat", "-l", "info", "-s", str(self.schedule),
-                "--max-interval", "1"]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=str(BASE_DIR), env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        return self
-
-    def wait_ready(self, timeout: float = 60.0) -> "Beat":
-        deadline = time.monotonic() + timeout
-        while "beat: Starting..." not in self.text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"beat did not start:\n{self.text()[-4000:]}")
-            time.sleep(0.1)
-        return self
-
-    def start(self) -> "Beat":
-        return self.launch().wait_ready()
-
-    def sent(self) -> int:
-        """How many reconciliation passes this beat has made (in its own process: controlpanel/beat.py)."""
-        return len(self.results())
-
-    def results(self) -> list[dict]:
-        """The counts of every reconciliation pass this beat made, from its log."""
-        found = re.findall(r"reconciliation pass \(reconcile\) in the beat process: (\{[^}]*\})", self.text())
-        return [json.loads(item) for item in found]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
 # ----------------------------------------------------------------------------- helpers
-
-
-def wait_until(predicate, timeout: float, what: str, logs=()):
-    """Poll ``predicate`` every 0.1 s; returns its first truthy value; fails after ``timeout`` s
-    with the tails of ``logs`` (objects with ``text()``)."""
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            tails = "\n".join(f"--- {getattr(log, 'log', log)}\n{log.text()[-3000:]}" for log in logs)
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
-        time.sleep(0.1)
 
 
 def var(rel: str) -> Path:
     return Path(settings.VAR_DIR) / rel
-
-
-def stub(text: str, seconds: float, side: str | None = None) -> dict:
-    """A scenario step: print ``text``, write app/core.py, then (optionally) append one line to
-    ``side``, a file in the run's data folder (outside the worktree: the sandbox lets the agent
-    write there, and the test read it), and keep a small process tree (sh and a sleep) alive for
-    ``seconds``."""
-    launch = f'echo launch $$ >> "$CP_DATA_DIR/{side}"; ' if side else ""
-    return {**ANSWER_STEP, "print": [text], "run": ["sh", "-c", f"{launch}sleep {seconds} & wait"]}
-
-
-def live_attempt(run_id: int, text: str | None = None) -> Attempt | None:
-    """The run's running attempt once its agent started (and, with ``text``, printed it to its log)."""
-    attempt = Attempt.objects.filter(run_id=run_id, status="running").exclude(pid=None).first()
-    if attempt is None:
-        return None
-    if text is not None and (not var(attempt.log_path).exists() or text not in var(attempt.log_path).read_text()):
-        return None
-    return attempt
-
-
-def dead(proc: psutil.Process) -> bool:
-    """``proc`` has exited (a zombie not yet reaped counts: none of its threads runs)."""
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def watch_silence(run_id: int, watch: "OpenAttempts", timeout: float) -> dict:
@@ -250,19 +141,6 @@ def watch_silence(run_id: int, watch: "OpenAttempts", timeout: float) -> dict:
     at, data = samples[-1]
     return {"samples": samples, "last_beat": last_beat, "acted_by": time.monotonic(),
             "stale_from": at - data["heartbeat_age_seconds"] + STALE}
-
-
-def agent_tree(attempt: Attempt) -> list[psutil.Process]:
-    """The live processes of an attempt's agent: the scripted agent, its sh and the sh's sleep
-    (all carry the attempt's CP_PROCESS_MARKER)."""
-    tree = wait_until(lambda: len(found := find_marked(attempt.marker)) >= 3 and found, 10, "the agent's tree")
-    assert attempt.pid in {proc.pid for proc in tree}
-    return tree
-
-
-def tree_gone(attempt: Attempt) -> bool:
-    """The attempt's agent and every process carrying its CP_PROCESS_MARKER are gone."""
-    return gone(attempt.pid, "scripted_agent.py") and not find_marked(attempt.marker)
 
 
 class OpenAttempts:

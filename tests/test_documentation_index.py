@@ -7,7 +7,7 @@ from engine import context
 from engine.models import Attempt
 
 from .conftest import ANSWER_STEP, make_repo
-from .test_verification import PASS, run_with, stage
+from .support.runs import PASS, run_with, stage
 
 
 def test_an_index_names_a_note_by_its_repository_path_or_its_path_from_the_index(tmp_path):

@@ -20,8 +20,8 @@ from engine.operations import OperationError
 from engine.steps import process_marker_prefix
 
 from .conftest import ANSWER_STEP, wait_for
-from .test_run_records import QUICK, Solo
-from .test_steps import drive
+from .support.workers import Solo
+from .support.runs import QUICK, drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,15 +10,15 @@ import uuid
 
 import pytest
 from engine import boundary, operations
-from engine.agents import AgentRequest, get_adapter
+from engine.agents import get_adapter
 from engine.models import Run
 from engine.pipeline_format import PipelineFormatError, validate
-from engine.redaction import secret_env_values
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import make_repo
-from .test_pipeline_schema import full
-from .test_preflight import cli_pipeline, refused
+from .support.runs import full
+from .support.runs import cli_pipeline, refused
+from .support.adapters import request_for
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed, and full()'s
 # base_url a gateway the operator listed (tests/conftest.py)
@@ -103,27 +103,6 @@ def test_an_unset_gateway_key_is_refused_at_creation_naming_it(make_pipeline, re
                                     str(repo), "main")
     assert run.definition["profiles"]["cli"]["base_url"] == url + "/v1"
     assert KEY not in json.dumps(run.definition) and KEY not in json.dumps(list(Run.objects.values()), default=str)
-
-
-def request_for(tmp_path, profile: dict, credentials: dict, prompt: str = "Write hello.txt.",
-                deadline: int = 120) -> AgentRequest:
-    """An implementer's request of ``profile`` in a new repository under ``tmp_path`` (work/), with
-    PATH and ``credentials`` (what engine/boundary.py ``credential_env`` gave) as its environment; a
-    repository already made there is kept."""
-    work = tmp_path / "work"
-    if not work.exists():
-        make_repo(work, {"README.md": "hello\n"})
-    control = tmp_path / "control"
-    control.mkdir()
-    (control / "prompt.md").write_text(prompt + "\n", encoding="utf-8")
-    env = {"PATH": os.environ["PATH"], **credentials}
-    return AgentRequest(
-        role="implementer", operation="implement", prompt=prompt, workspace=str(work), profile=profile,
-        deadline_seconds=deadline, log_path=str(control / "out.log"), raw_path=str(control / "out.raw"),
-        stderr_path=str(control / "out.stderr"), env=env, stage_key="s", attempt_number=1,
-        control_dir=str(control), prompt_path=str(control / "prompt.md"), home_dir=str(tmp_path / "home"),
-        marker=f"cp-test-gateway-{uuid.uuid4().hex[:12]}", secrets=secret_env_values(env),
-        deny_addresses=boundary.service_addresses())
 
 
 @pytest.mark.slow

@@ -9,55 +9,30 @@ import os
 import socket
 import time
 import tracemalloc
-import uuid
 from pathlib import Path
 
 import psutil
 import pytest
 
 from engine.agents import AgentResult, get_adapter
-from engine.agents.cli_adapter import find_executable
 from engine.agents.gemini.adapter import (GeminiCliAdapter, build_argv, parse_stream, policy_for, session_tokens,
                                   settings_for, usage_of)
 from engine.agents.lines import MAX_LINE_BYTES
 from engine.process import MARKER_ENV, ProcessResult
 from engine.agents.base import AgentRequest
 
-from .conftest import make_repo
+from .support.adapters import log_of, write_jsonl
+from .support.gemini import make_request, needs_gemini
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
-GEMINI = find_executable("gemini")
-needs_gemini = pytest.mark.skipif(GEMINI is None, reason="the pinned gemini CLI is not installed: run `make agents`")
 
 USAGE_1 = {"promptTokenCount": 701, "candidatesTokenCount": 31, "cachedContentTokenCount": 200,
            "thoughtsTokenCount": 3}
 USAGE_2 = {"promptTokenCount": 702, "candidatesTokenCount": 32, "cachedContentTokenCount": 201,
            "thoughtsTokenCount": 4}
 
-
-def make_request(tmp_path: Path, role: str, scenario=None, deadline: float = 90, files=None, **profile) -> AgentRequest:
-    """An AgentRequest for one attempt in tmp_path: workspace ``work`` (a git repo), logs, prompt, HOME, marker."""
-    work = tmp_path / "work"
-    if not work.exists():
-        make_repo(work, {"README.md": "hello\n", **(files or {})})
-    control = tmp_path / "control"
-    control.mkdir(exist_ok=True)
-    (control / "prompt.md").write_text("Do the scripted task.\n", encoding="utf-8")
-    if scenario is not None:
-        profile["scripted_endpoint"] = {"default": scenario}
-    operation = {"reviewer": "review", "documenter": "document"}.get(role, "implement")
-    return AgentRequest(
-        role=role, operation=operation, prompt="Do the scripted task.",
-        workspace=str(work), profile={"adapter": "gemini-cli", **profile}, deadline_seconds=deadline,
-        log_path=str(control / "out.log"), raw_path=str(control / "out.raw"), env=dict(os.environ), stage_key="s",
-        attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
-        home_dir=str(tmp_path / "attempt-home"), marker=f"cp-test-gemini-{uuid.uuid4().hex[:12]}")
-
-
-def log_of(request: AgentRequest) -> str:
-    return Path(request.log_path).read_text(encoding="utf-8", errors="replace")
 
 
 def marked(marker: str) -> list:
@@ -303,9 +278,6 @@ def test_credentials_for_the_preflight(tmp_path):
     assert problem.code == "credentials_missing" and problem.provide == "GEMINI_API_KEY"
     assert adapter.preflight({**profile, "scripted_endpoint": {"default": []}}, environ={}) == []
 
-
-def write_jsonl(path: Path, events: list) -> None:
-    path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events), encoding="utf-8")
 
 
 STREAM = [

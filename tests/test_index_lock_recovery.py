@@ -28,9 +28,9 @@ from engine import machine, operations, reconcile, runner, steps, workspace
 from engine.models import JournalEntry, Run, RunEvent
 
 from .conftest import git, index_is, make_repo, wait_for
-from .test_crash_recovery import wait_until as until
-from .test_run_records import QUICK, Solo
-from .test_steps import drive
+from .conftest import wait_until as until
+from .support.workers import Solo
+from .support.runs import QUICK, drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from engine import operations
 from engine.models import Attempt, RunEvent
 
 from .conftest import make_repo
-from .test_steps import drive
+from .support.runs import drive
 
 #: Every test here but the last drives a run with real subprocesses (gates, the sandboxed scripted
 #: adapter): slow, run by `make test` (make test-fast keeps to what needs no subprocess).

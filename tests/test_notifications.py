@@ -24,10 +24,8 @@ from django.utils import timezone
 from engine import machine, notifications, operations, reconcile, runner
 from engine.models import Notification, Run
 
-from .conftest import Workers, wait_for
-from .test_crash_recovery import wait_until
-from .test_steps import drive
-from .test_verification import gated_run
+from .conftest import wait_for, wait_until, Workers
+from .support.runs import drive, gated_run
 
 SECRET = "test-secret-not-a-real-one"
 #: committed transactions: the outbox is sent after commit, as in production

@@ -10,7 +10,7 @@ from engine.models import Attempt, RunEvent
 from engine.pipeline_format import PipelineFormatError
 
 from .conftest import ANSWER_STEP, pipeline_definition
-from .test_steps import drive
+from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,9 +14,8 @@ from engine import operations
 from engine.models import Attempt, Check, Decision
 
 from .conftest import ANSWER_STEP, git
-from .test_api_contract import client_of
-from .test_steps import drive
-from .test_verification import PASS, operations_of, run_with, stage, var
+from .support.fixtures import client_of
+from .support.runs import PASS, drive, operations_of, run_with, stage, var
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

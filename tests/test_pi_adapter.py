@@ -17,7 +17,6 @@ import pytest
 
 from engine import boundary, transcript
 from engine.agents import AgentRequest, AgentResult, adapters, get_adapter
-from engine.agents.cli_adapter import find_executable
 from engine.agents.network import PROVIDER_HOSTS, network_allow
 from engine.agents.pi.adapter import (PROVIDERS, READ_ONLY_TOOLS, PiAdapter, build_argv, credential_env_names, models_for,
                               parse_stream, prepare_home, project_config_mask, sandboxed, settings_for, split_model,
@@ -26,41 +25,17 @@ from engine.agents.cli_options import _refused_args
 from engine.process import MARKER_ENV, ProcessResult
 from engine.scripted_endpoint import ScriptedEndpoint
 
-from .conftest import make_repo
+from .support.adapters import log_of, write_jsonl
+from .support.pi import make_request, needs_pi
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
-PI = find_executable("pi")
-needs_pi = pytest.mark.skipif(PI is None, reason="the pinned pi CLI is not installed: run `make agents`")
 
 USAGE_1 = {"input_tokens": 1001, "output_tokens": 41, "cache_read_input_tokens": 201, "cache_creation_input_tokens": 31}
 USAGE_2 = {"input_tokens": 1102, "output_tokens": 12, "cache_read_input_tokens": 300, "cache_creation_input_tokens": 0}
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def make_request(tmp_path: Path, role: str, scenario=None, deadline: float = 60, env: dict | None = None,
-                 **profile) -> AgentRequest:
-    """An AgentRequest for one attempt in tmp_path: workspace ``work`` (a git repo), logs, prompt, HOME, marker."""
-    work = tmp_path / "work"
-    if not work.exists():
-        make_repo(work, {"README.md": "hello\n"})
-    control = tmp_path / "control"
-    control.mkdir(exist_ok=True)
-    (control / "prompt.md").write_text("Do the scripted task.\n", encoding="utf-8")
-    if scenario is not None:
-        profile["scripted_endpoint"] = {"default": scenario}
-    operation = {"reviewer": "review", "documenter": "document"}.get(role, "implement")
-    return AgentRequest(
-        role=role, operation=operation, prompt="Do the scripted task.", workspace=str(work),
-        profile={"adapter": "pi", **profile}, deadline_seconds=deadline, log_path=str(control / "out.log"),
-        raw_path=str(control / "out.raw"), env=dict(env if env is not None else {"PATH": os.environ["PATH"]}),
-        stage_key="s", attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
-        home_dir=str(tmp_path / "attempt-home"), marker=f"cp-test-pi-{uuid.uuid4().hex[:12]}")
-
-
-def log_of(request: AgentRequest) -> str:
-    return Path(request.log_path).read_text(encoding="utf-8", errors="replace")
 
 
 def marked(marker: str) -> list:
@@ -389,9 +364,6 @@ def test_credentials_preflight_and_hint(tmp_path):
 
 # ----------------------------------------------------------------------------- parsing and classification
 
-
-def write_jsonl(path: Path, events: list) -> None:
-    path.write_text("".join((e if isinstance(e, str) else json.dumps(e)) + "\n" for e in events), encoding="utf-8")
 
 
 def assistant(content, usage=None, stop="stop", error=None) -> dict:

@@ -6,47 +6,11 @@ import copy
 import pytest
 
 from engine import pipeline_schema
-from engine.agents import executables
 from engine.pipeline_format import PipelineFormatError, validate, validate_scenario
+from .support.runs import full
 
 # the profile of ``full`` names https://example.org as its gateway: one the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("example_gateway")
-
-
-def full():
-    """A valid pipeline that writes every level, with an inline scenario using every step key."""
-    return {
-        "format": 1,
-        "name": "full",
-        "description": "every level",
-        "master_plan": "docs/PLAN.md",
-        "spec_index": "docs/INDEX.md",
-        "protected_paths": ["tests/**"],
-        "documentation_paths": ["docs/**"],
-        "exclude": ["build/"],
-        "baseline_checks": ["true", {"name": "base", "command": "make check", "deadline": 60, "network_allow": ["pypi.org"]}],
-        "budgets": {"max_active_seconds": 600, "max_attempts": 4, "max_cost_usd": 2.5},
-        "deadlines": {"implement": 100, "review": 100, "repair": 100, "document": 100, "gate": 100},
-        "roles": {"implementer": "claude", "reviewer": "claude", "documenter": "claude"},
-        "profiles": {
-            "claude": {"adapter": "claude-code", "model": "m", "max_turns": 5, "executable": str(executables.TOOLS_BIN / "claude"),
-                       "extra_args": ["--verbose"], "env": {"LANG": "C"}, "base_url": "https://example.org",
-                       "network_allow": ["pypi.org"], "description": "d"},
-            "sim": {"adapter": "scripted", "scenario": {
-                "description": "a scenario",
-                "default": [{"write": {"a.py": "x"}, "delete": ["b.py"], "print": ["hi"], "sleep": 0.5, "exit": 0,
-                             "run": ["true"], "verdict": {"verdict": "pass"}, "final_message": "done",
-                             "usage": {"input_tokens": 1, "output_tokens": 1, "cached_tokens": 0,
-                                       "reasoning_tokens": 0, "cost_usd": 0.1}}],
-                "stages": {"one": {"implement": [{"exit": 0}]}},
-            }},
-        },
-        "stages": [
-            {"key": "one", "title": "One", "requirement": "Do one.", "scope": ["src/**"], "docs": ["README.md"],
-             "depends_on": [], "gates": ["pytest -q", {"name": "unit", "command": "pytest"}],
-             "repair_allowance": 1, "human_gate": True},
-        ],
-    }
 
 
 def _field(path):

@@ -18,7 +18,7 @@ from engine.process import run_supervised
 
 from .conftest import make_repo
 from .support.claude import stub_claude
-from .test_steps import drive
+from .support.runs import drive
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")

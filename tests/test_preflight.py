@@ -12,54 +12,24 @@ import socket
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from controlpanel.forms import CreateRunForm, RecoverForm
 from engine import answers, operations
 from engine.agents import get_adapter
 from engine.agents.codex.adapter import CodexAdapter
 from engine.management.commands.run_status import waiting_hint
-from engine.models import Attempt, Decision, Manifest, Run
+from engine.models import Attempt, Decision, Manifest
 from engine.process import ProcessResult
 
 from .support.claude import stub_claude
-from .test_codex_adapter import make_request, write_jsonl
-from .test_steps import drive
+from .support.adapters import write_jsonl
+from .support.codex import make_request
+from .support.runs import QUICK, drive
+from .support.runs import cli_pipeline, refused
 
 # the stand-in CLIs these tests write in tmp_path are executables the operator listed (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("stand_ins_listed")
 
-QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
-          "gates": [{"name": "unit", "command": "true"}]}]
-
-
-def stub_codex(path: Path, body: str = "exit 0") -> Path:
-    """A stand-in codex answering ``--version`` and ``exec --help`` with the words of 0.171.0 that check() needs."""
-    words = ("--sandbox read-only workspace-write --config --json --skip-git-repo-check --ignore-user-config "
-             "--ignore-rules --output-last-message --cd")
-    path.write_text(f"#!/bin/sh\ncase \"$1 $2\" in\n  '--version '*) echo 'codex-cli 0.171.0';;\n"
-                    f"  'exec --help') echo '{words}';;\n  *) {body};;\nesac\n")
-    path.chmod(0o755)
-    return path
-
-
-def cli_pipeline(make_pipeline, tmp_path, adapter: str, **profile):
-    """A pipeline whose every role is played by a real-CLI profile ``cli`` (a stand-in executable)."""
-    stub = stub_claude(tmp_path / "claude", "exit 0") if adapter == "claude-code" else stub_codex(tmp_path / "codex")
-    return make_pipeline(name=f"pf-{adapter}", stages=QUICK, roles={role: "cli" for role in operations.ROLES},
-                         profiles={"cli": {"adapter": adapter, "executable": str(stub), **profile}})
-
-
-def refused(pipeline, repo, code: str) -> operations.OperationError:
-    """Creating a run of ``pipeline`` is refused with ``code`` on field ``profile``, and nothing is created."""
-    control = Path(settings.VAR_DIR) / "runs"
-    before = sorted(control.iterdir()) if control.exists() else []
-    with pytest.raises(operations.OperationError) as info:
-        operations.create_run(pipeline, str(repo), "main")
-    assert (info.value.code, info.value.field) == (code, "profile"), info.value.message
-    assert not Run.objects.exists()
-    assert (sorted(control.iterdir()) if control.exists() else []) == before  # no control folder either
-    return info.value
 
 
 # ----------------------------------------------------------------------------- credentials

@@ -28,7 +28,7 @@ from engine.pipeline_format import validate
 
 from .conftest import git
 from .package_registry import PackageRegistry
-from .test_steps import drive
+from .support.runs import drive
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = ROOT / "tools" / "registry"

@@ -19,7 +19,7 @@ from engine.models import Attempt, Check
 from engine.pipeline_format import load_file
 
 from .conftest import git
-from .test_steps import drive
+from .support.runs import drive
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "tools" / "repos" / "inflection-0.5.1"

@@ -116,7 +116,7 @@ def test_an_interruption_inspects_what_the_attempt_left_in_the_worktree(make_pip
 def test_recovery_within_an_exhausted_budget_is_refused_naming_a_new_run(make_pipeline, repo, sent, admin_client):
     from django.urls import reverse
 
-    from .test_steps import drive
+    from .support.runs import drive
 
     run = operations.create_run(make_pipeline(budgets={"max_attempts": 1}), str(repo), "main")
     operations.request_start(run, requested_by="t", source="test")
@@ -151,7 +151,7 @@ def test_a_missing_repository_never_stops_a_reconcile_pass(make_pipeline, repo, 
     from engine.models import JournalEntry, RunEvent
 
     from .conftest import make_repo
-    from .test_steps import drive
+    from .support.runs import drive
 
     runs = []
     for name in ("gone", "kept"):

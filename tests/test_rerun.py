@@ -23,7 +23,7 @@ from engine import operations
 from engine.models import Run, RunEvent, StartRequest
 
 from .conftest import git, pipeline_definition
-from .test_api_contract import client_of
+from .support.fixtures import client_of
 
 pytestmark = pytest.mark.django_db
 

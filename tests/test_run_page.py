@@ -30,8 +30,8 @@ from engine.models import Attempt, Check, Decision, Run, RunEvent, StartRequest
 
 from .conftest import ANSWER_STEP
 from .support.pages import action_url, buttons, detail_url, messages_of, page, prefilled, press
-from .test_steps import drive
-from .test_verification import gated_run, run_with
+from .support.runs import drive, gated_run, run_with
+from .support.pages import live_attempt, pending_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,11 +42,6 @@ ALL_ACTIONS = {"start", "approve", "recheck", "recover", "fail"}
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def pending_run(make_pipeline, repo):
-    return operations.create_run(make_pipeline(scenario={"stages": {"answer": {"implement": [ANSWER_STEP]}}}),
-                                 str(repo), "main")
 
 
 def review_run(make_pipeline, repo, sent):
@@ -523,24 +518,6 @@ def test_an_attempt_says_what_happened_to_each_tool_call(staff, make_pipeline, r
 # ----------------------------------------------------------------------------- fixes from a fresh-eyes test
 
 
-def live_attempt(run, text: str, status: str = "running", **fields) -> tuple[Attempt, Path]:
-    """A recorded attempt of ``run``'s first stage (status ``status``) whose output log holds ``text``,
-    as a worker leaves it while the attempt runs; returns the attempt and its log's path."""
-    from django.utils import timezone
-
-    stage = run.stages.order_by("order").first()
-    number = Attempt.objects.filter(stage=stage).count() + 1
-    folder = f"{run.control_dir}/stages/01-{stage.key}/attempts/{number:03d}-implement"
-    log = Path(settings.VAR_DIR) / folder / "output.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(text, encoding="utf-8")
-    attempt = Attempt.objects.create(
-        run=run, stage=stage, operation="implement", number=number, role="implementer", profile_name="scripted",
-        adapter="scripted", simulated=True, deadline_seconds=600, status=status, log_path=f"{folder}/output.log",
-        started_at=timezone.now(), **fields)
-    return attempt, log
-
-
 def next_poll(fragment: str) -> tuple[str, dict]:
     """The URL and the parameters (hx-vals, sent as the query of a GET) a tail fragment asks htmx to fetch next."""
     found = re.search(r'hx-get="([^"]+)" hx-trigger="every [^"]+" hx-vals=\'([^\']+)\'', fragment)
@@ -760,7 +737,7 @@ def test_the_run_list_filter_names_stages_in_the_right_number(staff, make_pipeli
 
 @pytest.mark.pipeline
 def test_the_stop_card_shows_the_failing_check_s_log_and_the_evidence_as_links(staff, make_pipeline, repo, sent):
-    from .test_verification import stage as one_stage
+    from .support.runs import stage as one_stage
 
     wrong = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 41\n'}}
     gate = [{"name": "unit", "command": "python -m pytest -q"}]

@@ -21,7 +21,6 @@ import secrets as random
 import shlex
 import signal
 import string
-import subprocess
 import sys
 import time
 import uuid
@@ -38,9 +37,10 @@ from engine import operations
 from engine.steps import process_marker_prefix
 from engine.models import Attempt, Check, Decision, Run, RunEvent
 from engine.process import find_marked
-from engine.worker_process import stop_worker, worker_argv
 
-from .conftest import ANSWER_STEP, Workers, git, make_repo, run_data_dir, wait_for, wait_until
+from .conftest import ANSWER_STEP, git, make_repo, run_data_dir, wait_for, wait_until
+from .support.workers import Solo, gone
+from .support.runs import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -48,9 +48,6 @@ BASE_DIR = Path(settings.BASE_DIR)
 PINNED_CLAUDE = BASE_DIR / "tools" / "agents" / "node_modules" / ".bin" / "claude"
 #: The scripted adapter's grace between the first polite signal and SIGKILL (engine/agents/scripted.py).
 GRACE = 5.0
-#: One stage whose gate is `true`: these tests are about context, records and processes, not gates.
-QUICK = [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**"],
-          "gates": [{"name": "unit", "command": "true"}]}]
 ALNUM = string.ascii_letters + string.digits
 
 
@@ -59,45 +56,6 @@ def rand(n: int, alphabet: str = ALNUM) -> str:
 
 
 # ----------------------------------------------------------------------------- one worker of our own
-
-
-class Solo:
-    """A real ``celery -A controlpanel worker`` with one pool process (or ``concurrency``), listening to
-    its own queue."""
-
-    def __init__(self, log_dir: Path, queue: str, loglevel: str = "info", concurrency: int = 1, **env):
-        self.queue, self.loglevel, self.concurrency = queue, loglevel, concurrency
-        self.log = log_dir / f"worker-{queue}-{uuid.uuid4().hex[:6]}.log"
-        self.env = {**Workers(1, log_dir).env(), "CP_QUEUE": queue, "CP_HEARTBEAT_INTERVAL": "0.5",
-                    **{k: str(v) for k, v in env.items()}}
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> "Solo":
-        argv = worker_argv(self.concurrency, queue=self.queue, loglevel=self.loglevel)
-        argv[argv.index("-n") + 1] = f"solo-{uuid.uuid4().hex[:8]}@%h"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=str(BASE_DIR), env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while b" ready." not in self.log.read_bytes():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"worker did not start:\n{self.text()[-4000:]}")
-            time.sleep(0.1)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL to the worker's process group: the main process and its pool process die at once."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_worker(self.proc)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
 @pytest.fixture(scope="module")
@@ -133,15 +91,6 @@ def claimed_within(run, seconds: float) -> float:
         assert time.monotonic() - asked < seconds, f"run {run.pk} was not claimed within {seconds} s"
         time.sleep(0.05)
     return time.monotonic() - asked
-
-
-def gone(pid: int, cmd_part: str) -> bool:
-    """True when no live process ``pid`` runs a command containing ``cmd_part`` (a reused pid does not count)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() == psutil.STATUS_ZOMBIE or cmd_part not in " ".join(proc.cmdline())
-    except psutil.NoSuchProcess:
-        return True
 
 
 # ----------------------------------------------------------------------------- stage context

@@ -13,7 +13,7 @@ from engine import environments, operations
 from engine.models import Check
 
 from .conftest import git
-from .test_steps import drive
+from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,12 +11,9 @@ from engine.operations import OperationError
 from engine.tasks import advance_run
 
 from .conftest import git, new_log_text, wait_for
+from .support.runs import QUICK_SCENARIO, QUICK_STAGE
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-QUICK_STAGE = [{"key": "answer", "requirement": "say hello", "scope": ["**"],
-                "gates": [{"name": "ok", "command": "test -f hello.txt"}]}]
-QUICK_SCENARIO = {"stages": {"answer": {"implement": [{"write": {"hello.txt": "hi\n"}}]}}}
 
 
 def start_from_thread(run_id: int, results: list, delay: float) -> None:

@@ -13,7 +13,8 @@ from engine import operations, reconcile
 from engine.models import Attempt, Run
 
 from .conftest import ANSWER_STEP, wait_for
-from .test_run_records import QUICK, Solo
+from .support.workers import Solo
+from .support.runs import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

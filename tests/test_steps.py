@@ -12,18 +12,9 @@ from engine import operations, runner
 from engine.models import Attempt, Check, Run, RunEvent
 
 from .conftest import ANSWER_STEP
+from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drive(run_id: int, sent: list, limit: int = 30) -> Run:
-    """Take steps the way a worker would, following the hand-off tokens, until the run stops."""
-    for _ in range(limit):
-        if not sent:
-            break
-        run_id, token = sent.pop(0)
-        runner.advance(run_id, token)
-    return Run.objects.get(pk=run_id)
 
 
 ENV_GATE = ('test "$TMPDIR" = "$CP_TMP_DIR" && test -d "$CP_DATA_DIR" && test -d "$TMPDIR" '

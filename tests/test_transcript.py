@@ -22,7 +22,8 @@ from engine.models import Attempt
 from engine.redaction import Redactor
 
 from .support.pages import page
-from .test_run_page import live_attempt, pending_run, run_with  # noqa: F401 (fixtures)
+from .support.pages import live_attempt, pending_run  # noqa: F401 (fixtures)
+from .support.runs import run_with
 from .conftest import ANSWER_STEP
 
 WS = "/srv/example-worktree"  # a worktree's path as the CLIs report it; nothing is read there

@@ -24,9 +24,9 @@ from django.db import connection
 from engine import operations
 from engine.models import Attempt, Run
 
-from .conftest import ANSWER_STEP, make_repo, wait_for
-from .test_crash_recovery import Beat, stub, wait_until
-from .test_run_records import QUICK, Solo
+from .conftest import ANSWER_STEP, make_repo, wait_for, wait_until
+from .support.workers import Beat, Solo, stub
+from .support.runs import QUICK
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

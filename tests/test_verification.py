@@ -16,44 +16,19 @@ from engine import operations, protected
 from engine.models import Attempt, Check
 
 from .conftest import ANSWER_STEP, git, make_repo
-from .test_steps import drive
+from .support.runs import PASS, QUICK_GATE, drive, gated_run, operations_of, run_with, stage, var
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WRONG = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 41\n'}}
 WRONG_40 = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 40\n'}}
 WRONG_39 = {"write": {"app/core.py": '"""Core."""\n\n\ndef answer():\n    return 39\n'}}
-PASS = {"verdict": {"verdict": "pass", "findings": []}}
-
-
-#: The gate of most tests here: the same check as tests/test_core.py without pytest's start-up time.
-QUICK_GATE = "python -c 'from app import core; assert core.answer() == 42, core.answer()'"
-
-
-def stage(**extra) -> list[dict]:
-    return [{"key": "answer", "requirement": "Make app.core.answer() return 42.", "scope": ["app/**", "tests/**"],
-             "gates": [{"name": "unit", "command": QUICK_GATE}], **extra}]
-
-
-def run_with(make_pipeline, repo, sent, ops: dict, stages=None, **extra):
-    pipeline = make_pipeline(stages=stages or stage(), scenario={"stages": {"answer": ops}}, **extra)
-    run = operations.create_run(pipeline, str(repo), "main")
-    operations.request_start(run, requested_by="t", source="test")
-    return drive(run.pk, sent, limit=30)
 
 
 def brief(changes: list[dict]) -> list[dict]:
     """The changes of a tamper report without their hashes and the tests a changed test module held
     (tests/test_gate_records.py checks those)."""
     return [{k: v for k, v in c.items() if not k.startswith("sha256") and k != "tests"} for c in changes]
-
-
-def var(rel: str) -> Path:
-    return Path(settings.VAR_DIR) / rel
-
-
-def operations_of(run) -> list[str]:
-    return [a.operation for a in Attempt.objects.filter(run=run).order_by("number")]
 
 
 # ----------------------------------------------------------------------------- protected checks
@@ -397,7 +372,6 @@ def test_c27_an_env_file_never_reaches_the_checkpoint_or_the_patch(make_pipeline
     assert sorted(git(repo, "show", "--name-only", "--format=", run.branch).split()) == [".env.example", "src/app.py"]
 
 
-
 # ----------------------------------------------------------------------------- documentation and final verification
 
 
@@ -454,12 +428,6 @@ def test_a_later_stage_that_breaks_an_earlier_gate_fails_the_final_verification(
 
 
 # ----------------------------------------------------------------------------- human gates and rechecks
-
-
-def gated_run(make_pipeline, repo, sent, ops=None):
-    run = run_with(make_pipeline, repo, sent, ops or {"implement": [ANSWER_STEP]}, stages=stage(human_gate=True))
-    assert (run.status, run.stop_reason) == ("waiting_approval", "human_gate"), run.stop_message
-    return run
 
 
 def test_a_human_gate_waits_then_an_approval_checkpoints_once(make_pipeline, repo, sent):

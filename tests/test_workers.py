@@ -4,7 +4,7 @@ The fast tests build ``Worker`` rows and runs as fixture data (no process): who 
 which runs a worker holds (a run's lease owner joined with the worker's pool pids), what a queued
 run without a worker says, the beat thread riding out a database error, and the home page: each
 kind of run with its sentence and button, in a fixed number of queries. The slow ones start real
-``celery -A controlpanel worker`` processes (tests/test_run_records.py ``Solo``, on a queue of their
+``celery -A controlpanel worker`` processes (tests/support/workers.py ``Solo``, on a queue of their
 own, against the test database): the row appears, beats, holds a run, and is marked stopped by a
 clean shutdown; a ``kill -9`` leaves a row whose beat goes stale. The last one looks at the home
 page in headless Chromium 390 px wide (skipped without Chromium, as tests/browser/ is).
@@ -34,7 +34,8 @@ from engine import answers, operations, workers
 from engine.models import Attempt, Decision, Manifest, Run, Worker
 
 from .conftest import ANSWER_STEP, navigate_by, wait_for, wait_until
-from .test_run_records import QUICK, Solo
+from .support.workers import Solo
+from .support.runs import QUICK
 
 #: An implementer that waits (at most 60 s) until the test writes $CP_DATA_DIR/release.
 WAIT_FOR_RELEASE = {**ANSWER_STEP, "run": [
@@ -56,7 +57,7 @@ def worker_row(name="w1@h", host="h", pid=100, queues=None, beat_ago=1.0, stoppe
 @pytest.fixture(autouse=True)
 def _no_other_workers(request):
     """A fast test sees only the Worker rows it makes: rows the session's real workers wrote (tests/conftest.py
-    ``worker_pool``, tests/test_run_records.py ``Solo``) are deleted in the test's transaction, and come back
+    ``worker_pool``, tests/support/workers.py ``Solo``) are deleted in the test's transaction, and come back
     with its rollback."""
     marker = request.node.get_closest_marker("django_db")
     if marker is not None and not marker.kwargs.get("transaction"):

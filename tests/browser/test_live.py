@@ -45,7 +45,7 @@ def append(log: Path, text: str) -> None:
 
 def test_the_live_output_follows_its_end_keeps_a_reader_s_place_and_a_selection(open_tab, make_pipeline, repo,
                                                                                 django_user_model):
-    from ..test_run_page import live_attempt
+    from ..support.pages import live_attempt
 
     user(django_user_model, "admin", superuser=True)
     run = operations.create_run(make_pipeline(name="browser-tail"), str(repo), "main")
@@ -88,7 +88,7 @@ def test_a_person_typing_is_told_the_run_changed_and_an_ended_attempt_refreshes_
                                                                                         repo, django_user_model):
     from django.utils import timezone
 
-    from ..test_run_page import live_attempt
+    from ..support.pages import live_attempt
 
     user(django_user_model, "admin", superuser=True)
     pipeline = make_pipeline(name="browser-notice")
@@ -196,8 +196,8 @@ def test_killing_the_worker_turns_the_page_to_no_heartbeat(open_tab, route, make
                                                           settings, tmp_path):
     import uuid
 
-    from ..test_crash_recovery import Beat
-    from ..test_run_records import Solo
+    from ..support.workers import Beat
+    from ..support.workers import Solo
 
     stale, period = 3.0, 4.0
     settings.CP_HEARTBEAT_STALE = stale  # the live server's pages judge the heartbeat as the workers do

@@ -16,7 +16,7 @@ pytestmark = BROWSER_MARKS
 
 
 def _tampered_run(make_pipeline, repo, sent):
-    from ..test_steps import drive
+    from ..support.runs import drive
 
     cheat = {"write": {**ANSWER_STEP["write"], "tests/test_core.py": "def test_answer():\n    pass\n"}}
     pipeline = make_pipeline(name="browser-tamper", stages=stage(scope=["app/**", "tests/**"]),

@@ -20,7 +20,7 @@ from engine.agents.claude.adapter import find_executable
 from engine.models import Attempt, Run
 
 from ..conftest import PASS_REVIEW
-from ..test_steps import drive
+from ..support.runs import drive
 
 needs_claude = pytest.mark.skipif(find_executable("claude") is None,
                                   reason="run `make agents` to install the pinned claude CLI")

@@ -9,7 +9,8 @@ import pytest
 from engine.agents.codex.adapter import CodexAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
-from ..test_codex_adapter import CODEX, log_of, make_request
+from ..support.adapters import log_of
+from ..support.codex import CODEX, make_request
 
 needs_codex = pytest.mark.skipif(CODEX is None, reason="the pinned codex CLI is not installed: run `make agents`")
 pytestmark = [needs_codex, pytest.mark.slow]

@@ -12,7 +12,7 @@ from engine import machine, operations, runner
 from engine.models import Attempt, Check, Run
 
 from ..conftest import ANSWER_STEP, git, make_repo
-from ..test_steps import drive
+from ..support.runs import drive
 from .attacks import QUICK_STAGE
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,20 +13,11 @@ from django.conf import settings
 from engine import boundary, operations
 
 from ..conftest import ANSWER_STEP, PASS_REVIEW, make_repo
-from ..test_steps import drive
+from ..support.runs import drive
 from .attacks import QUICK_STAGE, claude_attack_pipeline, needs_claude, start_and_drive, tool_results
+from ..support.fixtures import WORKER_SECRETS
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-WORKER_SECRETS = {
-    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-    "GITHUB_TOKEN": "ghp_0123456789abcdefghijklmnopqrstuvwxyz",
-    "PGPASSWORD": "pg-password-of-the-worker",
-    "DATABASE_URL": "postgres://cp:db-password-of-the-worker@127.0.0.1:5432/controlpanel",
-    "CELERY_BROKER_URL": "redis://:broker-password@127.0.0.1:6379/0",
-    "DJANGO_SECRET_KEY": "django-secret-of-the-worker",
-    "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
-}
 
 
 @needs_claude

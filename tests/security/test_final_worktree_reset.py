@@ -18,7 +18,7 @@ from engine import operations
 from engine.models import Check
 
 from ..conftest import make_repo
-from ..test_steps import drive
+from ..support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

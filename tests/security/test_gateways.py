@@ -21,9 +21,9 @@ from engine.agents import executables, get_adapter
 from engine.models import Attempt, Pipeline, Run
 from engine.pipeline_format import PipelineFormatError, validate
 
-from ..test_gateway import request_for
+from ..support.adapters import request_for
 from .attacks import QUICK_STAGE, Listener, drive, needs_claude
-from .test_operator_lists import cli_definition
+from ..support.runs import cli_definition
 
 pytestmark = pytest.mark.django_db
 

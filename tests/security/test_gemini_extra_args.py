@@ -6,7 +6,7 @@ import pytest
 
 from engine.pipeline_format import PipelineFormatError, validate
 
-from ..test_pipeline_schema import full
+from ..support.runs import full
 
 
 @pytest.mark.parametrize("args", [["--skipTrust"], ["--skip_trust"], ["--adminPolicy", "allow.toml"],

@@ -13,7 +13,8 @@ import engine.scripted_endpoint as endpoint_module
 from engine.agents.gemini.adapter import GeminiCliAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
-from ..test_gemini_adapter import log_of, make_request, needs_gemini
+from ..support.gemini import make_request, needs_gemini
+from ..support.adapters import log_of
 
 MARKER = "MARKER-FROM-GEMINI-MD"
 

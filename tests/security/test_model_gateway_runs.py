@@ -21,7 +21,7 @@ from engine.agents import get_adapter
 from engine.models import Attempt
 from engine.scripted_endpoint import ScriptedEndpoint
 
-from ..test_steps import drive
+from ..support.runs import drive
 from .attacks import QUICK_STAGE, start_and_drive
 
 KEY = "sk-gw-7Hq2ZpX9mK4vR8sT1wY6nB3cD5fG0jL"
@@ -157,7 +157,7 @@ def test_a_model_asking_for_the_same_call_turn_after_turn_is_stopped_stalled(cli
 def test_the_spend_is_told_while_the_attempt_runs(tmp_path, gateway_listed):
     """The gateway's meter reaches the attempt's record while the CLI still works (``on_usage``, every
     2 s at most): the run's pages show the spend live, not only at the attempt's end."""
-    from ..test_gateway import request_for
+    from ..support.adapters import request_for
 
     claude = get_adapter("claude-code")
     if claude.check({"adapter": "claude-code"}, "implementer"):
@@ -234,7 +234,7 @@ def test_lines_forged_into_the_clis_output_stay_in_its_own_account_flagged(make_
 def test_a_capped_attempt_without_a_key_is_not_launched_on_an_unmetered_login(tmp_path, monkeypatch, adapter):
     """A cap cannot fail open: with spend caps and no key (the CLI would run on its own login, which the gateway
     cannot hold or meter), the attempt is not launched (``budget_reached``, naming the caps and the remedy)."""
-    from ..test_gateway import request_for
+    from ..support.adapters import request_for
 
     if get_adapter(adapter).check({"adapter": adapter}, "implementer"):
         pytest.skip(f"run `make agents` to install the pinned {adapter}")

@@ -24,7 +24,7 @@ from engine.agents.netproxy import EgressProxy
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from ..conftest import wait_for
-from ..test_steps import drive
+from ..support.runs import drive
 from .attacks import (QUICK_STAGE, Listener, answers_here, attempt_output, claude_attack_pipeline, needs_claude,
                       start_and_drive)
 

@@ -24,6 +24,7 @@ from engine.models import Pipeline, Run
 from engine.pipeline_format import PipelineFormatError, validate
 
 from ..conftest import pipeline_definition
+from ..support.runs import cli_definition
 
 pytestmark = pytest.mark.django_db
 
@@ -48,13 +49,6 @@ def worker_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     return home
-
-
-def cli_definition(executable: str, name="evil") -> dict:
-    doc = pipeline_definition(name=name)
-    doc["roles"] = {"implementer": "cli", "reviewer": None, "documenter": None}
-    doc["profiles"]["cli"] = {"adapter": "claude-code", "executable": executable}
-    return doc
 
 
 def test_the_web_editor_refuses_an_executable_the_operator_did_not_list(author, make_pipeline, tmp_path, worker_home):

@@ -19,8 +19,7 @@ from engine import operations
 from engine.models import Attempt
 
 from ..conftest import ANSWER_STEP
-from ..test_steps import drive
-from ..test_verification import PASS, run_with, stage
+from ..support.runs import PASS, drive, run_with, stage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

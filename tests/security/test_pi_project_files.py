@@ -23,7 +23,8 @@ from engine.agents.pi.adapter import PiAdapter
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from ..conftest import make_repo
-from ..test_pi_adapter import PI, log_of, make_request
+from ..support.pi import PI, make_request
+from ..support.adapters import log_of
 
 pytestmark = [pytest.mark.skipif(PI is None, reason="the pinned pi CLI is not installed: run `make agents`"),
               pytest.mark.slow]

@@ -14,9 +14,9 @@ from engine import environments, operations
 from engine.models import Check, Run
 
 from ..conftest import git
-from ..test_steps import drive
+from ..support.runs import drive
 from .attacks import claude_attack_pipeline, needs_claude, tool_results
-from .test_environment_and_files import WORKER_SECRETS
+from ..support.fixtures import WORKER_SECRETS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from django.conf import settings
 from engine import operations
 from engine.models import Check
 
-from ..test_steps import drive
+from ..support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from engine import operations
 from engine.models import Run
 
 from ..conftest import ANSWER_STEP
-from ..test_steps import drive
+from ..support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

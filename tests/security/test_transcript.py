@@ -20,7 +20,7 @@ from django.urls import reverse
 from engine.models import Attempt
 
 from ..conftest import ANSWER_STEP
-from ..test_verification import run_with
+from ..support.runs import run_with
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

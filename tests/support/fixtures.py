@@ -86,3 +86,22 @@ def claude_pipeline(make_pipeline):
                                                **profile_extra)},
             deadlines={"implement": deadline, "gate": 120})
     return factory
+
+
+def client_of(django_user_model, name: str, *codenames: str) -> APIClient:
+    user = django_user_model.objects.create_user(name, f"{name}@example.invalid", "pw-for-tests-only")
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="engine", codename__in=codenames))
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    return client
+
+
+WORKER_SECRETS = {
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "GITHUB_TOKEN": "ghp_0123456789abcdefghijklmnopqrstuvwxyz",
+    "PGPASSWORD": "pg-password-of-the-worker",
+    "DATABASE_URL": "postgres://cp:db-password-of-the-worker@127.0.0.1:5432/controlpanel",
+    "CELERY_BROKER_URL": "redis://:broker-password@127.0.0.1:6379/0",
+    "DJANGO_SECRET_KEY": "django-secret-of-the-worker",
+    "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
+}
