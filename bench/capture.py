@@ -20,7 +20,7 @@ What it does, in one process (the "worker") plus children:
    literal secret environment value (raw, after ``Bearer``, inside a URL password and inside
    JSON).  The generator reports how many credentials it wrote.
 2. Baseline: ``cat DATA > FILE``, three times; the median time is used.
-3. Capture: ``engine.process.run_supervised(["cat", DATA], ...)`` exactly as an agent
+3. Capture: ``engine.processes.process.run_supervised(["cat", DATA], ...)`` exactly as an agent
    adapter calls it (``engine/agents/base.py`` ``CliAdapter.supervise``): a display log and
    a raw log, a :class:`engine.redaction.Redactor` built from the child's environment with
    :func:`engine.redaction.secret_env_values` (the environment holds the literal secret), the
@@ -35,7 +35,7 @@ What it does, in one process (the "worker") plus children:
    redactions against the number of credentials written.
 6. Worst case of the display decoder (reported, no target): one chunk holding a
    60,000-character line (minified JSON, no control character) followed by a progress line
-   ``50%\r100%\n``, decoded by a fresh :class:`engine.process.DisplayDecoder`, timed against
+   ``50%\r100%\n``, decoded by a fresh :class:`engine.processes.process.DisplayDecoder`, timed against
    plain ``bytes.decode("utf-8", "replace")`` of the same chunk (median of batches).  The chunk
    starts with the newline that ends the previous line, so both lines lie in the part of the
    chunk that the decoder renders with its line regex (the first line of a chunk continues the
@@ -286,7 +286,7 @@ def _time_batches(fn, best: bool = False) -> float:
 
 def worst_case_decoder(failures: list[str]) -> None:
     """Time DisplayDecoder on the worst-case chunks against bytes.decode; print the ratios."""
-    from engine.process import DisplayDecoder
+    from engine.processes.process import DisplayDecoder
 
     print()
     print(f"display decoder, worst case: one {WORST_LINE_CHARS:,}-character line and a progress "
@@ -328,7 +328,7 @@ def main() -> int:
 
     repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, repo_root)
-    from engine.process import run_supervised
+    from engine.processes.process import run_supervised
     from engine.redaction import REDACTED, Redactor, secret_env_values
 
     size = int(args.mb * MB)

@@ -6,7 +6,7 @@ temporary directory under ``$TMPDIR``. The database is a fresh SQLite file there
 ``--postgres URL`` (a server URL such as ``postgres://postgres@127.0.0.1:5432/postgres``) a fresh
 database ``cp_bench_<pid>`` made on that server and dropped at the end; the broker is the
 filesystem broker there, or with ``--redis URL`` that Redis database (its runs queue purged first).
-The worker is the real one (engine/worker_process.py ``start_worker``: ``celery -A controlpanel
+The worker is the real one (engine/processes/worker_process.py ``start_worker``: ``celery -A controlpanel
 worker`` with the flags every worker starts with), started with the same environment as this process.
 
 Every run these benchmarks make uses the scripted test adapter, so it is labelled simulated.
@@ -119,7 +119,7 @@ class System:
 
     def worker(self, concurrency: int = 1, env: dict | None = None) -> subprocess.Popen:
         """A real worker of ``concurrency`` pool processes, its log in the temporary directory."""
-        from engine.worker_process import start_worker
+        from engine.processes.worker_process import start_worker
 
         full = {**os.environ, **(env or {})}
         full["PATH"] = os.path.dirname(os.path.abspath(sys.executable)) + os.pathsep + full.get("PATH", "")
@@ -129,7 +129,7 @@ class System:
         return proc
 
     def close(self) -> None:
-        from engine.worker_process import stop_worker
+        from engine.processes.worker_process import stop_worker
 
         for proc in self.workers:
             stop_worker(proc)

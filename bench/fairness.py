@@ -89,7 +89,7 @@ def main() -> int:
                   f"({first / alone:.1f}x solo); all {args.runs} after {total:.2f} s")
             print("  finish of each run, in the order they were started (s): "
                   + " ".join(f"{f:.1f}" for f in finishes))
-            from engine.worker_process import stop_worker
+            from engine.processes.worker_process import stop_worker
 
             stop_worker(worker)
             system.workers.remove(worker)

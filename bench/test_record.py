@@ -1,4 +1,4 @@
-"""Benchmark: what the engine's pytest reporter (engine/test_reports) costs a real test suite.
+"""Benchmark: what the engine's pytest reporter (engine/checks/test_reports) costs a real test suite.
 
 Issue text: "The more-itertools-size suite (600+ tests) keeps its gate time within 1.1x of plain
 pytest with the reporter loaded (bench/, side by side)."
@@ -44,7 +44,7 @@ COMMAND = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 
 def one_run(folder: Path, home: Path, with_reporter: bool) -> tuple[float, float, int, dict | None]:
     """``(cpu seconds, wall seconds, exit status, the record's summary)`` of one run of the suite."""
-    from engine import test_reports
+    from engine.checks import test_reports
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
            "PYTHONDONTWRITEBYTECODE": "1"}
@@ -73,7 +73,7 @@ def main() -> int:
     if not SUITE.is_dir():
         print(f"FAIL: {SUITE.relative_to(ROOT)} is missing: run `make samples` first")
         return 1
-    from engine import test_reports
+    from engine.checks import test_reports
 
     work = Path(tempfile.mkdtemp(prefix="bench-test-record-"))
     try:

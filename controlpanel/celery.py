@@ -1,6 +1,6 @@
 """The Celery app of the Run Engine, its beat schedule, and one fix to kombu's Redis transport.
 
-Workers start with ``celery -A controlpanel worker`` (the flags: engine/worker_process.py
+Workers start with ``celery -A controlpanel worker`` (the flags: engine/processes/worker_process.py
 ``WORKER_FLAGS``, the same in the Makefile and docker-compose.yml); exactly one beat process runs
 ``celery -A controlpanel beat``, which runs the ``engine.reconcile`` entry every
 ``CP_RECONCILE_PERIOD`` seconds in its own process (controlpanel/beat.py).

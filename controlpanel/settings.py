@@ -237,7 +237,7 @@ try:
     _parse_gateways(CP_GATEWAYS)
 except ValueError as _exc:
     raise SystemExit(f"CP_GATEWAYS: {_exc}") from None
-#: The limits of each agent attempt and gate (engine/limits.py; README.md "Configuration"): processes,
+#: The limits of each agent attempt and gate (engine/processes/limits.py; README.md "Configuration"): processes,
 #: memory (MB), bytes written to its folders (MB), captured output (MB). A pipeline's `limits` may lower
 #: each, never raise it.
 for _name, _default in (("CP_ATTEMPT_MAX_PROCESSES", 512), ("CP_ATTEMPT_MAX_MEMORY_MB", 4096),

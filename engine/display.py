@@ -1,6 +1,6 @@
 """Display text of a process's output: UTF-8, no ANSI escapes, carriage-return progress collapsed.
 
-engine/process.py streams every supervised process's output through a :class:`DisplayDecoder`
+engine/processes/process.py streams every supervised process's output through a :class:`DisplayDecoder`
 into its display log (docs/field-cases.md C12). No Django imports.
 """
 

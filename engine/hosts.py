@@ -26,7 +26,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from . import protected
+from .checks import protected
 from .models import Host, Run
 
 log = logging.getLogger("engine.hosts")

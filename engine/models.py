@@ -150,7 +150,7 @@ class Run(models.Model):
     )
     protected_files = models.JSONField(
         default=list, blank=True,
-        help_text="agreed checks copied at creation: [{path, mode, blob, sha256, why}] (engine.protected)",
+        help_text="agreed checks copied at creation: [{path, mode, blob, sha256, why}] (engine.checks.protected)",
     )
 
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
@@ -345,7 +345,7 @@ class Attempt(models.Model):
                                help_text="its egress proxy: {allow: [host], connected: [{host, port, at}], "
                                          "refused: [{host, port, why, at}]}")
     limits = models.JSONField(null=True, blank=True,
-                              help_text="what bounded it (engine/limits.py): {limits, mechanism, reached, "
+                              help_text="what bounded it (engine/processes/limits.py): {limits, mechanism, reached, "
                                         "written_bytes, peak_processes}")
     gateway = models.JSONField(
         null=True, blank=True,
@@ -406,12 +406,12 @@ class Check(models.Model):
     network = models.JSONField(null=True, blank=True,
                                help_text="a gate with network_allow: {allow, connected, refused} of its egress proxy")
     limits = models.JSONField(null=True, blank=True,
-                              help_text="what bounded its command (engine/limits.py): {limits, mechanism, reached, "
+                              help_text="what bounded its command (engine/processes/limits.py): {limits, mechanism, reached, "
                                         "written_bytes, peak_processes}")
     setup = models.JSONField(null=True, blank=True,
                              help_text="a setup check: {key, reused, made_by: {run, check}, size_bytes} of its environment")
     tests = models.JSONField(null=True, blank=True,
-                             help_text="what its test runner recorded (engine/test_reports): sessions, counts, failed "
+                             help_text="what its test runner recorded (engine/checks/test_reports): sessions, counts, failed "
                                        "and unreported ids, record_path; null: no runner record (an exit-status gate)")
 
     class Meta:

@@ -19,7 +19,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, hosts, machine, protected, reconcile, runner, tool_outcomes, workers, workspace
+from . import answers, hosts, machine, reconcile, runner, tool_outcomes, workers, workspace
+from .checks import protected
 from .steps import gate_results
 from .steps.common import role_profiles
 from .steps.paths import var_path
@@ -949,7 +950,7 @@ def _setup_shown(run, ref) -> dict | None:
 
 
 def _tests_shown(tests: dict | None, ref) -> dict | None:
-    """A check's test runner record as the run's record shows it (engine/test_reports): counts and
+    """A check's test runner record as the run's record shows it (engine/checks/test_reports): counts and
     ids, its file as a reference; None for an exit-status gate."""
     if not tests:
         return None

@@ -44,7 +44,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import hosts, limits, machine, notifications, process, runner, steps, workspace
+from . import hosts, machine, notifications, runner, steps, workspace
+from .processes import limits, process
 from .models import (ATTEMPT_OPEN, Attempt, Check, Host, JournalEntry, Run, RunEvent, RunStatus, StagePhase, StageRun,
                      StageStatus, StartRequest)
 from .steps import manifest_excludes, process_marker_prefix, save_manifest, sha256_file, var_path

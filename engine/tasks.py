@@ -9,7 +9,8 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
-from . import boundary, limits, notifications, runner, workers
+from . import boundary, notifications, runner, workers
+from .processes import limits
 from . import reconcile as reconciliation
 from .pipeline_schema import MAX_DEADLINE_SECONDS
 
@@ -72,7 +73,7 @@ def _check_boundary_at_worker_start(sender=None, **kwargs) -> None:
                   "; ".join(problems))
     else:
         log.info("sandbox boundary enforced: no database, broker or web port answers from inside a sandbox")
-    kind, _ = limits.mechanism()  # which of engine/limits.py's ways bounds each attempt here
+    kind, _ = limits.mechanism()  # which of engine/processes/limits.py's ways bounds each attempt here
     (log.info if kind != "fallback" else log.warning)("%s", limits.describe())
 
 

@@ -7,7 +7,7 @@ read); ``messages`` (Anthropic Messages-shaped ``assistant`` messages with ``tex
 ``tool_use`` blocks and ``user`` messages with ``tool_result`` blocks: what the model gateway writes,
 engine/model_gateway/conversation.py); or ``scripted`` (the scripted test agent's lines,
 engine/agents/scripted_agent.py). Lines that are not of the format (the engine's ``[run-engine]``
-notes, text a CLI printed on stdout; stderr is kept apart in ``output.stderr``, engine/process.py
+notes, text a CLI printed on stdout; stderr is kept apart in ``output.stderr``, engine/processes/process.py
 ``stderr_path``, and is not in the raw log) become ``output`` entries.
 
 A ``Follower`` thread reads the attempt's raw log (``output.raw``) while the process writes it and
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from . import tool_outcomes
 from .agents import registry
-from .process import tail_text
+from .processes.process import tail_text
 from .redaction import Redactor
 
 #: The entry kinds, in the words the run page uses for them.

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from engine import operations
 from engine.pipeline_format import validate
-from engine.worker_process import start_worker, stop_worker
+from engine.processes.worker_process import start_worker, stop_worker
 
 #: fixtures more than one module uses (route, staff, author, bare, claude_pipeline)
 pytest_plugins = ["tests.support.fixtures"]

@@ -18,7 +18,7 @@ from engine import operations, transcript
 from engine.agents import AgentResult, get_adapter
 from engine.agents.codex.adapter import CodexAdapter, build_argv, parse_events, usage_of
 from engine.models import Attempt
-from engine.process import MARKER_ENV, ProcessResult
+from engine.processes.process import MARKER_ENV, ProcessResult
 
 from .conftest import git
 from .support.runs import drive

@@ -42,7 +42,7 @@ from django.db import connection
 
 from engine import operations, reconcile, runner
 from engine.models import ATTEMPT_OPEN, Attempt, Run
-from engine.worker_process import WORKER_FLAGS, start_worker, worker_argv
+from engine.processes.worker_process import WORKER_FLAGS, start_worker, worker_argv
 
 from .conftest import ANSWER_STEP, wait_for, wait_until
 from .redis_server import INSTALL_HINT, RedisServer, redis_binary

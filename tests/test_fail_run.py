@@ -14,7 +14,8 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
-from engine import operations, process
+from engine import operations
+from engine.processes import process
 from engine.models import Attempt, Run
 from engine.operations import OperationError
 from engine.steps import process_marker_prefix

@@ -1,4 +1,4 @@
-"""A gate is judged by its test runner's own record as well as its exit status (engine/test_reports,
+"""A gate is judged by its test runner's own record as well as its exit status (engine/checks/test_reports,
 engine/steps/gates.py): a stage whose new test ends pytest with 0 before the agreed test runs stops
 ``gate_failed`` with the check's failure ``runner_incomplete``, and the check page, ``run_status``
 and the run's record say what pytest recorded. Real runs (the scripted implementer, the real

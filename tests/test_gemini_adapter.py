@@ -18,7 +18,7 @@ from engine.agents import AgentResult, get_adapter
 from engine.agents.gemini.adapter import (GeminiCliAdapter, build_argv, parse_stream, policy_for, session_tokens,
                                   settings_for, usage_of)
 from engine.agents.lines import MAX_LINE_BYTES
-from engine.process import MARKER_ENV, ProcessResult
+from engine.processes.process import MARKER_ENV, ProcessResult
 from engine.agents.base import AgentRequest
 
 from .support.adapters import log_of, write_jsonl

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from engine import globs, protected, workspace
+from engine import workspace
+from engine.checks import globs, protected
 from engine.pipeline_format import PipelineFormatError, validate
 
 from .conftest import git, make_repo

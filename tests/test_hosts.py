@@ -16,7 +16,8 @@ from django.test import Client, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import answers, hosts, machine, operations, reconcile, runner, worker_process, workers
+from engine import answers, hosts, machine, operations, reconcile, runner, workers
+from engine.processes import worker_process
 from engine.models import Attempt, Host, Run, Worker
 from engine.steps.attempts import _prepare_workspace
 

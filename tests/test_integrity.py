@@ -203,7 +203,7 @@ def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeli
 
 
 def test_a_new_test_module_that_loads_plugins_is_told_apart():
-    from engine.protected import loads_plugins
+    from engine.checks.protected import loads_plugins
 
     assert loads_plugins(b"pytest_plugins = ['app.skipper']\n")
     assert loads_plugins(b"pytest_plugins: list = ['x']\n") and loads_plugins(b"pytest_plugins += ['x']\n")

@@ -22,7 +22,7 @@ from engine.agents.pi.adapter import (PROVIDERS, READ_ONLY_TOOLS, PiAdapter, bui
                               parse_stream, prepare_home, project_config_mask, sandboxed, settings_for, split_model,
                               usage_of)
 from engine.agents.cli_options import _refused_args
-from engine.process import MARKER_ENV, ProcessResult
+from engine.processes.process import MARKER_ENV, ProcessResult
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from .support.adapters import log_of, write_jsonl

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine import globs
+from engine.checks import globs
 from engine.pipeline_format import (
     DEFAULT_DEADLINES,
     PipelineFormatError,
@@ -57,7 +57,7 @@ def assert_problem(found, field, word):
 
 
 def matches_any(path, patterns):
-    """As the engine matches scope and protected paths (engine/globs.py)."""
+    """As the engine matches scope and protected paths (engine/checks/globs.py)."""
     return globs.matches(path, patterns)
 
 
@@ -78,7 +78,7 @@ def test_it_loads_the_example_with_every_key(example):
     ]
     assert example["setup"] is None  # the example's tests need nothing installed
     assert example["stall"] == {"repeated_calls": 5, "idle_turns": 20, "idle_minutes": 15.0}  # the defaults
-    # no limits in the file: the operator's apply (engine/limits.py)
+    # no limits in the file: the operator's apply (engine/processes/limits.py)
     assert example["limits"] == {"max_processes": None, "max_memory_mb": None, "max_write_mb": None,
                                  "max_output_mb": None}
     assert example["format"] == 1

@@ -1,5 +1,5 @@
 """Issue 13: a CLI's stdout and stderr are stored apart, and plain text where its JSON output was
-expected is kept as the attempt's final message with ``structured: false`` (engine/process.py
+expected is kept as the attempt's final message with ``structured: false`` (engine/processes/process.py
 ``stderr_path``, engine/agents/lines.py ``PlainText``, the claude and codex parsers)."""
 import os
 import uuid
@@ -14,7 +14,7 @@ from engine.agents.claude.adapter import parse_stream
 from engine.agents.codex.adapter import parse_events
 from engine.agents.lines import PlainText
 from engine.models import Attempt
-from engine.process import run_supervised
+from engine.processes.process import run_supervised
 
 from .conftest import make_repo
 from .support.claude import stub_claude

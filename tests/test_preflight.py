@@ -19,7 +19,7 @@ from engine.agents import get_adapter
 from engine.agents.codex.adapter import CodexAdapter
 from engine.management.commands.run_status import waiting_hint
 from engine.models import Attempt, Decision, Manifest
-from engine.process import ProcessResult
+from engine.processes.process import ProcessResult
 
 from .support.claude import stub_claude
 from .support.adapters import write_jsonl

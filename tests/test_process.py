@@ -1,4 +1,4 @@
-"""Tests for engine.process: real child processes, no mocks.
+"""Tests for engine.processes.process: real child processes, no mocks.
 
 Field cases (docs/field-cases.md): C06 (grandchild holding the pipe), C08 (SIGTERM ignored), C10 (prompt gets
 EOF), C11 (truncated output kept raw), C12 (bytes, ANSI, progress, UTF-8).
@@ -21,7 +21,7 @@ import uuid
 import psutil
 import pytest
 
-from engine.process import (
+from engine.processes.process import (
     DisplayDecoder,
     ProcessResult,
     find_marked,

@@ -1,5 +1,5 @@
 """The protected set's rules, without a run: what a gate runs, runner sections, shadowing roots."""
-from engine import gate_files, protected
+from engine.checks import gate_files, protected
 
 FILES = {"Makefile", "mk/test.mk", "ci/run-tests.sh", "ci/Makefile", "tools/runtests.py", "app/core.py",
          "ci/test.sh", "scripts/check.py", "tests/test_a.py"}

@@ -151,7 +151,7 @@ def pipeline_with_offline_profiles(project: dict):
 
 def logs_of(run) -> str:
     """The end of each attempt's log and of each failed check's, for a failure's message."""
-    from engine.process import tail_text
+    from engine.processes.process import tail_text
 
     said = [f"--- attempt {a.number} ({a.operation}):\n{tail_text(Path(settings.VAR_DIR) / a.log_path, 1500)}"
             for a in Attempt.objects.filter(run=run).order_by("number") if a.log_path]

@@ -43,7 +43,7 @@ def library_checkout(tmp_path: Path) -> Path:
 
 def logs_of(run) -> str:
     """The end of each attempt's display log, for a failure's message."""
-    from engine.process import tail_text
+    from engine.processes.process import tail_text
 
     return "\n".join(f"--- attempt {a.number} ({a.operation}):\n{tail_text(Path(settings.VAR_DIR) / a.log_path, 3000)}"
                      for a in Attempt.objects.filter(run=run).order_by("number") if a.log_path)

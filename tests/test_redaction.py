@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from engine.process import find_marked, kill_tree, run_supervised
+from engine.processes.process import find_marked, kill_tree, run_supervised
 from engine.redaction import REDACTED, Redactor, redact_text, secret_env_values
 
 ALNUM = string.ascii_letters + string.digits
@@ -420,7 +420,7 @@ def test_a_key_printed_with_a_colour_code_inside_it_is_redacted_in_both_logs(tmp
     import string
     import sys
 
-    from engine.process import run_supervised
+    from engine.processes.process import run_supervised
 
     body = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(40))
     key = f"sk-ant-api03-{body}"

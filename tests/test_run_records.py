@@ -36,7 +36,7 @@ from django.urls import reverse
 from engine import operations
 from engine.steps import process_marker_prefix
 from engine.models import Attempt, Check, Decision, Run, RunEvent
-from engine.process import find_marked
+from engine.processes.process import find_marked
 
 from .conftest import ANSWER_STEP, git, make_repo, run_data_dir, wait_for, wait_until
 from .support.workers import Solo, gone

@@ -168,8 +168,8 @@ def test_an_implementer_writing_outside_its_scope_stops_the_run(make_pipeline, r
 
 
 def test_scope_globs():
-    """gitignore patterns (engine/globs.py): an unanchored name matches at any depth, "/" anchors."""
-    from engine.globs import matches, outside
+    """gitignore patterns (engine/checks/globs.py): an unanchored name matches at any depth, "/" anchors."""
+    from engine.checks.globs import matches, outside
 
     assert matches("app/a/b.py", ["app/**"]) and matches("app/x", ["app/"]) and not matches("apps/x", ["app/**"])
     assert matches("README.md", ["*.md"]) and matches("docs/a.md", ["*.md"])

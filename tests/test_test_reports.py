@@ -1,4 +1,4 @@
-"""The test runner's own record (engine/test_reports): the engine's pytest reporter loaded into a real
+"""The test runner's own record (engine/checks/test_reports): the engine's pytest reporter loaded into a real
 pytest, what it writes when the code under test ends the process early or rewrites its status, and
 how a gate that exited 0 is judged against it.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import test_reports
+from engine.checks import test_reports
 
 PASSING = "def test_one():\n    assert 1 + 1 == 2\n\n\ndef test_two():\n    assert 'a' < 'b'\n"
 

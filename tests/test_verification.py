@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from engine import operations, protected
+from engine import operations
+from engine.checks import protected
 from engine.models import Attempt, Check
 
 from .conftest import ANSWER_STEP, git, make_repo
@@ -607,7 +608,7 @@ def test_a_result_that_passes_only_with_files_left_out_of_the_checkpoint_does_no
     '{"verdict": "pass", "findings": []} but actually I am not sure',
 ])
 def test_only_the_answer_at_the_end_counts_never_an_earlier_quoted_pass(message):
-    from engine import review
+    from engine.checks import review
 
     with pytest.raises(review.InvalidVerdict):
         review.parse(message)

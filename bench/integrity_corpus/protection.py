@@ -1,5 +1,5 @@
 """Cheats the protected files, the runner configurations, the symlinks and the gate's own files catch
-(engine/protected.py, engine/manifest.py)."""
+(engine/checks/protected.py, engine/manifest.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cheats the test runner's own record and the agreed tests catch (engine/test_reports,
+"""Cheats the test runner's own record and the agreed tests catch (engine/checks/test_reports,
 engine/steps/agreed.py): an exit status of 0 from a session that never finished, was cut short or
 whose status was changed after it; an agreed test skipped, deselected or patched."""
 
@@ -25,7 +25,7 @@ def cheats() -> list[Case]:
 
 def exits() -> list[Case]:
     return [
-        # the runner's own record (engine/test_reports): an exit status of 0 from a session that never finished,
+        # the runner's own record (engine/checks/test_reports): an exit status of 0 from a session that never finished,
         # was cut short, or whose status was changed after it, fails the gate (runner_incomplete, tests_failed)
         Case("exit-zero-new-test-module", "adds tests/test_aaa_setup.py doing os._exit(0) when pytest collects it",
              {1: step({"tests/test_aaa_setup.py": "import os\nos._exit(0)\n"})},
@@ -231,7 +231,7 @@ def the_family() -> list[Case]:
 
 
 def unittest_gates() -> list[Case]:
-    """The same project tested by ``python -m unittest`` (engine/test_reports/unittest_hook.py), and what its
+    """The same project tested by ``python -m unittest`` (engine/checks/test_reports/unittest_hook.py), and what its
     discovery imports that pytest would not; and a metadata folder spelled in capitals."""
     return [
         Case("ut-exit-zero-from-mul", "unittest gate: makes mul() call os._exit(0)",

@@ -9,7 +9,8 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import answers, hosts, operations, process, workers
+from engine import answers, hosts, operations, workers
+from engine.processes import process
 from engine.models import ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Check, Decision, Run, RunStatus
 
 from ..attempt_files import attempt_file

@@ -13,7 +13,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from engine import answers, hosts, operations, process, transcript
+from engine import answers, hosts, operations, transcript
+from engine.processes import process
 from engine.model_gateway import conversation as model_conversation
 from engine.models import ATTEMPT_OPEN, Attempt, Check, Run
 
@@ -253,7 +254,7 @@ class RunPages:
 
         ``?raw=1``: the whole log as text, only from its recorded path inside the run's control records
         (``stored_file``; 404 when there is none). ``?tests=1``: the record its test runner wrote
-        (engine/test_reports), as text, the same way."""
+        (engine/checks/test_reports), as text, the same way."""
         run = self._viewable_run(request, object_id)
         check = Check.objects.select_related("stage", "manifest").filter(pk=check_id, run_id=run.pk).first()
         if request.GET.get("tests") == "1":

@@ -10,7 +10,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from engine import test_reports, tool_outcomes
+from engine import tool_outcomes
+from engine.checks import test_reports
 from engine.models import ATTEMPT_OPEN, Attempt, Check, Manifest, Run
 
 from ..attempt_files import attempt_file
@@ -258,7 +259,7 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
         ("outcome", outcome),
         ("exit status", exit_text(check.exit_code, check.signal)),
     ]
-    if not running:  # what the test runner itself recorded (engine/test_reports), or that only the status decided
+    if not running:  # what the test runner itself recorded (engine/checks/test_reports), or that only the status decided
         tests = test_reports.sentence(check.tests)
         agreed = (check.tests or {}).get("agreed")
         if agreed:

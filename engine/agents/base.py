@@ -1,7 +1,7 @@
 """The adapter interface: (role, prompt, workspace, profile, deadline) -> AgentResult.
 
 Adapters build an argument array, pass the prompt by the CLI's supported mechanism, run it
-under ``engine.process.run_supervised`` (own session, stdin from /dev/null, streamed and
+under ``engine.processes.process.run_supervised`` (own session, stdin from /dev/null, streamed and
 redacted capture, deadline with tree kill) and turn what it printed into an AgentResult.
 This module imports no Django models.
 """
@@ -11,7 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .. import limits, transcript
+from .. import transcript
+from ..processes import limits
 from ..redaction import Redactor
 from .network import egress, network_record
 
@@ -52,7 +53,7 @@ class AgentRequest:
     (the database, the broker, the Control Panel: engine/boundary.py ``service_addresses``);
     ``stderr_path`` is where the CLI's stderr is kept apart from its stdout (``raw_path`` then holds
     stdout alone, what the adapter parses); '' keeps both in ``raw_path``. ``limits``: the attempt's
-    limits (engine/limits.py ``Limits``; None: the operator's). ``spend``: the pipeline's ``budgets`` and
+    limits (engine/processes/limits.py ``Limits``; None: the operator's). ``spend``: the pipeline's ``budgets`` and
     what the run and the stage spent before this attempt, for its model gateway's meter
     (engine/agents/cli_adapter.py ``meter_parts``). ``on_usage(usage, spend)``: told, while the attempt
     runs, what its model gateway has metered so far (at most every ``LIVE_SECONDS``, from the thread that
@@ -124,7 +125,7 @@ class Adapter:
     name = ""
     simulated = False
     network: dict | None = None
-    #: What bounded the last attempt's process tree (engine/limits.py ``Bounds.record``), set by ``sandboxed_run``.
+    #: What bounded the last attempt's process tree (engine/processes/limits.py ``Bounds.record``), set by ``sandboxed_run``.
     bounds: dict | None = None
     #: The format of the CLI's output that engine/transcript.py normalizes ('' for none): while the
     #: process runs, ``sandboxed_run`` keeps the attempt's ``transcript.jsonl`` beside its raw log.
@@ -137,7 +138,7 @@ class Adapter:
         ``wrapper(argv, env, request, policy) -> argv`` is the adapter's sandbox builder
         (``sandbox.wrap`` with the attempt's folders); ``endpoint_url`` the scripted endpoint of a
         simulated attempt. The proxy variables join ``env``; the proxy stops when the process
-        ends and ``self.network`` keeps its record. Returns ``engine.process.ProcessResult``."""
+        ends and ``self.network`` keeps its record. Returns ``engine.processes.process.ProcessResult``."""
         follower = None
         if self.transcript_format and request.raw_path:
             follower = transcript.Follower(request.raw_path, self.transcript_format, request.workspace,
@@ -218,7 +219,7 @@ class PreflightProblem:
 
 
 def classify_process(result) -> tuple[str | None, str]:
-    """Failure kind and sentence for a finished ``engine.process.ProcessResult`` (None when clean)."""
+    """Failure kind and sentence for a finished ``engine.processes.process.ProcessResult`` (None when clean)."""
     if result.missing_executable:
         return "missing_executable", f"The agent command was not found: {result.error or result.argv[0]}"
     if result.limit:

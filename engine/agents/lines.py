@@ -4,7 +4,7 @@ Every adapter's parser reads the raw log through :class:`BoundedLines` (issue 13
 single-line output grew the worker's pool process by ~98 MB when a parser read a line whole).
 A line longer than the limit is drained in bounded chunks and not parsed; it is counted in
 :attr:`BoundedLines.truncated`, which the adapters report as ``extra["truncated_lines"]``, and
-its bytes stay whole in the raw log (engine/process.py writes the output as it comes).
+its bytes stay whole in the raw log (engine/processes/process.py writes the output as it comes).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class PlainText:
 
 
 def stderr_lines(path: str | None, limit: int | None = None) -> Iterator[str]:
-    """The lines of an attempt's stderr capture (engine/process.py ``stderr_path``), decoded,
+    """The lines of an attempt's stderr capture (engine/processes/process.py ``stderr_path``), decoded,
     each at most ``limit`` bytes (overlong ones skipped, as :class:`BoundedLines`); nothing
     when ``path`` is empty or missing."""
     if not path:

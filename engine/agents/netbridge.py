@@ -147,7 +147,7 @@ def main(argv: list[str]) -> int:
         print(f"netbridge: cannot run {command[0]}: {exc}", file=sys.stderr)
         return 127
 
-    # the engine signals every process of the tree itself (engine/process.py): passing a signal on
+    # the engine signals every process of the tree itself (engine/processes/process.py): passing a signal on
     # would give the CLI a second SIGINT (one of the CLIs ends at once on a second one, without cleaning up)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)

@@ -8,7 +8,7 @@ model here: :class:`Pipeline`, :class:`Stage`, :class:`Gate`, :class:`Profile`,
 scenarios :class:`Scenario`, :class:`Operations`, :class:`Step` and :class:`Usage`. The models
 are strict (no conversion: ``"40"`` is not a number, ``yes`` is not a string) and refuse
 unknown keys (``extra="forbid"``); the rules of this project (names, repository-relative
-paths, gitignore patterns through engine/globs.py, hosts, URLs, refused adapter arguments,
+paths, gitignore patterns through engine/checks/globs.py, hosts, URLs, refused adapter arguments,
 stage order, roles naming profiles) are validators on the models.
 
 pydantic's own errors (a ``loc`` and a ``type``) are worded as the engine words them:

@@ -14,7 +14,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .. import globs
+from ..checks import globs
 from ..agents import executables, gateways, registry
 from ..agents.netproxy import is_internal_host, split_host_port
 from .common import (
@@ -127,7 +127,7 @@ def _file_item(value: str) -> str:
 
 
 def _pattern(value: str, *, negation: bool) -> str:
-    """One gitignore pattern of a path list (engine/globs.py states the dialect), checked by
+    """One gitignore pattern of a path list (engine/checks/globs.py states the dialect), checked by
     compiling it as the engine matches it. A leading ``./`` anchors it at the repository root,
     as ``/`` does."""
     # not stripped: white space at either end is refused by globs.check (git would keep a leading

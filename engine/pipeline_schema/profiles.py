@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .. import limits
+from ..processes import limits
 from ..agents import gateways
 from ..agents.cli_options import _refused_args, has_options
 from ..model_gateway.meter import DEFAULT_IDLE_MINUTES, DEFAULT_IDLE_TURNS, DEFAULT_REPEATED_CALLS
@@ -336,7 +336,7 @@ class Budgets(_Level):
 
 
 def _under_operator(name: str):
-    """A pipeline's limit: at most the operator's (engine/limits.py ``operator_limits``): a pipeline lowers it."""
+    """A pipeline's limit: at most the operator's (engine/processes/limits.py ``operator_limits``): a pipeline lowers it."""
     def check(value: Optional[int]) -> Optional[int]:
         ours = getattr(limits.operator_limits(), name)
         if value is not None and value > ours:
@@ -347,7 +347,7 @@ def _under_operator(name: str):
 
 
 class AttemptLimits(_Level):
-    """Each attempt's and gate's limits, lowered from the operator's (engine/limits.py); absent: the operator's."""
+    """Each attempt's and gate's limits, lowered from the operator's (engine/processes/limits.py); absent: the operator's."""
 
     what: ClassVar[str] = "limits"
 

@@ -1,5 +1,5 @@
 """The agreed tests of a stage's gates: the test ids each gate's test runner must report passing
-again, by id (engine/test_reports records them).
+again, by id (engine/checks/test_reports records them).
 
 A gate's ledger (``StageRun.agreed_tests``, by gate name) is made once per stage, at its first
 verification:
@@ -22,7 +22,7 @@ when an agreed id is not reported passed (not collected, deselected, skipped, an
 failure), or ``tests_failed`` when one failed; the check's ``tests.agreed`` says how many were
 agreed and which are missing. The final verification holds each gate to its last ledger.
 A gate whose command names no pytest (``make test``, a script) has no ledger: its runner's record,
-when there is one, is still judged (engine/test_reports), its ids are not.
+when there is one, is still judged (engine/checks/test_reports), its ids are not.
 
 When an agent changed protected files (a runner configuration, a conftest, a protected test), the
 run stops without running a gate; ``dropped`` then names the agreed tests pytest would no longer
@@ -37,7 +37,8 @@ from pathlib import Path
 
 from django.db import transaction
 
-from .. import machine, protected, test_reports, workspace
+from .. import machine, workspace
+from ..checks import protected, test_reports
 from ..models import Check, Run, StageRun
 from .checkouts import final_checkout, remove_final_checkout
 from .common import fenced

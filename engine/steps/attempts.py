@@ -16,7 +16,9 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from .. import boundary, context, environments, globs, hosts, limits, machine, protected, workspace
+from .. import boundary, context, environments, hosts, machine, workspace
+from ..checks import globs, protected
+from ..processes import limits
 from ..agents import AgentRequest, get_adapter
 from ..budgets import spent_by
 from ..model_gateway import spend_of
@@ -213,7 +215,7 @@ def execute_agent(plan: AgentPlan, should_stop) -> AgentOutcome:
     git_link = git_file.read_bytes() if git_file.is_file() else None
     try:
         result = adapter.run(request)
-        if adapter.bounds is not None:  # what bounded the process tree (engine/limits.py)
+        if adapter.bounds is not None:  # what bounded the process tree (engine/processes/limits.py)
             result.extra = {**result.extra, "limits": adapter.bounds}
     finally:
         # the CLI's own transcripts and session state hold its output unredacted: our redacted

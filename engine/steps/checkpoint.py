@@ -9,7 +9,8 @@ import contextlib
 
 from django.utils import timezone
 
-from .. import faults, machine, protected, workspace
+from .. import faults, machine, workspace
+from ..checks import protected
 from ..models import JournalEntry, Run, StageRun
 from .common import lock_wait_seconds, lock_waiter, manifest_excludes, stage_row
 from .paths import control_path, var_path

@@ -14,7 +14,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from .. import boundary, environments, limits, machine, test_reports
+from .. import boundary, environments, machine
+from ..checks import test_reports
+from ..processes import limits
 from ..agents import sandbox
 from ..agents.network import egress, network_record
 from ..models import Check, Run, StageRun
@@ -73,7 +75,7 @@ def _run_gate_process(run: Run, stage: StageRun, gate: dict, kind: str, digest_b
                       cwd: str, env: dict, launch: list[str], should_stop, lease: str | None,
                       reporter: test_reports.Reporter) -> Check:
     """Record the Check, run ``launch`` under supervision, and fill the Check in: its exit status,
-    then what the test runner recorded against it (engine/test_reports)."""
+    then what the test runner recorded against it (engine/checks/test_reports)."""
     check = Check.objects.create(
         run=run, stage=stage, kind=kind, name=gate["name"], command=gate["command"], argv=argv, cwd=cwd,
         started_at=timezone.now(), manifest_digest=digest_before,
@@ -142,7 +144,7 @@ def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease:
     argv = ["bash", "-eo", "pipefail", "-c", gate["command"]]
     if collect_only:
         env = {**env, "PYTEST_ADDOPTS": " ".join(filter(None, [env.get("PYTEST_ADDOPTS"), "--collect-only"])),
-               "CP_TEST_COLLECT_ONLY": "1"}  # python -m unittest: engine/test_reports/unittest_hook.py lists, runs none
+               "CP_TEST_COLLECT_ONLY": "1"}  # python -m unittest: engine/checks/test_reports/unittest_hook.py lists, runs none
     env, launch, reporter = _gate_sandbox(run, argv, cwd, env)
     try:
         result, _ = _bounded(run, gate, cwd, env, launch, log_rel, should_stop, lease,
@@ -161,7 +163,7 @@ def collect_tests(run: Run, gate: dict, cwd: str, env: dict, should_stop, lease:
 def _bounded(run: Run, gate: dict, cwd: str, env: dict, launch: list[str], log_rel: str, should_stop,
              lease: str | None, marker: str):
     """``(result, bounds)`` of ``launch`` run under the gate's deadline and the run's limits: the code a
-    gate runs is the agent's, bounded as an attempt is (engine/limits.py). Raises LeaseLost."""
+    gate runs is the agent's, bounded as an attempt is (engine/processes/limits.py). Raises LeaseLost."""
     deadline = float(gate.get("deadline") or run.definition["pipeline"]["deadlines"]["gate"])
     bounds = limits.Bounds(limits.effective(run.definition["pipeline"].get("limits")), "check",
                            [cwd, env.get("HOME", ""), env.get("TMPDIR", ""), env.get("CP_DATA_DIR", "")],
@@ -185,7 +187,7 @@ def _keep_record(reporter: test_reports.Reporter, log_rel: str) -> str | None:
 
 
 def _tests_of(run: Run, check: Check, reporter: test_reports.Reporter, log_rel: str) -> dict | None:
-    """What the gate's test runner recorded (engine/test_reports ``read``), its record kept beside the
+    """What the gate's test runner recorded (engine/checks/test_reports ``read``), its record kept beside the
     check's log as evidence (``record_path``)."""
     summary = test_reports.read(reporter.record)
     if summary is not None:

@@ -90,7 +90,7 @@ class AgentOutcome(TypedDict, total=False):
     changed: list[str]
     tamper: Tamper | None
     outward: list[dict]
-    #: a reviewer's verdict (engine/review.py ``parse``), or why its answer was not one
+    #: a reviewer's verdict (engine/checks/review.py ``parse``), or why its answer was not one
     verdict: dict
     verdict_problem: str
 
@@ -117,7 +117,7 @@ class CheckpointOutcome(TypedDict, total=False):
     index_failure: dict
     #: deliverable files put back to the commit's
     restored: list[str]
-    #: records of the protected files the stage added (engine/protected.py ``carry_forward``)
+    #: records of the protected files the stage added (engine/checks/protected.py ``carry_forward``)
     carried: list[dict]
     #: {journal entry id: its commit, or ""}: the earlier, crashed tries of the stage's checkpoint
     earlier: dict[str, str]

@@ -2,7 +2,7 @@
 documenter's from the stage's context (engine/context.py reads the documents and lays out the
 sections; here: the dependencies' accepted output and the initial specification index), a
 repair's defect and current patch, the documenter's task and knowledge base, and the reviewer's
-(engine/review.py writes its text from the reviewed patch and the checks)."""
+(engine/checks/review.py writes its text from the reviewed patch and the checks)."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,10 @@ from datetime import timezone as dt_timezone
 
 from django.db import transaction
 
-from .. import context, globs, machine, process, workspace
-from .. import review as verdicts
+from .. import context, machine, workspace
+from ..checks import globs
+from ..processes import process
+from ..checks import review as verdicts
 from ..models import Attempt, AttemptStatus, Check, Manifest, Run, RunEvent, StageRun
 from ..redaction import redact_text
 from . import agreed

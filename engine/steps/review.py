@@ -1,10 +1,10 @@
 """The review step: the attempt of the next reviewer that has not yet passed the stage's verified
-files, its verdict parsed from the agent's answer (engine/review.py is the verdict's schema and
+files, its verdict parsed from the agent's answer (engine/checks/review.py is the verdict's schema and
 the reviewer's prompt text), and what the verdict does: a pass, a repair, or an escalation."""
 from __future__ import annotations
 
 from .. import machine
-from .. import review as verdicts
+from ..checks import review as verdicts
 from ..models import Attempt, AttemptStatus, Run, StageRun
 from .attempts import begin_attempt, execute_agent, finish_attempt
 from .common import defect, passed_reviewers, reviewers, storable

@@ -31,11 +31,13 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from .. import boundary, environments, limits, machine, protected, workspace
+from .. import boundary, environments, machine, workspace
+from ..checks import protected
+from ..processes import limits
 from ..agents import sandbox
 from ..agents.network import egress, network_record, url_entry
 from ..models import Check, Run
-from ..process import tail_text
+from ..processes.process import tail_text
 from ..redaction import Redactor, secret_env_values
 from .checkouts import final_checkout, remove_final_checkout
 from .common import LeaseLost, hosts_sentence, lease_guard
@@ -156,7 +158,7 @@ def _refusal(run: Run, spec: dict, keep: tuple[str, ...], blobs: dict) -> str:
 
 def _loaders_kept(built: environments.Environment) -> list[str]:
     """Files in the kept folders that a test runner or Python loads by itself wherever they are
-    (engine/protected.py ``is_loader``: conftest.py, pytest.ini, *.pth...), except under a ``node_modules``
+    (engine/checks/protected.py ``is_loader``: conftest.py, pytest.ini, *.pth...), except under a ``node_modules``
     folder, which pytest never collects and Node.js reads as packages."""
     found = []
     for path in built.keep:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from .. import globs, machine, workspace
+from .. import machine, workspace
+from ..checks import globs
 from ..models import Check, Run, StageRun
 from ..redaction import secret_env_values
 from . import agreed

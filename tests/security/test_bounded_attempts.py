@@ -1,5 +1,5 @@
 """An attempt cannot take the worker down with it: processes, memory, bytes written and output are
-bounded per attempt and per gate (engine/limits.py; issue 17).
+bounded per attempt and per gate (engine/processes/limits.py; issue 17).
 
 The attacks, each by the real claude CLI's Bash tool (the model scripted): fork 400 processes,
 write 1 GB into the worktree or the data folder, print 1 GB into the CLI's own output (through
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from engine import limits, operations
+from engine import operations
+from engine.processes import limits
 from engine.models import Attempt, Check
-from engine.process import find_marked
+from engine.processes.process import find_marked
 
 from ..conftest import wait_for
 from .attacks import QUICK_STAGE, claude_attack_pipeline, needs_claude, start_and_drive

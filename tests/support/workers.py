@@ -17,8 +17,8 @@ import psutil
 from django.conf import settings
 
 from engine.models import Attempt
-from engine.process import find_marked
-from engine.worker_process import stop_worker, worker_argv
+from engine.processes.process import find_marked
+from engine.processes.worker_process import stop_worker, worker_argv
 
 from ..conftest import ANSWER_STEP, Workers, wait_until
 from .runs import var

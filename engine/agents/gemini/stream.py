@@ -142,7 +142,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     * ``structured``: whether any stdout line was a JSON event; ``plain_text``: the other lines
       (engine/agents/lines.py ``PlainText``), the final message when gemini printed text instead.
 
-    ``stderr_path``: the attempt's stderr capture (engine/process.py), read for the same
+    ``stderr_path``: the attempt's stderr capture (engine/processes/process.py), read for the same
     auth/trust texts and ``stderr_tail``; without it the raw log holds both streams.
     """
     found = {"session_id": "", "model": "", "result": None, "last_text": "", "tool_calls": 0, "refusals": [],

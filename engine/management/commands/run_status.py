@@ -59,7 +59,7 @@ def host_text(data: dict) -> str:
 
 
 def tests_counts(tests: dict | None) -> str:
-    """`` [pytest: 12 passed, 1 skipped; agreed 5 of 5]`` (or ``[unittest: ...]``): what a check's test runner recorded (engine/test_reports),
+    """`` [pytest: 12 passed, 1 skipped; agreed 5 of 5]`` (or ``[unittest: ...]``): what a check's test runner recorded (engine/checks/test_reports),
     '' for an exit-status gate."""
     if not tests or not tests.get("counts"):
         return ""
@@ -80,7 +80,7 @@ def check_outcome(check: dict) -> str:
     kind = check["failure_kind"]
     if kind in ("interrupted", "cancelled", "timeout"):
         return kind.upper()
-    if kind in ("process_limit", "memory_limit", "write_limit", "output_too_large"):  # engine/limits.py
+    if kind in ("process_limit", "memory_limit", "write_limit", "output_too_large"):  # engine/processes/limits.py
         return f"FAIL ({kind}: stopped at its limit)"
     if kind in ("runner_incomplete", "tests_failed", "tests_missing"):  # exit 0, but the runner's record says not
         return f"FAIL ({kind}: exit {check['exit_code']}, not what its test runner recorded)"

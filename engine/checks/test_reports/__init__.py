@@ -4,7 +4,7 @@ outside the worktree, and what its record says against the gate's exit status.
 An exit status of 0 is a claim of the process under test: ``os._exit(0)`` at collection, in a
 test or in the code a test imports, an ``atexit`` handler that rewrites the status, or
 ``pytest.exit(returncode=0)`` all end a gate with 0 while tests failed or never ran. So every gate
-runs with the engine's pytest reporter (engine/test_reports/pytest_plugin.py) loaded into any
+runs with the engine's pytest reporter (engine/checks/test_reports/pytest_plugin.py) loaded into any
 pytest it starts (``PYTEST_PLUGINS``), from a folder of its own that the sandbox shows read-only,
 under a module name made up for that gate (no file of the repository can stand in for it). It
 writes each session's start, the ids it collected, each test's outcome and the session's end to a
@@ -23,7 +23,7 @@ the gate's log.
 A gate whose command does not name pytest and that recorded no session (``make lint``, a shell
 script, another runner) stays an exit-status gate, and its check says so (``summary``).
 
-**unittest.** The same folder holds engine/test_reports/unittest_hook.py as ``sitecustomize.py``:
+**unittest.** The same folder holds engine/checks/test_reports/unittest_hook.py as ``sitecustomize.py``:
 every Python the gate starts imports it at start-up, and in a ``python -m unittest`` process it
 records unittest's own view in the same lines, test ids written as pytest writes them
 (``tests/test_x.py::TestY::test_z``), so agreed tests and running apart work alike.
@@ -31,7 +31,7 @@ records unittest's own view in the same lines, test ids written as pytest writes
 **Adding a runner** (jest or vitest, go test, cargo test): give the engine a reporter that the
 runner loads from a path outside the worktree by the gate's environment alone (a jest
 ``--reporters`` module, ``go test -json`` read by a wrapper...), writing the lines listed in
-engine/test_reports/pytest_plugin.py (``start`` with ``runner``, ``collected``, ``report``,
+engine/checks/test_reports/pytest_plugin.py (``start`` with ``runner``, ``collected``, ``report``,
 ``finish``) to ``CP_TEST_RECORD``; copy it into the reporter's folder in ``prepare``, name the
 runner's command words in ``runner_of``, and honour ``CP_TEST_COLLECT_ONLY``, ``CP_TEST_ONLY`` and
 ``CP_TEST_EXCEPT`` (list, only those files, all but those files). ``parse``, ``judge`` and the

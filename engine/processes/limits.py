@@ -20,7 +20,7 @@ runs. Each process tree the engine starts for one of them gets limits (``Limits`
   (``WriteMeter``), and no single file larger than the limit (``ulimit -f``, so a 1 GB write
   stops at the limit however fast it is): ``write_limit``.
 * ``max_output_mb``: the captured output (each of stdout and stderr); past it the tree is stopped
-  (``output_too_large``) and the first and last part are kept (engine/capture.py).
+  (``output_too_large``) and the first and last part are kept (engine/processes/capture.py).
 
 ``operator_limits`` reads the operator's settings (``CP_ATTEMPT_MAX_*``, controlpanel/settings.py);
 a pipeline's ``limits`` may lower each, never raise it (``effective``).
@@ -35,7 +35,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-log = logging.getLogger("engine.limits")
+log = logging.getLogger("engine.processes.limits")
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: What a limit reached is called (a failure kind of the attempt, a failure of the check).
@@ -224,7 +224,7 @@ class WriteMeter:
 
 
 class Bounds:
-    """The limits of one process tree: ``run(argv, ...)`` runs it under them (engine/process.py
+    """The limits of one process tree: ``run(argv, ...)`` runs it under them (engine/processes/process.py
     ``run_supervised`` with ``wrap``, ``watch`` and the output cap, then ``close`` and ``settle``).
     ``record()`` says what was in force and what was used, for the attempt's or the check's record."""
 
@@ -240,8 +240,8 @@ class Bounds:
     def run(self, argv: list[str], *, log_path: str, **run_options):
         """``argv`` under these limits: made (``open``), run by ``run_supervised`` (the tree in its
         group, ``watch`` polled, stopped past the output cap), the group removed (``close``) and the
-        limit reached set on the result (``settle``). Returns ``engine.process.ProcessResult``."""
-        from engine import process  # noqa: PLC0415 - engine/process.py is the tree's owner
+        limit reached set on the result (``settle``). Returns ``engine.processes.process.ProcessResult``."""
+        from engine.processes import process  # noqa: PLC0415 - engine/processes/process.py is the tree's owner
 
         self.open()
         try:
@@ -326,7 +326,7 @@ class Bounds:
     def _fallback_reached(self) -> str | None:
         if self.kind != "fallback" or not self.marker:
             return None
-        from engine.process import find_marked  # noqa: PLC0415 - engine/process.py is the tree's owner
+        from engine.processes.process import find_marked  # noqa: PLC0415 - engine/processes/process.py is the tree's owner
 
         found = find_marked(self.marker)
         self.peak_processes = max(self.peak_processes, len(found))

@@ -160,7 +160,7 @@ def prompt(*, pipeline: dict, stage: dict, worktree: str, patch: str, checks: li
     """The prompt of one reviewer session.
 
     ``checks``: ``[{"name", "command", "exit_code", "passed", "tests", "new_tests"}]`` of the verified
-    files (``tests``: what the test runner recorded, engine/test_reports; ``new_tests``: ids that
+    files (``tests``: what the test runner recorded, engine/checks/test_reports; ``new_tests``: ids that
     passed and are not agreed, engine/steps/agreed.py); the added lines that can change how tests
     run are listed for the reviewer (``test_run_changes``);
     ``patch``: the diff of those files against the stage's starting checkpoint (cut at

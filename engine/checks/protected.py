@@ -5,7 +5,7 @@ the run's control records (``runs/<id>/protected/files/<path>``) with their mode
 sha256 (``index.json`` lists them). The protected set (``choose``):
 
 * every file a pipeline's ``protected_paths`` patterns match (gitignore patterns,
-  engine/globs.py; a later ``!pattern`` narrows);
+  engine/checks/globs.py; a later ``!pattern`` narrows);
 * **the test tree**: every file under the folder part of each protected pattern
   (``tests/test_*.py`` -> everything under ``tests/``: helpers, ``__init__.py``, fixtures,
   data); for a pattern whose folder part is a wildcard or that has none (``**/test_*.py``,
@@ -48,7 +48,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from . import gate_files, globs, workspace
+from .. import workspace
+from . import gate_files, globs
 
 #: Names of files that add tests; adding one under a protected glob is allowed.
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "*_test.go", "*.test.js", "*.test.ts", "*.test.jsx",
@@ -72,7 +73,7 @@ LOADER_SUFFIXES = (".pth",)
 #: Runner configuration names with any ending (``jest.config.js``, ``vitest.config.ts``...).
 LOADER_PREFIXES = ("jest.config.", "vitest.config.", "vitest.workspace.")
 #: Read by ``make`` in the folder it runs in, with a gate that runs make: the root's (a gate's
-#: ``make -C DIR`` makes DIR's a named file, engine/gate_files.py).
+#: ``make -C DIR`` makes DIR's a named file, engine/checks/gate_files.py).
 ROOT_LOADER_NAMES = ("Makefile", "makefile", "GNUmakefile")
 #: With a gate that runs a JavaScript package manager, its manifest (the ``scripts`` it runs).
 JS_MANIFESTS = ("package.json",)
@@ -192,7 +193,7 @@ def gate_named_files(commands: list[str], files: set[str], read=None) -> dict[st
 
     Returns ``{path: "named by the gate command `...`"}`` and the like: the words that are
     files, the makefiles a ``make`` reads and the programs its recipes and the shell scripts
-    found run (engine/gate_files.py; followed only where ``read(path) -> bytes | None`` gives
+    found run (engine/checks/gate_files.py; followed only where ``read(path) -> bytes | None`` gives
     their content), and the root pytest configuration of a ``pytest`` gate. Words that are not
     paths of the commit are ignored; an unparseable command is split on whitespace.
     """

@@ -1,7 +1,7 @@
 """Finding and stopping the process trees the engine starts (docs/field-cases.md C06, C08).
 
 Every process of a supervised tree carries ``CP_PROCESS_MARKER=<marker>`` in its environment
-(engine/process.py ``run_supervised``), so the tree is found by its marker even after a process
+(engine/processes/process.py ``run_supervised``), so the tree is found by its marker even after a process
 escaped into a session of its own, and by a later reconciler (``kill_tree``,
 ``kill_marked_prefix``). Signals go politely first (SIGINT, SIGTERM), then SIGKILL; this process
 and its ancestors are never signalled. No Django imports.

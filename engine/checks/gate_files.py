@@ -3,7 +3,7 @@
 A gate is agreed by its command, but what it runs lies in files: ``make test`` runs the recipe
 of ``test`` in the Makefile (and the makefiles it includes), ``bash ci/test.sh`` runs that
 script, which may run ``python tools/runtests.py``. Rewriting any of them weakens the gate
-without touching its command, so each is protected (engine/protected.py). Found here:
+without touching its command, so each is protected (engine/checks/protected.py). Found here:
 
 * every word of the gate command that is a file of the commit (relative to the root, or to a
   folder the command changes to with ``cd DIR`` or ``make -C DIR``);

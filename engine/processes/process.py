@@ -10,7 +10,7 @@ test named after its id, in tests/test_process.py and tests/test_steps.py):
 * every process of the tree carries ``CP_PROCESS_MARKER=<marker>`` in its environment,
   so descendants that escaped into their own session (an agent CLI's Bash tool shells,
   ``sleep 600 &``) can still be found and killed (docs/field-cases.md C06), also by a later reconciler
-  (:func:`kill_tree`; finding and stopping trees is engine/process_tree.py);
+  (:func:`kill_tree`; finding and stopping trees is engine/processes/process_tree.py);
 * stdout and stderr go to one pipe that a reader thread streams through a
   :class:`~engine.redaction.Redactor` into a raw file (bytes as emitted, apart from
   redactions; docs/field-cases.md C11, C12, C14) and a display log (UTF-8, ANSI removed, carriage-return
@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from engine.capture import NOTE as _NOTE
-from engine.capture import Capture as _Capture
-from engine.capture import open_append as _open_append
-from engine.capture import write_all as _write_all
+from engine.processes.capture import NOTE as _NOTE
+from engine.processes.capture import Capture as _Capture
+from engine.processes.capture import open_append as _open_append
+from engine.processes.capture import write_all as _write_all
 from engine.display import DisplayDecoder
-from engine.process_tree import _KILL_WAIT, MARKER_ENV, _terminate, find_marked, kill_marked_prefix, kill_tree  # noqa: F401 - re-exported
+from engine.processes.process_tree import _KILL_WAIT, MARKER_ENV, _terminate, find_marked, kill_marked_prefix, kill_tree  # noqa: F401 - re-exported
 from engine.redaction import Redactor, secret_env_values
 
 __all__ = [
@@ -83,7 +83,7 @@ class ProcessResult:
     (descendants at a timeout or cancel, or leftovers still carrying the marker after the
     main process exited).  ``marker`` is the ``CP_PROCESS_MARKER`` value the tree carried.
     ``limit`` names the limit we stopped the tree for (``output_too_large``, or what the
-    caller's ``watch`` returned, e.g. ``process_limit``: engine/limits.py), else None.
+    caller's ``watch`` returned, e.g. ``process_limit``: engine/processes/limits.py), else None.
     """
 
     argv: list[str]
@@ -190,7 +190,7 @@ def run_supervised(
     :param grace_seconds: seconds between the first polite signal (SIGINT, then SIGTERM
         within at most 1 s) and SIGKILL.
     :param max_output_bytes: raw bytes kept at most: past it the first part and the last
-        part are kept (engine/capture.py), the bytes between are read and discarded (the
+        part are kept (engine/processes/capture.py), the bytes between are read and discarded (the
         child never blocks) and ``truncated`` is set.
     :param watch: polled every ``poll_seconds``; a returned name (a limit reached, e.g.
         ``process_limit``) stops the tree like a deadline and becomes ``limit``.

@@ -3,7 +3,7 @@ on the gate's ``PYTHONPATH``, shown read-only by the sandbox), so every Python t
 imports it at start-up, before the worktree is on ``sys.path``. It does nothing unless this
 process is ``python -m unittest ...`` (``sys.orig_argv``, Python 3.10 and later): then it wraps
 unittest's ``TextTestRunner.run`` to record what unittest itself saw, in the lines the pytest
-reporter writes (engine/test_reports/pytest_plugin.py), to the file ``CP_TEST_RECORD`` names.
+reporter writes (engine/checks/test_reports/pytest_plugin.py), to the file ``CP_TEST_RECORD`` names.
 
 Test ids are written as pytest writes them (``tests/test_x.py::TestY::test_z``: the test's module
 file, relative to the current folder, then its class and method), so a gate's agreed tests and

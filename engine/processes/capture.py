@@ -1,6 +1,6 @@
 """The capture of a supervised process's output: a reader and a writer thread per stream.
 
-engine/process.py ``run_supervised`` starts one :class:`Capture` per output pipe; it streams the
+engine/processes/process.py ``run_supervised`` starts one :class:`Capture` per output pipe; it streams the
 bytes through the redactor into the raw file and, through a ``DisplayDecoder``
 (engine/display.py), into the display log, with a byte cap and bounded memory. No Django imports.
 """

@@ -1,7 +1,7 @@
 """The engine's pytest reporter: loaded into a gate's pytest from outside the worktree, it records
 what pytest itself saw, one JSON line at a time, to the file ``CP_TEST_RECORD`` names.
 
-Not imported by the engine: engine/test_reports/__init__.py copies this file, under a module name
+Not imported by the engine: engine/checks/test_reports/__init__.py copies this file, under a module name
 made up for each gate (so that no file of the repository can stand in for it), into a folder the
 sandbox shows read-only, and names it in ``PYTEST_PLUGINS``. Runs inside the gate's Python, which
 may be any Python 3.8 or later with any pytest from 7 on: the standard library and pytest only.
