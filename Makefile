@@ -69,7 +69,7 @@ migrate: install
 web: migrate
 	$(BIN)/python manage.py runserver --insecure 127.0.0.1:8000
 
-# the flags are engine/worker_process.py WORKER_FLAGS (the tests' workers use the same; a test
+# the flags are engine/processes/worker_process.py WORKER_FLAGS (the tests' workers use the same; a test
 # checks): the engine needs no gossip, mingle or worker event heartbeat. Run it under a process
 # supervisor (systemd with KillMode=mixed, docker's restart policy): reconciliation resumes what a dead
 # worker left. Its node name is CP_HOST_NAME@machine, so two hosts' workers on one machine differ.
