@@ -104,7 +104,7 @@ class Environment:
         ``PATH`` with the environment's folders first (then the sandbox's system, as given). Raises
         EnvironmentMissing when the folder is gone."""
         if not os.path.isdir(self.env_dir):
-            raise EnvironmentMissing(f"the run's setup environment {self.key[:12]} is gone from {self.folder}")
+            raise EnvironmentMissing(f"the run's setup environment {short(self.key)} is gone from {self.folder}")
         self.prepare(cwd)
         path = os.pathsep.join([*self.path_entries(cwd), env.get("PATH") or "/usr/bin:/bin"])
         return {**env, "CP_ENV": MOUNT, "PATH": path}, self.binds(cwd)
@@ -160,6 +160,14 @@ def key_of(repo: str, commit: str, setup: dict, blobs: dict[str, str | None]) ->
 def name_of(key: str, commit: str) -> str:
     """The folder name of the environment of ``key`` made at ``commit`` (``Environment.key``)."""
     return f"{key}-{commit[:12]}"
+
+
+def short(name: object) -> str:
+    """An environment's name as people read it: its key's first 12 characters and the commit it was
+    made at (``1e4bc2ccfafb@626222e00a1b``): environments of one key made at different commits differ."""
+    text = str(name or "")
+    key, _, commit = text.rpartition("-")
+    return f"{key[:12]}@{commit}" if key and len(commit) == 12 else text[:12]
 
 
 def _is_ancestor(repo: str, older: str, newer: str) -> bool:

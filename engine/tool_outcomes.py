@@ -165,13 +165,19 @@ def _exit(pattern: re.Pattern, text: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def unavailable_tool(tool: str, content: str) -> bool:
+    """Whether a failed call's text is "Tool X not found": a tool the role's allowlist left out (as an
+    agent CLI words its refusal of it), a refusal, the same in its stream and on the wire."""
+    return str(content or "").strip() == f"Tool {tool} not found"
+
+
 def of_message_result(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:
     """``(outcome, exit status)`` of an Anthropic Messages-shaped ``tool_result`` (that of an agent CLI
     whose stream has that shape, and the model gateway's conversation, which words every CLI's results
     so): ``content`` its text, ``error`` its ``is_error``. A failed Bash command is an error with
     "Exit code N" (EXIT_CODE_TEXT); a Bash result that is no error exited 0."""
     code = _exit(EXIT_CODE_TEXT, content) if error else (0 if tool == "Bash" else None)
-    refused = error and bool(CLI_REFUSAL.search(content[:500]))
+    refused = error and (bool(CLI_REFUSAL.search(content[:500])) or unavailable_tool(tool, content))
     return classify(code, content[:500], command, refused=refused, error=error), code
 
 

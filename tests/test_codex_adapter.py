@@ -4,6 +4,7 @@ against the scripted model endpoint (tests marked ``slow``), and its parser and 
 The real-binary tests skip only when tools/agents has no codex (``make agents`` installs it).
 """
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -128,20 +129,24 @@ def test_an_implementer_runs_a_command_and_reports_the_scripted_usage(tmp_path):
 
 @needs_codex
 @pytest.mark.slow
-def test_an_implementer_cannot_write_to_tmp_outside_its_workspace(tmp_path):
+def test_an_implementers_tmp_is_its_own_and_never_the_hosts(tmp_path):
+    """codex's commands may write /tmp and $TMPDIR, as every CLI's shell and every gate may (a repository's
+    tests write /tmp/foo): both are the attempt's own, the sandbox's private /tmp gone with it, so nothing
+    lands in the host's /tmp."""
     probe = Path("/tmp") / f"cp-codex-probe-{uuid.uuid4().hex}"
-    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": f"echo leak > {probe}"}},
-                          {"tool": "exec_command", "input": {"cmd": "echo kept > inside.txt"}},
+    scenario = {"turns": [{"tool": "exec_command", "input": {"cmd": f"echo leak > {probe} && cat {probe}"}},
+                          {"tool": "exec_command", "input": {"cmd": 'echo tmp > "$TMPDIR/x" && echo kept > inside.txt'}},
                           {"text": "done"}]}
     request = make_request(tmp_path, "implementer", scenario)
+    request.env["TMPDIR"] = str(tmp_path / "attempt-tmp")  # as engine/steps/attempts.py gives every attempt
+    os.makedirs(request.env["TMPDIR"])
     try:
         result = CodexAdapter().run(request)
         assert result.exit_code == 0 and result.failure_kind is None, log_of(request)[-3000:]
         assert not probe.exists()
         assert (Path(request.workspace) / "inside.txt").read_text() == "kept\n"
-        [denial] = result.extra["refusals"]
-        assert str(probe) in denial["command"] and "Read-only file system" in denial["message"]
-        assert denial["sandbox_denied"] and denial["tool"] == "exec_command" and denial["exit_code"] == 1
+        assert (tmp_path / "attempt-tmp" / "x").read_text() == "tmp\n"
+        assert result.extra["refusals"] == [], result.extra["refusals"]
     finally:
         probe.unlink(missing_ok=True)
 
@@ -340,9 +345,7 @@ def test_the_argument_array_per_role(tmp_path):
     assert reviewer == ["codex", "exec", "--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules",
                         "-C", str(tmp_path / "work"), "--sandbox", "read-only", "-c", 'web_search="disabled"',
                         "-o", f"{home}/codex-last-message-1.txt", "-"]
-    assert implementer[8:18] == ["--sandbox", "workspace-write",
-                                 "-c", "sandbox_workspace_write.exclude_slash_tmp=true",
-                                 "-c", "sandbox_workspace_write.exclude_tmpdir_env_var=true",
+    assert implementer[8:14] == ["--sandbox", "workspace-write",
                                  "-c", "sandbox_workspace_write.network_access=false",
                                  "-c", 'web_search="disabled"']
     assert implementer[-3:] == ["-m", "gpt-5", "-"]

@@ -576,3 +576,26 @@ def test_the_wire_conversation_says_the_exit_status_each_cli_told_its_model(fmt,
     entries = normalizer.line(json.dumps({"type": "user", "message": {"content": blocks}}).encode())
     results = [e for e in entries if e["kind"] in ("tool_result", "refusal")]
     assert [(e.get("exit"), e["ok"]) for e in results] == [(exit_code, exit_code == 0)], results
+
+
+def test_the_wire_conversation_keeps_tool_results_followed_by_a_message_of_the_clis_own():
+    """From a fresh try of issue 20: a request whose results are followed by another user message (a CLI's
+    reminder) lost them from the conversation (only the last message was read). Every user message since the
+    model's last turn is read; those before it are not read again."""
+    from engine.model_gateway.conversation import results_of
+
+    body = {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Write hello.txt."}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t0", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t0", "content": "old"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {}},
+                                          {"type": "tool_use", "id": "t2", "name": "Bash", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "one"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "Exit code 3",
+                                      "is_error": True},
+                                     {"type": "text", "text": "<system-reminder>...</system-reminder>"}]},
+        {"role": "user", "content": "a reminder of the CLI's own"},
+    ]}
+    blocks = results_of("anthropic", body)
+    assert [(b["tool_use_id"], b["content"], b["is_error"]) for b in blocks] == [
+        ("t1", "one", False), ("t2", "Exit code 3", True)]

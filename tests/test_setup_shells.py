@@ -27,9 +27,13 @@ pytestmark = pytest.mark.slow
 #: The repository's test command: unittest, whose test imports a module only the environment has.
 TEST_COMMAND = ("python -c 'import sys; print(\"prefix\", sys.prefix)' && js-tool && python -m unittest -q "
                 "&& (touch \"$CP_ENV/planted\" 2>/dev/null && echo PLAN\"\"TED || echo env-read-only)")
+#: Its test also writes /tmp/foo and a temporary file, as real suites do (freezegun's sqlite tests open
+#: /tmp/foo): every shell, as every gate, has a /tmp and a TMPDIR of the attempt's own.
 REPO_FILES = {"README.md": "a library\n",
-              "test_lib.py": "import unittest\n\nimport envonly\n\n\nclass T(unittest.TestCase):\n"
-                             "    def test_it(self):\n        self.assertEqual(envonly.VALUE, 7)\n"}
+              "test_lib.py": "import tempfile\nimport unittest\n\nimport envonly\n\n\nclass T(unittest.TestCase):\n"
+                             "    def test_it(self):\n        self.assertEqual(envonly.VALUE, 7)\n"
+                             "        with open('/tmp/foo', 'w') as f:\n            f.write('x')\n"
+                             "        with tempfile.NamedTemporaryFile() as f:\n            f.write(b'x')\n"}
 
 #: Each CLI's shell tool and how the scripted endpoint names its command.
 SHELLS = {

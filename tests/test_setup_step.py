@@ -246,7 +246,10 @@ def test_run_status_says_what_the_setup_did(make_pipeline, repo, sent):
         call_command("run_status", str(run.pk), stdout=out)
         said.append([line for line in out.getvalue().splitlines() if line.startswith("  setup:")])
     assert said[0] and said[0][0].startswith("  setup: pass (exit 0), ") and first.environment["key"][:12] in said[0][0]
-    assert said[1] == [f"  setup: reused environment {first.environment['key'][:12]} made by run {first.pk} (check "
+    # the key's start and the commit it was made at: environments of one key at two commits differ
+    name = environments.short(first.environment["key"])
+    assert name == f"{first.environment['key'][:12]}@{first.commit[:12]}"
+    assert said[1] == [f"  setup: reused environment {name} made by run {first.pk} (check "
                        f"{_setup_check(first).pk}); nothing ran"]
 
 

@@ -73,6 +73,10 @@ def test_each_clis_words():
                  "python -m pytest") == ("command_not_found", 127)
     assert of_pi("bash", "(no output)\n\nCommand exited with code 1", True, "false") == ("failed", 1)
     assert of_pi("write", "Tool write not found", True) == ("refused", None)
+    # the same call as the model gateway's conversation words it (the Messages shape): refused there too,
+    # as run_status counts it (from a fresh try: the page said "failed" for pi's reviewer calling bash)
+    assert of_claude("bash", "Tool bash not found", True) == ("refused", None)
+    assert of_claude("bash", "Tool read not found", True) == ("failed", None)
     assert of_pi("read", "ENOENT: no such file or directory, open 'x'", True) == ("failed", None)
     assert of_gemini("run_shell_command", "success", "", "/usr/bin/bash: line 4: python: command not found",
                      "python -m pytest") == ("command_not_found", None)

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from engine import tool_outcomes
+from engine import environments, tool_outcomes
 from engine.checks import test_reports
 from engine.models import ATTEMPT_OPEN, Attempt, Check, Manifest, Run
 
@@ -299,7 +299,7 @@ def _environment_html(info: dict):
     size = info.get("size_bytes")
     how = (format_html("reused: made by run {}'s setup (check {}); nothing ran", made_by.get("run", "?"),
                        made_by.get("check", "?")) if info.get("reused") else "made by this check")
-    return format_html("<code>{}</code> · {}{} · <code>{}</code>", str(info.get("key") or "")[:12], how,
+    return format_html("<code>{}</code> · {}{} · <code>{}</code>", environments.short(info.get("key")), how,
                        f" · {size / 1e6:.1f} MB" if isinstance(size, int) else "", info.get("folder") or "—")
 
 

@@ -101,13 +101,15 @@ def _results_of(fmt: str, body) -> list[dict]:
         return []
     found = []
     if fmt == "anthropic":
-        messages = body.get("messages") or []
-        last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
-        if last.get("role") == "user" and isinstance(last.get("content"), list):
-            for block in last["content"]:
-                if isinstance(block, dict) and block.get("type") == "tool_result":
-                    found.append({"type": "tool_result", "tool_use_id": str(block.get("tool_use_id") or ""),
-                                  "content": _text_of(block.get("content")), "is_error": bool(block.get("is_error"))})
+        # every user message since the model's last turn: a CLI may send its results and then a message of
+        # its own (a reminder) after them
+        for message in reversed(body.get("messages") or []):
+            if not isinstance(message, dict) or message.get("role") != "user":
+                break
+            blocks = message.get("content") if isinstance(message.get("content"), list) else []
+            found[:0] = [{"type": "tool_result", "tool_use_id": str(block.get("tool_use_id") or ""),
+                          "content": _text_of(block.get("content")), "is_error": bool(block.get("is_error"))}
+                         for block in blocks if isinstance(block, dict) and block.get("type") == "tool_result"]
     elif fmt == "responses":
         items = body.get("input") if isinstance(body.get("input"), list) else []
         for item in reversed(items):

@@ -299,15 +299,16 @@ def setup_sentence(check: Check) -> str:
     info = check.setup or {}
     if check.passed and info.get("reused"):
         made_by = info.get("made_by") or {}
-        return (f"Setup: reused the environment {str(info.get('key'))[:12]} made by run {made_by.get('run', '?')}'s "
+        return (f"Setup: reused the environment {environments.short(info.get('key'))} made by run {made_by.get('run', '?')}'s "
                 f"setup (check {made_by.get('check', '?')}, exit status 0); nothing ran.")
     if check.passed:
         return (f"Setup passed in {check.elapsed_seconds or 0:.1f} s: its commands exited 0; the environment "
-                f"{str(info.get('key'))[:12]} is kept for later runs and shown read-only to every agent and gate.")
+                f"{environments.short(info.get('key'))} is kept for later runs and shown read-only to every agent and gate.")
     why = {"timeout": "passed its deadline and was killed", "cancelled": "was stopped because the run stopped",
            "killed": f"was killed by signal {check.signal}",
            "command_not_found": "failed: command not found (exit status 127)",
-           "setup_refused": "were not run (its log says why)"}.get(
+           "setup_refused": "were not run (its log says why)" if check.exit_code is None else
+           f"exited {check.exit_code}, but what they kept was refused (its log says why)"}.get(
         check.failure_kind, f"exited {check.exit_code}" if check.exit_code is not None else "could not run")
     return f"Setup failed: its commands {why}{'' if check.failure_kind in ('', 'nonzero_exit') else f' ({check.failure_kind})'}."
 

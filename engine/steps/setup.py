@@ -117,8 +117,10 @@ def execute(plan: StepPlan, should_stop) -> dict:
                 check.passed, check.failure_kind = False, "setup_refused"
                 with open(var_path(check.log_path), "a", encoding="utf-8") as log:
                     log.write(f"\n[control panel] Refused: the kept folders hold files a test runner or Python "
-                              f"loads by itself ({', '.join(loaders[:10])}): in the worktree they would change how "
-                              f"the tests run, unseen by the protected-file checks. Nothing was kept.\n")
+                              f"loads by itself, or Python code an import could take in place of the repository's "
+                              f"own ({', '.join(loaders[:10])}): in the worktree they would change what the tests "
+                              f"run, unseen by the protected-file checks. Nothing was kept. A Python project's "
+                              f"dependencies go to $CP_ENV, outside the worktree.\n")
             if check.passed:
                 made = environments.publish(built, {
                     "made_by": {"run": run.pk, "check": check.pk}, "repository": run.repo_path,
@@ -156,10 +158,17 @@ def _refusal(run: Run, spec: dict, keep: tuple[str, ...], blobs: dict) -> str:
     return ""
 
 
+#: What Python imports or runs as code: sources, bytecode and extension modules.
+PYTHON_CODE = (".py", ".pyc", ".pyo", ".pyw", ".pyd", ".so")
+
+
 def _loaders_kept(built: environments.Environment) -> list[str]:
     """Files in the kept folders that a test runner or Python loads by itself wherever they are
-    (engine/checks/protected.py ``is_loader``: conftest.py, pytest.ini, *.pth...), except under a ``node_modules``
-    folder, which pytest never collects and Node.js reads as packages."""
+    (engine/checks/protected.py ``is_loader``: conftest.py, pytest.ini, *.pth...), or Python code at all
+    (PYTHON_CODE: a kept ``mod/__init__.py`` beside the repository's ``mod.py`` is what ``import mod`` takes,
+    and a kept ``__pycache__`` holds bytecode Python runs in place of the source), except under a
+    ``node_modules`` folder, which pytest never collects and Python never imports from. A Python
+    project's dependencies go to the environment (``$CP_ENV``), outside the worktree."""
     found = []
     for path in built.keep:
         if os.path.basename(path) == "node_modules":
@@ -169,7 +178,8 @@ def _loaders_kept(built: environments.Environment) -> list[str]:
             dirs[:] = [name for name in dirs if name != "node_modules" and not os.path.islink(os.path.join(folder, name))]
             for name in files:
                 rel = os.path.join(path, os.path.relpath(os.path.join(folder, name), top))
-                if protected.is_loader(rel, {"pytest", "make", "npm"}) and not rel.endswith("package.json"):
+                if (protected.is_loader(rel, {"pytest", "make", "npm"}) and not rel.endswith("package.json")) \
+                        or name.endswith(PYTHON_CODE):
                     found.append(rel)
     return sorted(found)
 
@@ -193,7 +203,7 @@ def _reused(run: Run, spec: dict, key: str, record: dict) -> Check:
     made_by = record.get("made_by") or {}
 
     def write(log) -> None:
-        log.write(f"[control panel] Reused the environment {key[:12]} (same repository, commands and cache_key files; "
+        log.write(f"[control panel] Reused the environment {environments.short(key)} (same repository, commands and cache_key files; "
                   f"made at {str(record.get('commit'))[:12]}, this run's commit or an ancestor of it) "
                   f"made by run {made_by.get('run', '?')}'s setup (check {made_by.get('check', '?')}, exit status 0); "
                   f"nothing ran. Its log follows.\n\n")

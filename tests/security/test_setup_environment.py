@@ -180,6 +180,36 @@ def test_a_pipeline_cannot_keep_a_folder_that_changes_how_the_tests_run(make_pip
     assert not run.attempts.exists() and not environments.is_made(run)
 
 
+#: From a fresh try of issue 20: a kept folder that Python imports in place of the repository's own code.
+SHADOWS = {
+    # app/core/ beside the repository's app/core.py: `from app import core` takes the package
+    "app/core": "mkdir -p app/core && printf 'def answer():\\n    return 42\\n' > app/core/__init__.py",
+    # bytecode Python runs in place of app/core.py (an unchecked hash: never compared with the source)
+    "app/__pycache__": ("mkdir -p /tmp/fake/app && printf 'def answer():\\n    return 42\\n' > /tmp/fake/app/core.py && "
+                        "python -c \"import py_compile; py_compile.compile('/tmp/fake/app/core.py', "
+                        "cfile='app/__pycache__/core.cpython-311.pyc', "
+                        "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\""),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("folder", sorted(SHADOWS))
+def test_a_pipeline_cannot_keep_python_code_that_an_import_takes_for_the_repositorys(make_pipeline, repo, sent, folder):
+    """keep: [app/core] holding a package app/core/, or keep: [app/__pycache__] holding bytecode of app/core.py:
+    the agreed test's `from app import core` would run the setup's answer() whatever the agent committed.
+    The setup's commands run (exit 0), then what they kept is refused: nothing kept, no agent started, and the
+    check says the commands ran."""
+    setup = {"commands": [SHADOWS[folder]], "keep": [folder]}
+    run = start_and_drive_plain(make_pipeline(setup=setup), repo, sent)
+    assert run.status == "waiting_review" and run.stop_reason == "setup_failed", (run.status, run.stop_message)
+    check = Check.objects.get(run=run, kind="setup")
+    assert (check.failure_kind, check.exit_code) == ("setup_refused", 0)
+    assert not run.attempts.exists() and not environments.is_made(run)
+    log = (Path(settings.VAR_DIR) / check.log_path).read_text()
+    assert "Python code an import could take in place of the repository's own" in log and folder in log
+    assert "exited 0, but what they kept was refused" in run.stop_message, run.stop_message
+
+
 @pytest.mark.slow
 def test_a_tracked_keep_folder_is_refused_even_when_an_environment_is_made(make_pipeline, repo, sent):
     """From a fresh try: an environment made at a commit without tests/extra, then a run at a descendant that

@@ -13,10 +13,10 @@ binary from tools/agents against engine/scripted_endpoint.py (tests/test_codex_a
 
 * role sandbox: reviewer ``read-only`` (a write fails inside the command with "Read-only
   file system"); implementer and documenter ``workspace-write`` plus
-  ``sandbox_workspace_write.exclude_slash_tmp=true``,
-  ``sandbox_workspace_write.exclude_tmpdir_env_var=true`` (without them /tmp outside the
-  workspace is writable; with them it is not, and a workspace that itself lies under /tmp
-  stays writable) and ``sandbox_workspace_write.network_access=false``. A refused write is
+  ``sandbox_workspace_write.network_access=false``: besides the worktree, /tmp and $TMPDIR are
+  writable, as for every other CLI's shell. Both are the attempt's own (the sandbox's private
+  /tmp, gone with it; the attempt's TMPDIR), so a repository's tests that write ``/tmp/foo``
+  (freezegun's) pass in codex's shell as in a gate (docs/real-repositories.md). A refused write is
   not a tool error: the command's own output says so and the run still exits 0. What an
   attempt changed is checked by manifest afterwards: the sandbox is not trusted alone;
 * ``-c web_search="disabled"`` removes the ``web_search`` tool from the request;
@@ -88,10 +88,9 @@ from ..cli_adapter import (WRITE_ROLES, CliAdapter, cli_version, gateway_key_hin
                           login_present, sandboxed_view)
 from .stream import MAX_REFUSALS, parse_events, refusals_of, session_record, usage_of  # noqa: F401 - the tests take them from here
 
-#: ``-c`` overrides of the writing roles (checked on 0.171.0: /tmp and $TMPDIR read-only, no network).
-WORKSPACE_WRITE_OVERRIDES = ("sandbox_workspace_write.exclude_slash_tmp=true",
-                             "sandbox_workspace_write.exclude_tmpdir_env_var=true",
-                             "sandbox_workspace_write.network_access=false")
+#: ``-c`` overrides of the writing roles (checked on 0.171.0: no network). /tmp and $TMPDIR stay writable:
+#: both are the attempt's own (module docstring).
+WORKSPACE_WRITE_OVERRIDES = ("sandbox_workspace_write.network_access=false",)
 #: The Responses API's base URL, and the variables codex exec sends a key from (as ``Authorization:
 #: Bearer``; the adapter copies OPENAI_API_KEY into CODEX_API_KEY): the model gateway takes it.
 PROVIDER_URL = "https://api.openai.com/v1"
@@ -105,9 +104,9 @@ SCRIPTED_MODEL = "gpt-scripted"
 REQUIRED_HELP = {
     "reviewer": {"--sandbox": "read-only (the read-only sandbox)", "read-only": "read-only (the read-only sandbox)"},
     "implementer": {"--sandbox": "writes only inside the worktree", "workspace-write": "writes only inside the worktree",
-                    "--config": "/tmp and $TMPDIR outside the worktree kept read-only"},
+                    "--config": "no network for its commands"},
     "documenter": {"--sandbox": "writes only inside the worktree", "workspace-write": "writes only inside the worktree",
-                   "--config": "/tmp and $TMPDIR outside the worktree kept read-only"},
+                   "--config": "no network for its commands"},
 }
 #: Options every attempt passes (``codex exec --help`` of 0.171.0).
 COMMON_HELP = ("--json", "--skip-git-repo-check", "--ignore-user-config", "--ignore-rules", "--output-last-message",

@@ -31,7 +31,7 @@ def outcome_of(tool: str, content: str, error: bool, command: str = "") -> tuple
     if tool == "bash":
         found = EXIT.search(content) if error else None
         code = (int(found.group(1)) if found else None) if error else 0
-    refused = error and (content.strip() == f"Tool {tool} not found"
+    refused = error and (tool_outcomes.unavailable_tool(tool, content)
                          or bool(tool_outcomes.CLI_REFUSAL.search(content[:500])))
     return tool_outcomes.classify(code, content, command, refused=refused, error=error), code
 
@@ -84,7 +84,7 @@ def entries(n: Normalizer, event: dict) -> list[dict]:
         entry = {"kind": "tool_result", "tool": name, "call": call, "ok": not error, "detail": first_lines(content)}
         outcome, entry["exit"] = outcome_of(name, content, error, n.commands.get(call, ""))
         if outcome or error:
-            unavailable = error and content.strip() == f"Tool {name} not found"
+            unavailable = error and tool_outcomes.unavailable_tool(name, content)
             n.unsuccessful(entry, outcome or "failed", content, f"{name or 'The tool call'} was refused: the "
                                f"tool is not available to this role" if unavailable else "")
         else:
@@ -259,7 +259,7 @@ def _tool_end(found: dict, event: dict, calls: dict) -> None:
     command = args.get("command") if isinstance(args.get("command"), str) else ""
     outcome, code = outcome_of(name, text, True, command)
     refusal = {"tool": name, "message": text.strip()[-OUTPUT_CHARS:],
-               "unavailable": text.strip() == f"Tool {name} not found",
+               "unavailable": tool_outcomes.unavailable_tool(name, text),
                "sandbox_denied": any(denial in text for denial in DENIAL_TEXTS), "outcome": outcome}
     if path:
         refusal["path"] = path[:1000]

@@ -32,6 +32,6 @@ class Command(EngineCommand):
             when = datetime.datetime.fromtimestamp(used).isoformat(timespec="seconds") if used else "?"
             made_by = record.get("made_by") or {}
             size = record.get("size_bytes")
-            self.stdout.write(f"{str(record.get('key'))[:12]}  {record.get('repository', '?')}  made by run "
+            self.stdout.write(f"{environments.short(record.get('key'))}  {record.get('repository', '?')}  made by run "
                               f"{made_by.get('run', '?')}  last used {when}  "
                               f"{f'{size / 1e6:.1f} MB' if isinstance(size, int) else '? MB'}")

@@ -3,7 +3,7 @@
 import time
 
 
-from engine import answers, operations, tool_outcomes
+from engine import answers, environments, operations, tool_outcomes
 from engine.models import RunEvent
 
 from ._base import EngineCommand
@@ -158,10 +158,10 @@ class Command(EngineCommand):
             info = check.get("setup") or {}
             made_by = info.get("made_by") or {}
             how = ("not run yet" if not check
-                   else f"reused environment {str(info.get('key'))[:12]} made by run {made_by.get('run', '?')} (check "
+                   else f"reused environment {environments.short(info.get('key'))} made by run {made_by.get('run', '?')} (check "
                         f"{made_by.get('check', '?')}); nothing ran" if setup["reused"]
                    else f"{check_outcome(check)}, {check.get('elapsed_seconds') or 0:.1f} s" +
-                        (f", environment {str(info.get('key'))[:12]}" if info.get("key") else ""))
+                        (f", environment {environments.short(info.get('key'))}" if info.get("key") else ""))
             lines.append(f"  setup: {how}")
         for stage in data["stages"]:
             lines.append(f"  stage {stage['key']}: {stage['status']} ({stage['phase']})"
