@@ -14,6 +14,28 @@ from engine.redaction import secret_env_values
 from ..conftest import make_repo
 
 
+def attempt_request(tmp_path: Path, adapter: str, role: str, scenario=None, deadline: float = 60, *,
+                    env: dict | None = None, files: dict | None = None, **profile) -> AgentRequest:
+    """An AgentRequest of ``adapter`` for one attempt in tmp_path: workspace ``work`` (a git repo holding
+    README.md and ``files``), logs, prompt, HOME, marker; ``scenario``: the scripted endpoint's turns; ``env``:
+    the attempt's environment (the test process's by default)."""
+    work = tmp_path / "work"
+    if not work.exists():
+        make_repo(work, {"README.md": "hello\n", **(files or {})})
+    control = tmp_path / "control"
+    control.mkdir(exist_ok=True)
+    (control / "prompt.md").write_text("Do the scripted task.\n", encoding="utf-8")
+    if scenario is not None:
+        profile["scripted_endpoint"] = {"default": scenario}
+    operation = {"reviewer": "review", "documenter": "document"}.get(role, "implement")
+    return AgentRequest(
+        role=role, operation=operation, prompt="Do the scripted task.", workspace=str(work),
+        profile={"adapter": adapter, **profile}, deadline_seconds=deadline, log_path=str(control / "out.log"),
+        raw_path=str(control / "out.raw"), env=dict(os.environ if env is None else env), stage_key="s",
+        attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
+        home_dir=str(tmp_path / "attempt-home"), marker=f"cp-test-{adapter}-{uuid.uuid4().hex[:12]}")
+
+
 def log_of(request: AgentRequest) -> str:
     return Path(request.log_path).read_text(encoding="utf-8", errors="replace")
 

@@ -235,8 +235,6 @@ def release(run) -> None:
     flag.write_text("go\n")
 
 
-
-
 def start_quietly(run, monkeypatch) -> None:
     """Request Start with the wake-up message sent to a queue no worker listens to: the run stays queued."""
     from controlpanel.celery import app

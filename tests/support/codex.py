@@ -2,8 +2,6 @@
 request for it (``make_request``: a git workspace, logs, prompt, HOME and marker under the test's folder)."""
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ import pytest
 from engine.agents import AgentRequest
 from engine.agents.cli_adapter import find_executable
 
-from ..conftest import make_repo
+from .adapters import attempt_request
 
 
 CODEX = find_executable("codex")
@@ -21,21 +19,8 @@ needs_codex = pytest.mark.skipif(CODEX is None, reason="the pinned codex CLI is 
 
 
 def make_request(tmp_path: Path, role: str, scenario=None, deadline: float = 60, **profile) -> AgentRequest:
-    """An AgentRequest for one attempt in tmp_path: workspace ``work`` (a git repo), logs, prompt, HOME, marker."""
-    work = tmp_path / "work"
-    if not work.exists():
-        make_repo(work, {"README.md": "hello\n"})
-    control = tmp_path / "control"
-    control.mkdir(exist_ok=True)
-    (control / "prompt.md").write_text("Do the scripted task.\n", encoding="utf-8")
-    if scenario is not None:
-        profile["scripted_endpoint"] = {"default": scenario}
-    return AgentRequest(
-        role=role, operation="review" if role == "reviewer" else "implement", prompt="Do the scripted task.",
-        workspace=str(work), profile={"adapter": "codex", **profile}, deadline_seconds=deadline,
-        log_path=str(control / "out.log"), raw_path=str(control / "out.raw"), env=dict(os.environ), stage_key="s",
-        attempt_number=1, control_dir=str(control), prompt_path=str(control / "prompt.md"),
-        home_dir=str(tmp_path / "attempt-home"), marker=f"cp-test-codex-{uuid.uuid4().hex[:12]}")
+    """A codex attempt's request (tests/support/adapters.py ``attempt_request``)."""
+    return attempt_request(tmp_path, "codex", role, scenario, deadline, **profile)
 
 
 def stub_codex(path: Path, body: str = "exit 0") -> Path:

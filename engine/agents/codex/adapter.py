@@ -341,8 +341,11 @@ class CodexAdapter(CliAdapter):
         for refusal in refusals:  # the session record is not redacted: these go to the database
             refusal["command"], _ = redact_text(refusal["command"], request.secrets)
             refusal["message"], _ = redact_text(refusal["message"], request.secrets)
-        # codex's JSON leaves out what its sandbox refused (a missing program it reports: exit 127)
-        denials = [r for r in refusals if r["sandbox_denied"] and r.get("outcome") == "refused"]
+        # codex's JSON leaves out what its sandbox refused (a missing program it reports: exit 127), mostly:
+        # one it did report (its own guess of a denial can say no, as under load) is in the conversation already
+        shown = set(parsed["failed_outputs"])
+        denials = [r for r in refusals if r["sandbox_denied"] and r.get("outcome") == "refused"
+                   and r["message"].strip() not in shown]
         if denials:
             self._log_denials(request, denials)
         return AgentResult(

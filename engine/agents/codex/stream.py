@@ -141,11 +141,14 @@ def parse_events(raw_path: str, stderr_path: str | None = None) -> dict:
       ``command_execution`` with status ``declined`` and a ``file_change`` with status ``failed``
       (codex's exec schema folds a declined patch into ``failed``); at most MAX_REFUSALS;
     * ``truncated_lines``: lines longer than engine/agents/lines.py MAX_LINE_BYTES, not parsed
-      (whole in the raw log).
+      (whole in the raw log);
+    * ``failed_outputs``: the output of each completed ``command_execution`` with a non-zero exit
+      status (stripped, its last OUTPUT_CHARS): the conversation shows those already, so the
+      adapter adds only the session record's refusals the stream left out.
     """
     found = {"session_id": "", "turns_completed": 0, "usage": None, "last_text": "", "failure": "", "errors": [],
              "auth_error": False, "reconnects": 0, "last_reconnect": "", "commands": 0, "stderr_tail": [],
-             "rejected": [], "truncated_lines": 0, "structured": False, "plain_text": ""}
+             "rejected": [], "truncated_lines": 0, "structured": False, "plain_text": "", "failed_outputs": []}
     errors: deque[str] = deque(maxlen=5)
     stderr_tail: deque[str] = deque(maxlen=5)
 
@@ -194,6 +197,8 @@ def parse_events(raw_path: str, stderr_path: str | None = None) -> dict:
                 found["last_text"] = str(item["text"])
             elif item.get("type") == "command_execution":
                 found["commands"] += 1
+                if item.get("exit_code") not in (0, None) and len(found["failed_outputs"]) < 10_000:
+                    found["failed_outputs"].append(str(item.get("aggregated_output") or "").strip()[-OUTPUT_CHARS:])
             rejected = rejected_item(item)
             if rejected and len(found["rejected"]) < MAX_REFUSALS:
                 found["rejected"].append(rejected)
