@@ -150,7 +150,7 @@ class System:
 def save_pipeline(doc: dict):
     """Validate and save ``doc``; returns the Pipeline."""
     from engine import operations
-    from engine.pipeline_format import validate
+    from engine.pipeline.format import validate
 
     pipeline, _ = operations.save_pipeline(validate(doc, "<bench>"))
     return pipeline

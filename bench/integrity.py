@@ -75,7 +75,7 @@ def make_repo(path: Path, case: Case) -> Path:
 def definition(case: Case) -> dict:
     """The case's pipeline: protected_paths [tests/test_*.py] (the issue's example) unless the case
     names others, scope everything (so it is the protection that catches, not the scope), no repair."""
-    from engine.pipeline_format import validate
+    from engine.pipeline.format import validate
 
     keys = ["one", "two"][:case.stages]
     review = {"verdict": {"verdict": "pass", "findings": []}, "final_message": "pass"}

@@ -207,7 +207,7 @@ def main() -> int:
         from django.urls import reverse
 
         from engine import operations
-        from engine.pipeline_format import validate
+        from engine.pipeline.format import validate
 
         call_command("migrate", verbosity=0)
         repo = _make_repo(tmp / "repo")

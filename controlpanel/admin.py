@@ -117,7 +117,7 @@ class ProfileInline(ReadOnlyInline):
 class PipelineAdmin(ReadOnlyAdmin):
     """Pipelines change only through validated YAML: a file (python manage.py load_pipelines FILE)
     or the "Edit the definition" page (``engine.change_pipeline``), both checked by
-    ``engine.pipeline_format.validate`` and saved by ``operations.save_pipeline``.
+    ``engine.pipeline.format.validate`` and saved by ``operations.save_pipeline``.
 
     A pipeline's page has a "Create a run" button (``engine.add_run``) leading to
     ``create_run_view`` (``<pipeline>/create-run/``, name ``engine_pipeline_create_run``).

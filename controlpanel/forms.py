@@ -12,7 +12,7 @@ from django import forms
 
 from engine import operations
 from engine.models import Pipeline
-from engine.pipeline_format import PipelineFormatError, validate
+from engine.pipeline.format import PipelineFormatError, validate
 
 _TEXT = {"class": "vTextField"}
 
@@ -206,7 +206,7 @@ class CreateRunForm(forms.Form):
 
 class PipelineDefinitionForm(forms.Form):
     """Edit a saved pipeline's definition as YAML, validated exactly as ``load_pipelines`` validates
-    a file (``engine.pipeline_format.validate``). ``cleaned_data["definition"]`` is the normalized
+    a file (``engine.pipeline.format.validate``). ``cleaned_data["definition"]`` is the normalized
     definition. Every problem is reported on the ``definition`` field as ``field: problem`` (the
     dotted path inside the document, e.g. ``stages[0].gates[0].command``). The name cannot change
     here: a pipeline of another name is another pipeline (load it from a file). ``version`` (hidden)

@@ -80,7 +80,7 @@ class Operation(models.TextChoices):
 class Pipeline(models.Model):
     """A saved pipeline: the validated definition loaded from a YAML file.
 
-    ``definition`` has the normalized shape of ``engine.pipeline_format`` (docs/pipeline-format.md).
+    ``definition`` has the normalized shape of ``engine.pipeline.format`` (docs/pipeline-format.md).
     """
 
     name = models.CharField(max_length=100, unique=True)

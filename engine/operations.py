@@ -40,7 +40,7 @@ from .models import (
     StartRequest,
     Worker,
 )
-from .pipeline_format import PipelineFormatError, load_file
+from .pipeline.format import PipelineFormatError, load_file
 from .agents.cli_options import extra_args_problems
 from .redaction import redact_text
 

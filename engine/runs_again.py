@@ -78,9 +78,9 @@ def _cap(budgets: dict, level: str | None, key: str):
 
 
 def _raised_budgets(old: dict, given) -> dict:
-    """``given`` validated as a pipeline's ``budgets`` (engine/pipeline_schema/profiles.py ``Budgets``), each cap at least
+    """``given`` validated as a pipeline's ``budgets`` (engine/pipeline/schema/profiles.py ``Budgets``), each cap at least
     the old one (or none: unlimited) and one of them higher. Raises OperationError [budgets]."""
-    from .pipeline_schema import Budgets  # noqa: PLC0415 - the schema imports much; only this needs it here
+    from .pipeline.schema import Budgets  # noqa: PLC0415 - the schema imports much; only this needs it here
 
     if not isinstance(given, dict):
         raise ops.OperationError("invalid_budgets", "budgets must be a mapping (the pipeline's budgets, raised).",

@@ -12,7 +12,7 @@ from django.conf import settings
 from . import boundary, notifications, runner, workers
 from .processes import limits
 from . import reconcile as reconciliation
-from .pipeline_schema import MAX_DEADLINE_SECONDS
+from .pipeline.schema import MAX_DEADLINE_SECONDS
 
 log = logging.getLogger("engine.tasks")
 

@@ -165,10 +165,15 @@ def _exit(pattern: re.Pattern, text: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+#: "Tool X not found": a tool the role's allowlist left out, as an agent CLI words its refusal of it.
+UNAVAILABLE_TOOL = re.compile(r"Tool [\w.:-]+ not found", re.IGNORECASE)
+
+
 def unavailable_tool(tool: str, content: str) -> bool:
-    """Whether a failed call's text is "Tool X not found": a tool the role's allowlist left out (as an
-    agent CLI words its refusal of it), a refusal, the same in its stream and on the wire."""
-    return str(content or "").strip() == f"Tool {tool} not found"
+    """Whether a failed call's text is "Tool X not found" (UNAVAILABLE_TOOL), a refusal, the same in the
+    CLI's stream and on the wire, whatever the name ``tool`` goes by there (the model gateway's conversation
+    names a CLI's tools as the Messages shape does: engine/model_gateway/conversation.py ``TOOLS``)."""
+    return bool(UNAVAILABLE_TOOL.fullmatch(str(content or "").strip()))
 
 
 def of_message_result(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:

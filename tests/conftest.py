@@ -18,7 +18,7 @@ import pytest
 from django.conf import settings
 
 from engine import operations
-from engine.pipeline_format import validate
+from engine.pipeline.format import validate
 from engine.processes.worker_process import start_worker, stop_worker
 
 #: fixtures more than one module uses (route, staff, author, bare, claude_pipeline)

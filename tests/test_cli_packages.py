@@ -16,7 +16,7 @@ import pytest
 
 from engine import boundary, transcript
 from engine.agents import adapters, cli_options, executables, network, registry
-from engine.pipeline_schema import CLI_ADAPTERS, ENGINE_ENV, ENGINE_ENV_PREFIXES, ROLES
+from engine.pipeline.schema import CLI_ADAPTERS, ENGINE_ENV, ENGINE_ENV_PREFIXES, ROLES
 from engine.steps.document import WRITE_TOOLS
 
 ROOT = Path(__file__).resolve().parent.parent

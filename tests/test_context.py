@@ -7,7 +7,7 @@ import os
 import pytest
 
 from engine.context import ContextError, assemble_prompt, initial_spec_index, resolve_inside
-from engine.pipeline_format import PipelineFormatError, load_file, validate
+from engine.pipeline.format import PipelineFormatError, load_file, validate
 
 
 def write(root, files: dict[str, str]):

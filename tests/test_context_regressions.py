@@ -19,7 +19,7 @@ from django.conf import settings
 
 from engine import operations
 from engine.models import Attempt, Pipeline, Run
-from engine.pipeline_format import PipelineFormatError
+from engine.pipeline.format import PipelineFormatError
 
 from .conftest import ANSWER_STEP
 from .support.runs import drive

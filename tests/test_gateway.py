@@ -12,7 +12,7 @@ import pytest
 from engine import boundary, operations
 from engine.agents import get_adapter
 from engine.models import Run
-from engine.pipeline_format import PipelineFormatError, validate
+from engine.pipeline.format import PipelineFormatError, validate
 from engine.scripted_endpoint import ScriptedEndpoint
 
 from .conftest import make_repo

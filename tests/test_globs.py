@@ -10,7 +10,7 @@ import pytest
 
 from engine import workspace
 from engine.checks import globs, protected
-from engine.pipeline_format import PipelineFormatError, validate
+from engine.pipeline.format import PipelineFormatError, validate
 
 from .conftest import git, make_repo
 

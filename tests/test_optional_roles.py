@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from engine import operations
 from engine.models import Attempt, RunEvent
-from engine.pipeline_format import PipelineFormatError
+from engine.pipeline.format import PipelineFormatError
 
 from .conftest import ANSWER_STEP, pipeline_definition
 from .support.runs import drive

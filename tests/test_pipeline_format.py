@@ -1,4 +1,4 @@
-"""Tests of engine.pipeline_format: the example pipeline, every rule, YAML errors, scenarios,
+"""Tests of engine.pipeline.format: the example pipeline, every rule, YAML errors, scenarios,
 and the demo template against the example scenario's implementations. No database needed."""
 import copy
 import os
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from engine.checks import globs
-from engine.pipeline_format import (
+from engine.pipeline.format import (
     DEFAULT_DEADLINES,
     PipelineFormatError,
     load_file,

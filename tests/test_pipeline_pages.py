@@ -11,7 +11,7 @@ import yaml
 from django.urls import reverse
 
 from engine import operations
-from engine.pipeline_format import validate
+from engine.pipeline.format import validate
 from engine.models import Pipeline, Run
 
 from .support.pages import buttons, detail_url, messages_of

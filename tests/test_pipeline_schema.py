@@ -1,12 +1,12 @@
-"""The pydantic models of engine/pipeline_schema/ are the schema of pipeline files: every
+"""The pydantic models of engine/pipeline/schema/ are the schema of pipeline files: every
 level refuses an unknown key and a value of the wrong type, named by its field path, and the
 models are strict and closed. No database needed."""
 import copy
 
 import pytest
 
-from engine import pipeline_schema
-from engine.pipeline_format import PipelineFormatError, validate, validate_scenario
+from engine.pipeline import schema as pipeline_schema
+from engine.pipeline.format import PipelineFormatError, validate, validate_scenario
 from .support.runs import full
 
 # the profile of ``full`` names https://example.org as its gateway: one the operator listed (tests/conftest.py)

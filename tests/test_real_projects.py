@@ -24,7 +24,7 @@ from engine import operations
 from engine.agents.cli_adapter import find_executable
 from engine.model_gateway.conversation import conversation_path
 from engine.models import Attempt, Check
-from engine.pipeline_format import validate
+from engine.pipeline.format import validate
 
 from .conftest import git
 from .package_registry import PackageRegistry

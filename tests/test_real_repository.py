@@ -16,7 +16,7 @@ from django.conf import settings
 from engine import operations
 from engine.agents.cli_adapter import find_executable
 from engine.models import Attempt, Check
-from engine.pipeline_format import load_file
+from engine.pipeline.format import load_file
 
 from .conftest import git
 from .support.runs import drive

@@ -76,7 +76,8 @@ def test_each_clis_words():
     # the same call as the model gateway's conversation words it (the Messages shape): refused there too,
     # as run_status counts it (from a fresh try: the page said "failed" for pi's reviewer calling bash)
     assert of_claude("bash", "Tool bash not found", True) == ("refused", None)
-    assert of_claude("bash", "Tool read not found", True) == ("failed", None)
+    assert of_claude("Bash", "Tool bash not found", True) == ("refused", None)  # the wire names it Bash
+    assert of_claude("Bash", "Tool bash not found here", True) == ("failed", None)
     assert of_pi("read", "ENOENT: no such file or directory, open 'x'", True) == ("failed", None)
     assert of_gemini("run_shell_command", "success", "", "/usr/bin/bash: line 4: python: command not found",
                      "python -m pytest") == ("command_not_found", None)

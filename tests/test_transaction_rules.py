@@ -11,7 +11,7 @@ from django.db import transaction
 
 from engine import operations, tasks, workspace
 from engine.models import Run
-from engine.pipeline_schema import MAX_DEADLINE_SECONDS
+from engine.pipeline.schema import MAX_DEADLINE_SECONDS
 
 ROOT = Path(__file__).resolve().parent.parent
 

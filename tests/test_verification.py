@@ -555,7 +555,7 @@ def test_a_stage_with_nothing_changed_checkpoints_to_the_same_commit(make_pipeli
 
 
 def test_a_nul_character_in_a_pipeline_is_refused_with_its_field():
-    from engine.pipeline_format import PipelineFormatError
+    from engine.pipeline.format import PipelineFormatError
     from .conftest import pipeline_definition
 
     with pytest.raises(PipelineFormatError) as info:

@@ -357,7 +357,7 @@ class CliAdapter(Adapter):
     def worker_credentials(self, profile: dict, environ) -> dict[str, str]:
         """The credential variables an attempt of ``profile`` would get: those of ``environ`` that
         engine/boundary.py ``credential_env`` lets through, then the profile's ``env`` (which
-        engine/pipeline_format.py keeps free of credentials: in practice, the environment's)."""
+        engine/pipeline/format.py keeps free of credentials: in practice, the environment's)."""
         from .. import boundary  # noqa: PLC0415 - engine/boundary.py imports this package
 
         found = boundary.credential_env(self.name, environ, profile)

@@ -9,7 +9,7 @@ everything else is refused. The tables are each CLI's (engine/agents/<cli>/polic
 engine/agents/registry.py); a policy may add ``spellings(option)`` (a parser that reads one option
 under several names), ``refusal(given, option)`` (what it refuses before the tables are looked at,
 with ``REFUSED_ARGS``, the names that refusal knows) and ``value_refusal(option, value)`` (a value
-refused for what it sets). engine/pipeline_schema/profiles.py checks a definition with ``_refused_args``
+refused for what it sets). engine/pipeline/schema/profiles.py checks a definition with ``_refused_args``
 when it is loaded or saved; engine/operations.py again at run creation (``extra_args_problems``).
 docs/pipeline-format.md ("extra_args") prints the table. No Django imports.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-#: The roles (engine/pipeline_schema/common.py ROLES).
+#: The roles (engine/pipeline/schema/common.py ROLES).
 EVERY_ROLE = ("implementer", "reviewer", "documenter")
 #: Value patterns the policies' EXTRA_ARGS use: a word, a model name.
 WORD = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"

@@ -12,7 +12,7 @@ environment, and its path could name a script an agent wrote in an earlier run's
   path and by the file it resolves to;
 * with no ``executable``, the pinned install runs; without one, only a listed path on PATH.
 
-``refusal`` is called when a definition is loaded or saved (engine/pipeline_schema/), when a
+``refusal`` is called when a definition is loaded or saved (engine/pipeline/schema/), when a
 run is created (engine/operations.py) and before each launch (``resolve``). Probes of a CLI
 (``--version``, ``--help``) run inside the sandbox (engine/agents/cli_adapter.py ``probe_output``).
 """

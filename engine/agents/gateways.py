@@ -13,9 +13,9 @@ less trusted than the operator (README.md, "Who decides what"), so:
   usual credential variables and no copy of the worker's login (the worker's own provider keys go
   only to the provider's own hosts). A profile's ``api_key_env``, when given, must name that variable;
 * a URL with a user part (``user@``, ``user:password@``, ``token@``) is refused wherever it is
-  written, and so is one with a query or a fragment (engine/pipeline_schema/fields.py ``_url``).
+  written, and so is one with a query or a fragment (engine/pipeline/schema/fields.py ``_url``).
 
-``refusal`` is called when a definition is loaded or saved (engine/pipeline_schema/), when a run
+``refusal`` is called when a definition is loaded or saved (engine/pipeline/schema/), when a run
 is created (engine/agents/cli_adapter.py ``preflight``) and before each launch
 (``CliAdapter.executable_or_result``): the operator's list may change after a run was created.
 """

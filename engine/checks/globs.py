@@ -2,7 +2,7 @@
 
 Every path list of a pipeline (``scope``, ``protected_paths``, ``documentation_paths``,
 ``exclude``) and the engine's own lists (``workspace.DEFAULT_EXCLUDES``) use it, and the
-validator (engine/pipeline_format.py) checks a pattern by compiling it here. The semantics are
+validator (engine/pipeline/format.py) checks a pattern by compiling it here. The semantics are
 git's (https://git-scm.com/docs/gitignore, "PATTERN FORMAT"), stated for users in
 docs/pipeline-format.md:
 

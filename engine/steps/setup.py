@@ -117,7 +117,7 @@ def execute(plan: StepPlan, should_stop) -> dict:
                 check.passed, check.failure_kind = False, "setup_refused"
                 with open(var_path(check.log_path), "a", encoding="utf-8") as log:
                     log.write(f"\n[control panel] Refused: the kept folders hold files a test runner or Python "
-                              f"loads by itself, or Python code an import could take in place of the repository's "
+                              f"loads by itself, links, or Python code an import could take in place of the repository's "
                               f"own ({', '.join(loaders[:10])}): in the worktree they would change what the tests "
                               f"run, unseen by the protected-file checks. Nothing was kept. A Python project's "
                               f"dependencies go to $CP_ENV, outside the worktree.\n")
@@ -158,29 +158,35 @@ def _refusal(run: Run, spec: dict, keep: tuple[str, ...], blobs: dict) -> str:
     return ""
 
 
-#: What Python imports or runs as code: sources, bytecode and extension modules.
-PYTHON_CODE = (".py", ".pyc", ".pyo", ".pyw", ".pyd", ".so")
+#: What Python imports or runs as code: sources, bytecode, extension modules and the archives it imports
+#: from when they are on its path.
+PYTHON_CODE = (".py", ".pyc", ".pyo", ".pyw", ".pyd", ".so", ".zip", ".egg", ".whl")
 
 
 def _loaders_kept(built: environments.Environment) -> list[str]:
-    """Files in the kept folders that a test runner or Python loads by itself wherever they are
-    (engine/checks/protected.py ``is_loader``: conftest.py, pytest.ini, *.pth...), or Python code at all
-    (PYTHON_CODE: a kept ``mod/__init__.py`` beside the repository's ``mod.py`` is what ``import mod`` takes,
-    and a kept ``__pycache__`` holds bytecode Python runs in place of the source), except under a
-    ``node_modules`` folder, which pytest never collects and Python never imports from. A Python
-    project's dependencies go to the environment (``$CP_ENV``), outside the worktree."""
+    """What in the kept folders could change what the tests run, unseen by the protected-file checks:
+    a file a test runner or Python loads by itself wherever it is (engine/checks/protected.py ``is_loader``:
+    conftest.py, pytest.ini, *.pth...), any Python code (PYTHON_CODE: a kept ``mod/__init__.py`` beside the
+    repository's ``mod.py`` is what ``import mod`` takes, a kept ``__pycache__`` holds bytecode Python runs
+    in place of the source, an archive on a ``pythonpath``) and any link (what it names is not walked).
+    Under a ``node_modules`` folder (JavaScript packages, Python never imports from there) only a
+    ``conftest.py`` counts: pytest skips those folders by default, but a repository's own
+    ``norecursedirs`` can make it collect them. A Python project's dependencies go to the environment
+    (``$CP_ENV``), outside the worktree."""
     found = []
     for path in built.keep:
-        if os.path.basename(path) == "node_modules":
-            continue  # packages: pytest never collects there, and Node.js reads them as packages
         top = built.keep_dir(path)
+        packages = os.path.basename(path) == "node_modules"
         for folder, dirs, files in os.walk(top):
-            dirs[:] = [name for name in dirs if name != "node_modules" and not os.path.islink(os.path.join(folder, name))]
-            for name in files:
+            inside = packages or "node_modules" in os.path.relpath(folder, top).split(os.sep)
+            for name in [*files, *dirs]:
                 rel = os.path.join(path, os.path.relpath(os.path.join(folder, name), top))
-                if (protected.is_loader(rel, {"pytest", "make", "npm"}) and not rel.endswith("package.json")) \
-                        or name.endswith(PYTHON_CODE):
+                if name == "conftest.py" or (not inside and (
+                        os.path.islink(os.path.join(folder, name)) or name.endswith(PYTHON_CODE)
+                        or (name in files and protected.is_loader(rel, {"pytest", "make", "npm"})
+                            and not rel.endswith("package.json")))):
                     found.append(rel)
+            dirs[:] = [name for name in dirs if not os.path.islink(os.path.join(folder, name))]
     return sorted(found)
 
 

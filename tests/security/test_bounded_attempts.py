@@ -51,7 +51,7 @@ def test_the_worker_says_which_limits_are_in_force():
 
 
 def test_a_pipeline_lowers_a_limit_and_cannot_raise_one():
-    from engine.pipeline_format import PipelineFormatError
+    from engine.pipeline.format import PipelineFormatError
 
     from ..conftest import pipeline_definition
     assert pipeline_definition(limits={"max_processes": 50})["limits"]["max_processes"] == 50

@@ -19,7 +19,7 @@ from django.urls import reverse
 from engine import boundary, operations
 from engine.agents import executables, get_adapter
 from engine.models import Attempt, Pipeline, Run
-from engine.pipeline_format import PipelineFormatError, validate
+from engine.pipeline.format import PipelineFormatError, validate
 
 from ..support.adapters import request_for
 from .attacks import QUICK_STAGE, Listener, drive, needs_claude

@@ -4,7 +4,7 @@ underscores and as grouped short flags, and has hidden options that replay a fil
 (engine/agents/cli_options.py ``_spellings``, ``_GEMINI_FAKE_MODEL``)."""
 import pytest
 
-from engine.pipeline_format import PipelineFormatError, validate
+from engine.pipeline.format import PipelineFormatError, validate
 
 from ..support.runs import full
 

@@ -296,7 +296,7 @@ def test_a_name_or_number_for_this_host_without_a_port_reaches_nothing():
     """``127.1``, ``2130706433``, ``0x7f000001`` or a host name that resolves to loopback, listed
     without a port, would open every port of the host (its PostgreSQL, its Redis): the port rule
     applies to what the name resolves to, and the pipeline refuses such entries when it is loaded."""
-    from engine.pipeline_format import PipelineFormatError
+    from engine.pipeline.format import PipelineFormatError
 
     from ..conftest import pipeline_definition
 

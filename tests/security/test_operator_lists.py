@@ -21,7 +21,7 @@ from engine import operations
 from engine.agents import executables
 from engine.agents.claude.adapter import ClaudeCodeAdapter
 from engine.models import Pipeline, Run
-from engine.pipeline_format import PipelineFormatError, validate
+from engine.pipeline.format import PipelineFormatError, validate
 
 from ..conftest import pipeline_definition
 from ..support.runs import cli_definition

@@ -180,26 +180,35 @@ def test_a_pipeline_cannot_keep_a_folder_that_changes_how_the_tests_run(make_pip
     assert not run.attempts.exists() and not environments.is_made(run)
 
 
-#: From a fresh try of issue 20: a kept folder that Python imports in place of the repository's own code.
+#: From fresh tries of issue 20: what a kept folder could hold that the tests would run in place of the
+#: repository's own code: name -> (the kept folder, the setup's command).
 SHADOWS = {
     # app/core/ beside the repository's app/core.py: `from app import core` takes the package
-    "app/core": "mkdir -p app/core && printf 'def answer():\\n    return 42\\n' > app/core/__init__.py",
+    "package": ("app/core", "mkdir -p app/core && printf 'def answer():\\n    return 42\\n' > app/core/__init__.py"),
     # bytecode Python runs in place of app/core.py (an unchecked hash: never compared with the source)
-    "app/__pycache__": ("mkdir -p /tmp/fake/app && printf 'def answer():\\n    return 42\\n' > /tmp/fake/app/core.py && "
-                        "python -c \"import py_compile; py_compile.compile('/tmp/fake/app/core.py', "
-                        "cfile='app/__pycache__/core.cpython-311.pyc', "
-                        "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\""),
+    "bytecode": ("app/__pycache__", "mkdir -p /tmp/fake/app && printf 'def answer():\\n    return 42\\n' > /tmp/fake/app/core.py"
+                 " && python -c \"import py_compile; py_compile.compile('/tmp/fake/app/core.py', "
+                 "cfile='app/__pycache__/core.cpython-311.pyc', "
+                 "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\""),
+    # an archive Python imports from when a repository's pythonpath names it
+    "archive": ("vendor", "mkdir -p vendor && python -c \"import zipfile; zipfile.ZipFile('vendor/deps.zip', 'w')"
+                          ".writestr('app/core.py', 'def answer():\\n    return 42\\n')\""),
+    # a link to code the setup put elsewhere (the walk never follows it)
+    "link": ("vendor", 'mkdir -p "$CP_ENV/fake/app" vendor && ln -s "$CP_ENV/fake/app" vendor/app'),
+    # a conftest.py among the packages: pytest collects node_modules when a repository's norecursedirs says so
+    "packages-conftest": ("node_modules", "mkdir -p node_modules/x && printf 'import app.core\\n' > node_modules/x/conftest.py"),
 }
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("folder", sorted(SHADOWS))
-def test_a_pipeline_cannot_keep_python_code_that_an_import_takes_for_the_repositorys(make_pipeline, repo, sent, folder):
-    """keep: [app/core] holding a package app/core/, or keep: [app/__pycache__] holding bytecode of app/core.py:
-    the agreed test's `from app import core` would run the setup's answer() whatever the agent committed.
-    The setup's commands run (exit 0), then what they kept is refused: nothing kept, no agent started, and the
-    check says the commands ran."""
-    setup = {"commands": [SHADOWS[folder]], "keep": [folder]}
+@pytest.mark.parametrize("shadow", sorted(SHADOWS))
+def test_a_pipeline_cannot_keep_python_code_that_an_import_takes_for_the_repositorys(make_pipeline, repo, sent, shadow):
+    """keep: [app/core] holding a package app/core/, keep: [app/__pycache__] holding bytecode of app/core.py, and
+    the rest of SHADOWS: the agreed test's `from app import core` could run the setup's answer() whatever the agent
+    committed. The setup's commands run (exit 0), then what they kept is refused: nothing kept, no agent
+    started, and the check says the commands ran."""
+    folder, command = SHADOWS[shadow]
+    setup = {"commands": [command], "keep": [folder]}
     run = start_and_drive_plain(make_pipeline(setup=setup), repo, sent)
     assert run.status == "waiting_review" and run.stop_reason == "setup_failed", (run.status, run.stop_message)
     check = Check.objects.get(run=run, kind="setup")

@@ -125,7 +125,7 @@ class ClaudeCodeAdapter(CliAdapter):
         """``credentials_missing`` unless the attempt would get a credential: one of
         ANTHROPIC_API_KEY, ANTHROPIC_AUTH_TOKEN, CLAUDE_CODE_OAUTH_TOKEN (engine/boundary.py
         ``CREDENTIALS``, the variables Claude Code reads) set in ``environ`` (or the profile's
-        ``env``, which engine/pipeline_format.py refuses to hold a credential), or the login file ``~/.claude/.credentials.json`` of this process's HOME
+        ``env``, which engine/pipeline/format.py refuses to hold a credential), or the login file ``~/.claude/.credentials.json`` of this process's HOME
         (``login_file``, what ``prepare_home`` copies). None when there is one."""
         names = self.credential_names()
         if any((self.worker_credentials(profile, environ).get(name) or "").strip() for name in names):

@@ -15,7 +15,7 @@ PROVIDER_HOSTS = ("api.anthropic.com",)
 WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
 
 #: Variables the adapter sets for each attempt (its configuration folder): a profile's ``env`` may not set them
-#: (engine/pipeline_schema/fields.py ENGINE_ENV).
+#: (engine/pipeline/schema/fields.py ENGINE_ENV).
 ENGINE_ENV = ("CLAUDE_CONFIG_DIR",)
 
 #: Permission and sandbox options: the engine chooses them per role (a profile cannot add them).

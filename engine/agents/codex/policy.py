@@ -19,7 +19,7 @@ BUNDLED_BWRAP = "tools/agents/node_modules/@openai/codex-linux-x64/vendor/*/code
 WRITE_TOOLS = frozenset({"apply_patch"})
 
 #: Variables the adapter sets for each attempt (its configuration folder): a profile's ``env`` may not set them
-#: (engine/pipeline_schema/fields.py ENGINE_ENV).
+#: (engine/pipeline/schema/fields.py ENGINE_ENV).
 ENGINE_ENV = ("CODEX_HOME",)
 
 #: Permission and sandbox options: the engine chooses them per role (a profile cannot add them).

@@ -197,7 +197,7 @@ class GeminiCliAdapter(CliAdapter):
         HOME = GEMINI_CLI_HOME = ``home``, TMPDIR in it, the key as GEMINI_API_KEY, the base URL and
         the role's trust; the CLI's own path variables that could point elsewhere are removed."""
         # the profile's env first, so that nothing the engine sets below can be set back by it
-        # (engine/pipeline_schema/fields.py ENGINE_ENV refuses those names in a profile as well)
+        # (engine/pipeline/schema/fields.py ENGINE_ENV refuses those names in a profile as well)
         env = {**request.env, **{k: str(v) for k, v in (request.profile.get("env") or {}).items()}}
         for name in ("GEMINI_CLI_SYSTEM_SETTINGS_PATH", "GEMINI_CLI_SYSTEM_DEFAULTS_PATH",
                      "GEMINI_CLI_TRUSTED_FOLDERS_PATH", "GEMINI_CLI_IDE_WORKSPACE_PATH", "GEMINI_SANDBOX",

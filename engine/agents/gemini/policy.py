@@ -18,7 +18,7 @@ WRITE_TOOLS = frozenset({"write_file", "replace"})
 
 #: Variables the adapter sets for each attempt (its sandbox, its Google sign-in and its settings and
 #: trust): a profile's ``env`` may not set them
-#: (engine/pipeline_schema/fields.py ENGINE_ENV).
+#: (engine/pipeline/schema/fields.py ENGINE_ENV).
 ENGINE_ENV = ("GEMINI_SANDBOX", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA",
               "GOOGLE_APPLICATION_CREDENTIALS")
 ENGINE_ENV_PREFIXES = ("GEMINI_CLI_",)

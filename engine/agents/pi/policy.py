@@ -26,7 +26,7 @@ PROVIDER_HOSTS = tuple(dict.fromkeys(host for info in PROVIDERS.values() for hos
 WRITE_TOOLS = frozenset({"write", "edit"})
 
 #: Variables the adapter sets for each attempt (its agent folder and offline mode): a profile's ``env`` may not set them
-#: (engine/pipeline_schema/fields.py ENGINE_ENV).
+#: (engine/pipeline/schema/fields.py ENGINE_ENV).
 ENGINE_ENV = ("PI_CODING_AGENT_DIR", "PI_OFFLINE")
 
 #: ``pi --help``'s tool allowlist and what loads code or tools: the engine chooses them per role.

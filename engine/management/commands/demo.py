@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 
 from engine import answers, operations
 from engine.demo import git, make_demo_repo
-from engine.pipeline_format import load_file
+from engine.pipeline.format import load_file
 from engine.processes.worker_process import start_worker, stop_worker
 
 from ._base import EngineCommand

@@ -2,7 +2,7 @@
 from django.core.management.base import CommandError
 
 from engine import operations
-from engine.pipeline_format import PipelineFormatError
+from engine.pipeline.format import PipelineFormatError
 
 from ._base import EngineCommand
 

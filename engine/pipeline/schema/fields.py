@@ -14,9 +14,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..checks import globs
-from ..agents import executables, gateways, registry
-from ..agents.netproxy import is_internal_host, split_host_port
+from ...checks import globs
+from ...agents import executables, gateways, registry
+from ...agents.netproxy import is_internal_host, split_host_port
 from .common import (
     _ENV_NAME_RE,
     _GLOB_CHARS,

@@ -8,7 +8,7 @@ operations, the frozen snapshot of a run) never has to guess. A file with any pr
 refused whole: every problem found is collected and raised together in one
 :class:`PipelineFormatError`, each named as ``(file, field, problem)``.
 
-The schema is engine/pipeline_schema/: pydantic models, one per level of the document
+The schema is engine/pipeline/schema/: pydantic models, one per level of the document
 (pipeline, stage, gate, profile, roles, budgets, deadlines, scenario, operations, step,
 usage), which check structure, types, required and unknown keys and the project's rules,
 and word every problem. This module is the facade around it: it reads YAML strictly (a key
@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from .pipeline_schema import (
+from .schema import (
     ADAPTERS,
     DEFAULT_DEADLINES,
     DEFAULT_DOCUMENTATION_PATHS,
@@ -41,7 +41,7 @@ from .pipeline_schema import (
     Scenario,
     key_path,
 )
-from .redaction import redact_text, secret_env_values
+from ..redaction import redact_text, secret_env_values
 
 __all__ = [
     "ADAPTERS",
@@ -84,7 +84,7 @@ class PipelineFormatError(Exception):
 
 
 def _problems(source: str, exc: ValidationError, data=None) -> list[tuple[str, str, str]]:
-    """``(file, field, problem)`` of the schema's worded errors (engine/pipeline_schema/):
+    """``(file, field, problem)`` of the schema's worded errors (engine/pipeline/schema/):
     a ``loc`` is the field path, restarted in another file after a ``SOURCE`` part. A number
     in a ``loc`` is a list index (``[1]``) unless the document (``data``) has a mapping there
     or a ``[key]`` part follows: then it is a key (``.1``)."""

@@ -16,11 +16,11 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ..processes import limits
-from ..agents import gateways
-from ..agents.cli_options import _refused_args, has_options
-from ..model_gateway.meter import DEFAULT_IDLE_MINUTES, DEFAULT_IDLE_TURNS, DEFAULT_REPEATED_CALLS
-from ..scripted_endpoint import ScenarioError, normalize_scenario
+from ...processes import limits
+from ...agents import gateways
+from ...agents.cli_options import _refused_args, has_options
+from ...model_gateway.meter import DEFAULT_IDLE_MINUTES, DEFAULT_IDLE_TURNS, DEFAULT_REPEATED_CALLS
+from ...scripted_endpoint import ScenarioError, normalize_scenario
 from .base import _Level
 from .common import (
     ADAPTERS,

@@ -10,7 +10,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError, PydanticUseDefault
 
-from ..agents.registry import CLIS
+from ...agents.registry import CLIS
 
 #: The only format version this module reads (top-level key ``format``).
 FORMAT_VERSION = 1

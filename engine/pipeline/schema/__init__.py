@@ -16,7 +16,7 @@ each level translates the errors of its own fields (see :class:`Say` and
 ``_Level._speak``) and orders them as a reader walks the file: problems of the level
 itself, unknown keys, then the fields in order, then the rules that span fields. What
 leaves a model is always an error of type ``pipeline_format`` whose ``ctx["problem"]`` is
-the final text and whose ``loc`` is the field path; engine/pipeline_format.py turns that
+the final text and whose ``loc`` is the field path; engine/pipeline/format.py turns that
 into ``(file, field, problem)`` tuples and builds the normalized definition.
 
 Use :meth:`Pipeline.check` (a whole pipeline, with the context its cross-level rules need)
