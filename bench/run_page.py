@@ -17,7 +17,7 @@ finished run leaves it:
 * the **baseline** run: 1 attempt with a 1 KB output log, 2 checks, 5 events;
 * the **long** run: ``--attempts`` (50) attempts whose output logs hold ``--mb`` (200) MB of real
   bytes between them (log lines, not sparse files), each attempt with a patch, two checks with
-  their logs and five events (250 in all), and a conversation (engine/transcript.py) of
+  their logs and five events (250 in all), and a conversation (engine/text/transcript.py) of
   ``--calls`` (2,000) tool calls with their failed results (about 1 MB of transcript each).
 
 Both runs are *running*, their last attempt open: the page shows that attempt's conversation
@@ -90,8 +90,8 @@ def _write_log(path: Path, size: int) -> None:
 
 def _conversation(raw: Path, calls: int) -> None:
     """A claude stream-json capture of ``calls`` tool calls with their results at ``raw``, and its
-    transcript beside it, made by engine/transcript.py as a live attempt's follower makes it."""
-    from engine import transcript
+    transcript beside it, made by engine/text/transcript.py as a live attempt's follower makes it."""
+    from engine.text import transcript
 
     raw.parent.mkdir(parents=True, exist_ok=True)
     with open(raw, "w", encoding="utf-8") as fh:

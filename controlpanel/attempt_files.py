@@ -1,5 +1,5 @@
 """The stored files of an attempt that the Control Panel serves: prompt, output log, raw output (stdout), stderr, patch,
-transcript (engine/transcript.py: beside the raw log, no field of its own).
+transcript (engine/text/transcript.py: beside the raw log, no field of its own).
 
 Used by the attempt's admin page (controlpanel/admin.py ``AttemptAdmin``) and by the run page
 (controlpanel/views/). A file is served only from the attempt's own recorded path, and only
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from engine import transcript
+from engine.text import transcript
 from engine.models import Attempt
 
 #: The files of an attempt that its page serves: URL name -> (Attempt field, label, sha256 field).
@@ -38,7 +38,7 @@ def attempt_file(attempt: Attempt, kind: str) -> Path | None:
     """
     if kind not in ATTEMPT_FILES:
         return None
-    if kind in BESIDE_RAW:  # no field of its own: beside the raw log (engine/transcript.py, engine/model_gateway)
+    if kind in BESIDE_RAW:  # no field of its own: beside the raw log (engine/text/transcript.py, engine/model_gateway)
         raw = attempt.raw_path or ""
         rel = os.path.join(os.path.dirname(raw), BESIDE_RAW[kind]) if raw else ""
     else:

@@ -25,7 +25,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from engine import tool_outcomes
+from engine.text import tool_outcomes
 
 #: What a value that was never recorded shows.
 NONE = "—"
@@ -200,7 +200,7 @@ def verdict_html(verdict) -> str:
 
 def refusals_html(refusals) -> str:
     """Tool calls that did not succeed ``[{tool, message, outcome?}]`` as a list, each with its outcome
-    in words (engine/tool_outcomes.py: "command not found", "failed", "refused"; "refused or failed" for
+    in words (engine/text/tool_outcomes.py: "command not found", "failed", "refused"; "refused or failed" for
     a record older than outcomes), after a count of each; "none" for none."""
     if not refusals:
         return "none"

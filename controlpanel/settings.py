@@ -308,8 +308,8 @@ EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=10.0)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    # a message's control characters (an agent-chosen name in it) are printed escaped (engine/terminal.py)
-    "formatters": {"plain": {"()": "engine.terminal.SafeFormatter",
+    # a message's control characters (an agent-chosen name in it) are printed escaped (engine/text/terminal.py)
+    "formatters": {"plain": {"()": "engine.text.terminal.SafeFormatter",
                              "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {

@@ -19,7 +19,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, hosts, machine, reconcile, runner, tool_outcomes, workers, workspace
+from . import answers, hosts, machine, reconcile, runner, workers, workspace
+from .text import tool_outcomes
 from .checks import protected
 from .steps import gate_results
 from .steps.common import role_profiles
@@ -852,7 +853,7 @@ def run_status(run) -> dict:
     active_seconds, heartbeat_age_seconds, heartbeat_stale (running, but no heartbeat for longer than
     CP_HEARTBEAT_STALE: its worker may be gone, and reconciliation will interrupt it), not_included, protected_files, budgets, pending_decision, stages[{key, status,
     phase, base_commit, checkpoint, repairs_used, repair_allowance, last_defect, attempts[...,
-    refusals, tool_outcomes (engine/tool_outcomes.py ``counts``), network, verdict], checks[...]}].
+    refusals, tool_outcomes (engine/text/tool_outcomes.py ``counts``), network, verdict], checks[...]}].
     """
     run = get_run(run)
     run.refresh_from_db()

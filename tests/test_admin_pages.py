@@ -186,7 +186,7 @@ def test_the_attempt_page_is_readable(staff, evidence):
     assert "<b>repair</b>" in verdict and "<code>app/core.py:4</code>" in verdict
     assert "Say where 42 comes from." in verdict
     assert "<b>Bash</b>" in field(text, "refusals_shown") and "elsewhere.invalid refused" in text
-    # a record older than outcomes (engine/tool_outcomes.py) shows as what it meant then
+    # a record older than outcomes (engine/text/tool_outcomes.py) shows as what it meant then
     assert "1 tool call refused or failed" in field(text, "refusals_shown")
     assert "[refused or failed]" in field(text, "refusals_shown")
     network = html.unescape(field(text, "network_shown"))

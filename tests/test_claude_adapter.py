@@ -57,7 +57,7 @@ def test_a_stage_run_by_the_real_cli_against_the_scripted_endpoint(claude_pipeli
     assert not (Path(run.worktree) / "review-was-here.txt").exists()
     assert not (Path(run.worktree) / "made-by-reviewer.txt").exists()
     assert "return 42" in (Path(run.worktree) / "app" / "core.py").read_text()
-    # the conversations, normalized from the real CLI's stream-json (engine/transcript.py)
+    # the conversations, normalized from the real CLI's stream-json (engine/text/transcript.py)
     said = conversation(attempt)
     assert ("tool_call", "Reads app/core.py") in said and ("tool_call", "Writes app/core.py (5 lines)") in said
     assert ("text", "Done: answer() returns 42.") in said and said[0][0] == "start"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import boundary, transcript
+from engine import boundary
+from engine.text import transcript
 from engine.agents import adapters, cli_options, executables, network, registry
 from engine.pipeline.schema import CLI_ADAPTERS, ENGINE_ENV, ENGINE_ENV_PREFIXES, ROLES
 from engine.steps.document import WRITE_TOOLS

@@ -15,7 +15,8 @@ import psutil
 import pytest
 from django.conf import settings
 
-from engine import operations, transcript
+from engine import operations
+from engine.text import transcript
 from engine.agents import AgentResult, get_adapter
 from engine.agents.codex.adapter import CodexAdapter, build_argv, parse_events, usage_of
 from engine.models import Attempt
@@ -87,7 +88,7 @@ def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, s
     assert [d["command"] for d in review.refusals] == ["touch made-by-reviewer.txt", "echo hi > app/core.py"]
     assert not (Path(run.worktree) / "made-by-reviewer.txt").exists()
     assert "return 42" in (Path(run.worktree) / "app" / "core.py").read_text()
-    # the conversations, normalized from the real CLI's JSON events (engine/transcript.py)
+    # the conversations, normalized from the real CLI's JSON events (engine/text/transcript.py)
     said = conversation(attempt)
     assert said[0][0] == "start" and ("text", "Done: answer() returns 42.") in said
     assert any(kind == "tool_call" and text.startswith("Runs `") and "app/core.py" in text for kind, text in said), said

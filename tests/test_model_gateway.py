@@ -566,7 +566,7 @@ def test_only_a_post_to_a_whole_model_path_goes_upstream_and_no_call_after_the_e
 def test_the_wire_conversation_says_the_exit_status_each_cli_told_its_model(fmt, body, exit_code, tmp_path):
     """Only Claude Code flags a failed command itself: the status codex, gemini and pi tell their model in
     the result's text makes the wire conversation's entry a failure with that status, never "exit status 0"."""
-    from engine import transcript
+    from engine.text import transcript
     from engine.model_gateway.conversation import results_of
 
     blocks = results_of(fmt, body)

@@ -15,7 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import boundary, transcript
+from engine import boundary
+from engine.text import transcript
 from engine.agents import AgentRequest, AgentResult, adapters, get_adapter
 from engine.agents.network import PROVIDER_HOSTS, network_allow
 from engine.agents.pi.adapter import (PROVIDERS, READ_ONLY_TOOLS, PiAdapter, build_argv, credential_env_names, models_for,
@@ -82,7 +83,7 @@ def test_an_implementer_writes_and_runs_a_command_and_reports_the_scripted_usage
     agent = Path(request.home_dir) / ".pi" / "agent"
     assert json.loads((agent / "models.json").read_text())["providers"].keys() == {"cp-scripted"}
     assert not (agent / "sessions").exists() or not any((agent / "sessions").rglob("*.jsonl"))
-    # the conversation, normalized from pi's JSON events (engine/transcript.py "pi")
+    # the conversation, normalized from pi's JSON events (engine/text/transcript.py "pi")
     conversation = said(request)
     assert conversation[0][0] == "start" and ("text", "DONE: pi scripted answer.") in conversation
     assert ("tool_call", "Writes app/core.py (2 lines)") in conversation, conversation

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import transcript
+from engine.text import transcript
 from engine.agents import AgentRequest, get_adapter
 from engine.agents.claude.adapter import find_executable
 from engine.environments import MOUNT, Environment

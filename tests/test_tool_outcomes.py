@@ -1,4 +1,4 @@
-"""What happened to a tool call (engine/tool_outcomes.py): a missing program, a refusal, a failure.
+"""What happened to a tool call (engine/text/tool_outcomes.py): a missing program, a refusal, a failure.
 
 The texts are those the real CLIs printed in their sandboxes (tests/test_*_adapter.py run them:
 ``test_*_says_what_happened_to_each_command``); here the classification alone.
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine import tool_outcomes
+from engine.text import tool_outcomes
 from engine.agents.gemini.stream import outcome_of as of_gemini
 from engine.agents.pi.stream import outcome_of as of_pi
-from engine.tool_outcomes import classify, missing_program, of_message_result as of_claude, programs_of
+from engine.text.tool_outcomes import classify, missing_program, of_message_result as of_claude, programs_of
 
 
 @pytest.mark.parametrize("command, programs", [

@@ -1,4 +1,4 @@
-"""The agent's conversation, normalized (engine/transcript.py) and shown on the run page.
+"""The agent's conversation, normalized (engine/text/transcript.py) and shown on the run page.
 
 The stream shapes are those of the real CLIs (the real-binary tests in tests/test_claude_adapter.py
 and tests/test_codex_adapter.py check the same sentences on their own output); here each kind of
@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.urls import reverse
 
-from engine import transcript
+from engine.text import transcript
 from engine.models import Attempt
 from engine.redaction import Redactor
 

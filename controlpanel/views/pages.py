@@ -13,7 +13,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from engine import answers, hosts, operations, transcript
+from engine import answers, hosts, operations
+from engine.text import transcript
 from engine.processes import process
 from engine.model_gateway import conversation as model_conversation
 from engine.models import ATTEMPT_OPEN, Attempt, Check, Run
@@ -191,7 +192,7 @@ class RunPages:
         """The tail's answer for an attempt with a conversation: its last TRANSCRIPT_ENTRIES entries, polled
         like the log's tail (204 while the file's size and the attempt's status are the ones the box shows).
         ``found`` is what the model gateway saw (engine/model_gateway/conversation.py; ``cli``: the CLI's own
-        account beside it, one click away), or the CLI's account (engine/transcript.py); with ``wire``, the
+        account beside it, one click away), or the CLI's account (engine/text/transcript.py); with ``wire``, the
         CLI's account is checked against it: a tool call the model never asked for is flagged."""
         size = found.stat().st_size
         if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
@@ -337,7 +338,7 @@ _ENTRY_LOOK = {"start": ("start", "▶"), "text": ("text", ""), "thinking": ("th
 
 
 def conversation_entry(entry: dict) -> dict:
-    """A transcript entry (engine/transcript.py) as the conversation box shows it: ``look`` (CSS class
+    """A transcript entry (engine/text/transcript.py) as the conversation box shows it: ``look`` (CSS class
     suffix), ``mark``, ``when`` (an aware datetime, or None), ``outcome`` (ok/bad/'' for results)."""
     look, mark = _ENTRY_LOOK.get(entry.get("kind"), ("output", ""))
     when = entry.get("t")

@@ -10,7 +10,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
-from engine import environments, tool_outcomes
+from engine import environments
+from engine.text import tool_outcomes
 from engine.checks import test_reports
 from engine.models import ATTEMPT_OPEN, Attempt, Check, Manifest, Run
 
@@ -72,7 +73,7 @@ class AttemptRow:
     manifest_html: str = ""
     findings: list = field(default_factory=list)
     refused: bool = False
-    tool_outcomes: str = ""  # "1 command not found, 2 failed, 1 refused" of its refusals (engine/tool_outcomes.py)
+    tool_outcomes: str = ""  # "1 command not found, 2 failed, 1 refused" of its refusals (engine/text/tool_outcomes.py)
     tool_calls: list = field(default_factory=list)  # the first five as (tool, outcome in words, message)
 
 

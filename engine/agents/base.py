@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from .. import transcript
+from ..text import transcript
 from ..processes import limits
 from ..redaction import Redactor
 from .network import egress, network_record
@@ -127,7 +127,7 @@ class Adapter:
     network: dict | None = None
     #: What bounded the last attempt's process tree (engine/processes/limits.py ``Bounds.record``), set by ``sandboxed_run``.
     bounds: dict | None = None
-    #: The format of the CLI's output that engine/transcript.py normalizes ('' for none): while the
+    #: The format of the CLI's output that engine/text/transcript.py normalizes ('' for none): while the
     #: process runs, ``sandboxed_run`` keeps the attempt's ``transcript.jsonl`` beside its raw log.
     transcript_format = ""
 

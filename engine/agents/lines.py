@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterator
 __all__ = ["MAX_LINE_BYTES", "PLAIN_TEXT_CHARS", "BoundedLines", "JsonEvents", "PlainText", "stderr_lines"]
 
 #: Longest line a parser holds in memory (bytes): 1 MiB, the transcript's bound too
-#: (engine/transcript.py MAX_LINE_BYTES). No stream-json or JSONL event an adapter needs
+#: (engine/text/transcript.py MAX_LINE_BYTES). No stream-json or JSONL event an adapter needs
 #: (init, result, usage, a tool call) comes near it; what does is command output.
 MAX_LINE_BYTES = 1024 * 1024
 

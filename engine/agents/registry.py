@@ -4,7 +4,7 @@ that line.
 A CLI's package, ``engine/agents/<package>/``, holds everything the engine knows about it:
 ``adapter.py`` (its argument arrays, role flags, home and sandbox, and the attempt's result),
 ``stream.py`` (its output read from the same events into the facts of that result and into the
-conversation's entries, engine/transcript.py) and ``policy.py`` (plain data: its credential
+conversation's entries, engine/text/transcript.py) and ``policy.py`` (plain data: its credential
 variables, provider hosts, file-writing tools and the options a profile's ``extra_args`` may pass).
 The package's name is also its executable's name (tools/agents, ``make agents``) and its transcript
 format's. This module imports the policies only (plain data), so

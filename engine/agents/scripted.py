@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 
-from .. import transcript
+from ..text import transcript
 from ..redaction import Redactor
 from . import sandbox
 from .base import Adapter, AgentRequest, AgentResult, classify_process, empty_usage, interactive_prompt

@@ -11,7 +11,7 @@ hands this module the request's body and the answer's bytes:
 * ``answered``: the model's answer, its text, thinking and tool calls (Anthropic content blocks,
   streamed or not; Responses ``output`` items; Gemini ``parts``; Chat ``message``/deltas).
 
-Both become Anthropic-shaped blocks written through engine/transcript.py's normalizer (the ``claude``
+Both become Anthropic-shaped blocks written through engine/text/transcript.py's normalizer (the ``claude``
 format, whose stream carries the same blocks), so the entries read as the rest of the page's
 conversations do; other CLIs' tool names are worded as claude's where they mean the same (``TOOLS``).
 The file is ``conversation.jsonl`` beside the attempt's raw log (``FILE_NAME``); every entry is redacted
@@ -25,7 +25,7 @@ import re
 import threading
 from pathlib import Path
 
-from .. import transcript
+from ..text import transcript
 from ..redaction import Redactor
 from .usage import wire_format
 
@@ -281,7 +281,7 @@ class WireConversation:
         self.path = Path(path)
         self.transcript = transcript.Transcript(self.path, "messages", workspace, Redactor(secrets or []))
         self.seen_results: set[str] = set()
-        #: the sentences of the tool calls the model asked for (engine/transcript.py ``tool_sentence``)
+        #: the sentences of the tool calls the model asked for (engine/text/transcript.py ``tool_sentence``)
         self.tool_calls: list[str] = []
         self.turns = 0
         self.started = False

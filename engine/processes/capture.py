@@ -2,7 +2,7 @@
 
 engine/processes/process.py ``run_supervised`` starts one :class:`Capture` per output pipe; it streams the
 bytes through the redactor into the raw file and, through a ``DisplayDecoder``
-(engine/display.py), into the display log, with a byte cap and bounded memory. No Django imports.
+(engine/text/display.py), into the display log, with a byte cap and bounded memory. No Django imports.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import select
 import threading
 from pathlib import Path
 
-from engine.display import DisplayDecoder
+from engine.text.display import DisplayDecoder
 from engine.redaction import Redactor
 
 _READ_SIZE = 64 * 1024  # bytes per os.read

@@ -41,7 +41,7 @@ from engine.processes.capture import NOTE as _NOTE
 from engine.processes.capture import Capture as _Capture
 from engine.processes.capture import open_append as _open_append
 from engine.processes.capture import write_all as _write_all
-from engine.display import DisplayDecoder
+from engine.text.display import DisplayDecoder
 from engine.processes.process_tree import _KILL_WAIT, MARKER_ENV, _terminate, find_marked, kill_marked_prefix, kill_tree  # noqa: F401 - re-exported
 from engine.redaction import Redactor, secret_env_values
 

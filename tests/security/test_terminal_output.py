@@ -1,7 +1,7 @@
 """A hostile agent names files to drive the operator's terminal: ESC (clear the screen), OSC 52
 ending in BEL (write the clipboard), CR (overwrite the line) and LF (forge a whole line of
 output). The run stops for the stray files and names them; ``run_status`` (the summary, the
-progress lines of ``--follow``) prints them escaped, never the bytes (engine/terminal.py), and
+progress lines of ``--follow``) prints them escaped, never the bytes (engine/text/terminal.py), and
 ``--json`` keeps them as JSON escapes that decode to the names."""
 import io
 import json
@@ -71,10 +71,10 @@ def test_the_processes_log_lines_escape_what_an_agent_named():
 
     from django.conf import settings
 
-    from engine.terminal import SafeFormatter
+    from engine.text.terminal import SafeFormatter
 
     spec = settings.LOGGING["formatters"]["plain"]
-    assert spec["()"] == "engine.terminal.SafeFormatter"
+    assert spec["()"] == "engine.text.terminal.SafeFormatter"
     record = logging.LogRecord("engine.runner", logging.WARNING, __file__, 1,
                                "nested repository at %s", ("x\x1b]0;PWNED\x07\x1b[2J/.git",), None)
     line = SafeFormatter(spec["format"]).format(record)

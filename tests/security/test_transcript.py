@@ -1,4 +1,4 @@
-"""A hostile agent and its conversation (engine/transcript.py): what it prints is shown, never obeyed.
+"""A hostile agent and its conversation (engine/text/transcript.py): what it prints is shown, never obeyed.
 
 The scripted agent (a real process in the real sandbox) prints markup meant to run in the person's
 browser, lines shaped like a CLI's stream events that claim success, and credentials; it then tries

@@ -1,15 +1,15 @@
 """Claude Code's output (``--output-format stream-json``, checked on 2.1.197), read from the same
 events two ways: into the facts the attempt's result is built from (``parse_stream``, ``usage_of``:
 engine/agents/claude/adapter.py) and into the conversation's entries (``entries``, which
-engine/transcript.py calls for each line): ``system``/``init`` (its version, model and tools),
-``assistant`` and ``user`` messages (Anthropic Messages-shaped: engine/transcript.py
+engine/text/transcript.py calls for each line): ``system``/``init`` (its version, model and tools),
+``assistant`` and ``user`` messages (Anthropic Messages-shaped: engine/text/transcript.py
 ``Normalizer.messages``) and the final ``result``."""
 from __future__ import annotations
 
 import json
 
-from ... import tool_outcomes
-from ...transcript import Normalizer, cut, first_lines
+from ...text import tool_outcomes
+from ...text.transcript import Normalizer, cut, first_lines
 from ..base import empty_usage
 from ..lines import JsonEvents, stderr_lines
 from .policy import WRITE_TOOLS
@@ -61,7 +61,7 @@ def parse_stream(raw_path: str, stderr_path: str | None = None) -> dict:
     when missing or cut: docs/field-cases.md C11), the last assistant text (the fallback final
     message, docs/field-cases.md C29), the session id of the init event, and the tool calls the
     CLI refused or that failed (tool results with ``is_error``: a removed tool, a denied
-    permission; at most 200; ``"outcome"``: engine/tool_outcomes.py ``of_message_result``, a missing program
+    permission; at most 200; ``"outcome"``: engine/text/tool_outcomes.py ``of_message_result``, a missing program
     ``command_not_found``, what the permission rules refused ``refused``, else ``failed``; ``"exit_code"``
     when the error says "Exit code N"; with ``"path"`` when the call named a file, and ``"recovered": True``
     when a later file-writing call on that file succeeded), and ``"truncated_lines": int``: lines longer than

@@ -44,7 +44,7 @@ binary from tools/agents against engine/scripted_endpoint.py (tests/test_codex_a
   ``function_call_output``), from which the adapter copies them into the log and records
   every non-zero command (refused or failed) in ``extra["refusals"]``, with what the JSONL
   reports as refused itself (``rejected_item``: a declined command, a failed patch; neither
-  seen offline); each says its ``outcome`` (engine/tool_outcomes.py): exit status 127 is
+  seen offline); each says its ``outcome`` (engine/text/tool_outcomes.py): exit status 127 is
   ``command_not_found`` (``bash: python: command not found``, which codex reports in its JSONL),
   a sandbox denial ``refused``, anything else ``failed``;
 * ``check()``: the role's options and sandbox mode must be listed in ``codex exec --help``
@@ -81,7 +81,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .. import gateways, sandbox
-from ... import transcript
+from ...text import transcript
 from ...redaction import redact_text
 from ..base import AgentRequest, AgentResult, PreflightProblem, classify_process
 from ..cli_adapter import (WRITE_ROLES, CliAdapter, cli_version, gateway_key_hint,

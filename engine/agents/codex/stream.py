@@ -1,7 +1,7 @@
 """The Codex CLI's output (``codex exec --json``, checked on 0.171.0), read from the same events two
 ways: into the facts the attempt's result is built from (``parse_events``, ``usage_of``, and the
 session record's refusals, ``refusals_of``: engine/agents/codex/adapter.py) and into the
-conversation's entries (``entries``, which engine/transcript.py calls for each line):
+conversation's entries (``entries``, which engine/text/transcript.py calls for each line):
 ``thread.started``, ``item.*`` events (``agent_message``, ``reasoning``, ``command_execution``,
 ``file_change``, ``mcp_tool_call``, ``web_search``, ``todo_list``), ``turn.completed`` with usage,
 ``turn.failed`` and ``error``."""
@@ -13,8 +13,8 @@ import re
 from collections import deque
 from pathlib import Path
 
-from ... import tool_outcomes
-from ...transcript import Normalizer, code as quoted, cut, first_lines
+from ...text import tool_outcomes
+from ...text.transcript import Normalizer, code as quoted, cut, first_lines
 from ..base import empty_usage
 from ..lines import BoundedLines, JsonEvents, stderr_lines
 
@@ -281,7 +281,7 @@ def refusals_of(record: Path | None) -> list[dict]:
     "message": str, "sandbox_denied": bool, "outcome": str}`` in call order: every ``exec_command``
     whose output says "Process exited with code N" with N != 0; ``message`` is the command's output
     cut to OUTPUT_CHARS characters; ``sandbox_denied`` is set when it names a DENIAL_PATTERNS text;
-    ``outcome`` (engine/tool_outcomes.py): ``command_not_found`` for exit status 127 (whatever the
+    ``outcome`` (engine/text/tool_outcomes.py): ``command_not_found`` for exit status 127 (whatever the
     output says), ``refused`` for a sandbox denial, else ``failed``.
     ``codex exec --json`` 0.171.0 shows the failed commands but not the refused ones.
     """

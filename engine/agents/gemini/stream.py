@@ -1,7 +1,7 @@
 """Gemini CLI's output (``-o stream-json``, checked on 0.61.0), read from the same events two ways:
 into the facts the attempt's result is built from (``parse_stream``, ``session_tokens``, ``usage_of``:
 engine/agents/gemini/adapter.py) and into the conversation's entries (``entries``, which
-engine/transcript.py calls for each line); both word a tool call's outcome by ``outcome_of``."""
+engine/text/transcript.py calls for each line); both word a tool call's outcome by ``outcome_of``."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import re
 from collections import deque
 from pathlib import Path
 
-from ... import tool_outcomes
-from ...transcript import Normalizer, cut, first_lines
+from ...text import tool_outcomes
+from ...text.transcript import Normalizer, cut, first_lines
 from ..base import empty_usage
 from ..lines import BoundedLines, JsonEvents, stderr_lines
 
@@ -31,7 +31,7 @@ OUTSIDE = re.compile(r"must be within the workspace|outside (?:of )?the workspac
 
 def outcome_of(tool: str, status: str, error_type: str, output: str,
                command: str = "") -> tuple[str | None, int | None]:
-    """``(outcome, exit status)`` of a ``tool_result`` (engine/tool_outcomes.py): ``status``
+    """``(outcome, exit status)`` of a ``tool_result`` (engine/text/tool_outcomes.py): ``status``
     success/error, ``error_type`` its ``error.type``, ``output`` its output (or error message). A shell
     command that exited non-zero is a *success* of run_shell_command: its exit status is known only
     when it printed nothing."""

@@ -1,20 +1,20 @@
 """pi's output (``--mode json``, checked on 0.73.1), read from the same events two ways: into the
 facts the attempt's result is built from (``parse_stream``, ``usage_of``: engine/agents/pi/adapter.py)
-and into the conversation's entries (``entries``, which engine/transcript.py calls for each line);
+and into the conversation's entries (``entries``, which engine/text/transcript.py calls for each line);
 both word a tool call's outcome by ``outcome_of``."""
 from __future__ import annotations
 
 import re
 from collections import deque
 
-from ... import tool_outcomes
-from ...transcript import Normalizer, cut, first_lines
+from ...text import tool_outcomes
+from ...text.transcript import Normalizer, cut, first_lines
 from ..base import empty_usage
 from ..lines import JsonEvents, stderr_lines
 from .policy import WRITE_TOOLS
 
 #: Its event lines that say nothing new (``--mode json`` 0.73.1: a delta with the whole partial
-#: message; its ``message_end`` follows): engine/transcript.py skips them unread.
+#: message; its ``message_end`` follows): engine/text/transcript.py skips them unread.
 SKIPPED = ('{"type":"message_update"', '{"type":"tool_execution_update"')
 #: Its tool names (0.73.1) -> the names ``Normalizer.tool_sentence`` words (their inputs have the same keys).
 _TOOLS = {"bash": "Bash", "read": "Read", "write": "Write", "edit": "Edit", "grep": "Grep", "find": "Glob",
@@ -24,7 +24,7 @@ EXIT = re.compile(r"Command exited with code (-?\d+)\s*$")
 
 
 def outcome_of(tool: str, content: str, error: bool, command: str = "") -> tuple[str | None, int | None]:
-    """``(outcome, exit status)`` of a ``tool_execution_end`` (engine/tool_outcomes.py): ``content`` its
+    """``(outcome, exit status)`` of a ``tool_execution_end`` (engine/text/tool_outcomes.py): ``content`` its
     result's text, ``error`` its ``isError``. "Tool X not found" is a tool not in the role's allowlist
     (refused)."""
     code = None

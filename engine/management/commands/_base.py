@@ -1,11 +1,11 @@
 """Shared behaviour of the Run Engine's management commands: refusals exit non-zero, cleanly, and
-nothing an agent wrote reaches the terminal as a control character (engine/terminal.py)."""
+nothing an agent wrote reaches the terminal as a control character (engine/text/terminal.py)."""
 import json
 
 from django.core.management.base import BaseCommand, CommandError
 
 from engine.operations import OperationError
-from engine.terminal import SafeStream
+from engine.text.terminal import SafeStream
 
 
 class EngineCommand(BaseCommand):

@@ -18,7 +18,7 @@ class Command(EngineCommand):
         try:
             results = operations.load_pipelines(options["files"])
         except PipelineFormatError as exc:
-            # several problems: one line each (printed escaped, engine/terminal.py), the first again in the
+            # several problems: one line each (printed escaped, engine/text/terminal.py), the first again in the
             # error; a single one only in the error
             problems = [f"{file}: {field}: {problem}" for file, field, problem in exc.errors]
             for line in problems if len(problems) > 1 else ():

@@ -3,7 +3,8 @@
 import time
 
 
-from engine import answers, environments, operations, tool_outcomes
+from engine import answers, environments, operations
+from engine.text import tool_outcomes
 from engine.models import RunEvent
 
 from ._base import EngineCommand

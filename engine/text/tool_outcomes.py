@@ -2,7 +2,7 @@
 
 The adapters (engine/agents/<cli>/adapter.py) record the tool calls of an attempt that did not
 succeed in ``Attempt.refusals``; each record carries an ``"outcome"`` (``classify``), the conversation
-(engine/transcript.py, engine/agents/<cli>/stream.py) words each result by the same outcome, and
+(engine/text/transcript.py, engine/agents/<cli>/stream.py) words each result by the same outcome, and
 ``run_status``, the API and the run page count them (``counts``, ``sentence``):
 
 * ``command_not_found``: the program was missing: exit status 127 (bash, sh and env say so), or,

@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 
 from . import tool_outcomes
-from .agents import registry
-from .processes.process import tail_text
-from .redaction import Redactor
+from ..agents import registry
+from ..processes.process import tail_text
+from ..redaction import Redactor
 
 #: The entry kinds, in the words the run page uses for them.
 KINDS = ("start", "text", "thinking", "tool_call", "tool_result", "refusal", "usage", "error", "output",
@@ -142,7 +142,7 @@ class Normalizer:
             self.commands[call] = " ".join(map(str, command)) if isinstance(command, list) else str(command or "")
 
     def unsuccessful(self, entry: dict, outcome: str, output: str, refused: str = "") -> dict:
-        """Word a result that did not succeed by its outcome (engine/tool_outcomes.py): a missing program
+        """Word a result that did not succeed by its outcome (engine/text/tool_outcomes.py): a missing program
         is a result of its own, a refusal a ``refusal`` entry, anything else "failed"."""
         entry["ok"] = False
         rows = [row for row in _TOOL_ERROR_TAG.sub("", output).splitlines()  # the "Exit code N" line aside
@@ -219,7 +219,7 @@ class Normalizer:
     def messages(self, event: dict) -> list[dict]:
         """The entries of an ``assistant`` or ``user`` message in the Messages shape (module docstring):
         one agent CLI's stream and the model gateway's conversation (engine/model_gateway/conversation.py)
-        are of it. A failed Bash result says "Exit code N" (engine/tool_outcomes.py ``of_message_result``)."""
+        are of it. A failed Bash result says "Exit code N" (engine/text/tool_outcomes.py ``of_message_result``)."""
         kind = event.get("type")
         if kind == "assistant":
             message = event.get("message") or {}
