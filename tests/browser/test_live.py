@@ -16,7 +16,7 @@ from engine.models import Attempt
 
 from ..conftest import ANSWER_STEP, navigate_by
 from ..support.browser import (
-    BROWSER_MARKS, WAIT_FOR_RELEASE, WAIT_MS, detail_path, log_in, release, screenshot, stage, status_of,
+    BROWSER_MARKS, HELD_DEADLINES, WAIT_FOR_RELEASE, WAIT_MS, detail_path, log_in, release, screenshot, stage, status_of,
     user, wait_status)
 
 pytestmark = BROWSER_MARKS
@@ -208,7 +208,7 @@ def test_killing_the_worker_turns_the_page_to_no_heartbeat(open_tab, route, make
     beat = run = None
     try:
         user(django_user_model, "admin", superuser=True)
-        run = operations.create_run(make_pipeline(name="browser-kill", stages=stage(), scenario={
+        run = operations.create_run(make_pipeline(name="browser-kill", stages=stage(), deadlines=HELD_DEADLINES, scenario={
             "stages": {"answer": {"implement": [WAIT_FOR_RELEASE]}}}), str(repo), "main")
         tab = open_tab()
         log_in(tab, "admin")

@@ -16,7 +16,7 @@ from engine.models import Attempt, Check, Run
 
 from ..conftest import ANSWER_STEP, navigate_by, wait_for, wait_until
 from ..support.browser import (
-    BROWSER_MARKS, ESCALATE, GATE, REWORKED, TWELVE_LINES, WAIT_FOR_RELEASE, WAIT_MS, buttons, detail_path,
+    BROWSER_MARKS, ESCALATE, GATE, HELD_DEADLINES, REWORKED, TWELVE_LINES, WAIT_FOR_RELEASE, WAIT_MS, buttons, detail_path,
     log_in, messages, release, screenshot, stage, start_quietly, status_of, submit, user, wait_status)
 
 pytestmark = BROWSER_MARKS
@@ -178,7 +178,7 @@ def test_each_state_shows_exactly_the_buttons_that_apply(open_tab, workers, make
                                                          monkeypatch):
     user(django_user_model, "admin", superuser=True)
     gated = make_pipeline(name="browser-gated", stages=stage(human_gate=True))
-    held = make_pipeline(name="browser-held", stages=stage(),
+    held = make_pipeline(name="browser-held", stages=stage(), deadlines=HELD_DEADLINES,
                          scenario={"stages": {"answer": {"implement": [WAIT_FOR_RELEASE]}}})
     escalated = make_pipeline(name="browser-escalated", stages=stage(),
                               scenario={"stages": {"answer": {"implement": [ANSWER_STEP], "review": [ESCALATE]}}})
