@@ -18,7 +18,7 @@ from django.urls import reverse
 from engine import operations
 from engine.models import Check
 
-from .conftest import ANSWER_STEP
+from .conftest import ANSWER_STEP, PYTEST_ADDOPTS
 from .support.runs import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -235,8 +235,8 @@ def test_deleting_an_agreed_test_module_stops_naming_its_tests(make_pipeline, re
 
 
 @pytest.mark.parametrize("files", [
-    {"pytest.ini": "[pytest]\naddopts = -p no:cacheprovider --deselect tests/test_core.py::test_answer\n"},
-    {"pytest.ini": "[pytest]\naddopts = -p no:cacheprovider -k 'not answer'\n"},
+    {"pytest.ini": f"[pytest]\naddopts = {PYTEST_ADDOPTS} --deselect tests/test_core.py::test_answer\n"},
+    {"pytest.ini": f"[pytest]\naddopts = {PYTEST_ADDOPTS} -k 'not answer'\n"},
     {"tests/conftest.py": "collect_ignore = ['test_core.py']\n"},
     {"conftest.py": "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n    for item in items:\n"
                     "        item.add_marker(pytest.mark.skip(reason='later'))\n"},

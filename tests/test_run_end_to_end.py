@@ -12,7 +12,7 @@ from django.conf import settings
 from engine import operations
 from engine.models import Attempt, Check, Run
 
-from .conftest import ANSWER_STEP, git, make_repo, new_log_text, wait_for
+from .conftest import ANSWER_STEP, PYTEST_INI, git, make_repo, new_log_text, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -184,7 +184,7 @@ def test_c04_submodules_are_populated_in_the_worktree(workers, make_pipeline, tm
     repo = make_repo(tmp_path / "origin", {
         "tests/test_lib.py": "import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "
                              "'vendor' / 'lib'))\nimport libmod\n\n\ndef test_value():\n    assert libmod.VALUE == 7\n",
-        "docs/PLAN.md": "plan\n", "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n"})
+        "docs/PLAN.md": "plan\n", "pytest.ini": PYTEST_INI})
     git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "vendor/lib")
     git(repo / "vendor" / "lib", "checkout", "-q", pinned)
     git(repo, "add", "vendor/lib")

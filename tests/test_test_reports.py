@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 
 from engine.checks import test_reports
+from .conftest import PYTEST_INI
 
 PASSING = "def test_one():\n    assert 1 + 1 == 2\n\n\ndef test_two():\n    assert 'a' < 'b'\n"
 
 
 def project(tmp_path: Path, files: dict[str, str]) -> Path:
     top = tmp_path / "project"
-    for rel, text in {"pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n", **files}.items():
+    for rel, text in {"pytest.ini": PYTEST_INI, **files}.items():
         (top / rel).parent.mkdir(parents=True, exist_ok=True)
         (top / rel).write_text(text)
     return top

@@ -16,7 +16,7 @@ from engine import operations
 from engine.checks import protected
 from engine.models import Attempt, Check
 
-from .conftest import ANSWER_STEP, git, make_repo
+from .conftest import ANSWER_STEP, PYTEST_INI, git, make_repo
 from .support.runs import PASS, QUICK_GATE, drive, gated_run, operations_of, run_with, stage, var
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -101,7 +101,7 @@ C22_MAKEFILE = "test:\n\tpython -m pytest -q tests\n"
 
 def test_c22_narrowing_the_makefile_and_adding_a_skipping_conftest_is_not_accepted(make_pipeline, sent, tmp_path):
     repo = make_repo(tmp_path / "c22", {
-        "Makefile": C22_MAKEFILE, "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n",
+        "Makefile": C22_MAKEFILE, "pytest.ini": PYTEST_INI,
         "app/__init__.py": "", "app/core.py": "def answer():\n    return 41\n",
         "tests/test_a.py": "def test_a():\n    assert True\n",
         "tests/test_b.py": "from app import core\n\n\ndef test_b():\n    assert core.answer() == 42\n",
@@ -325,7 +325,7 @@ def test_an_exhausted_time_budget_stops_the_run(make_pipeline, repo, sent):
 
 def test_c26_a_run_whose_agent_only_adds_files_keeps_and_commits_them(make_pipeline, sent, tmp_path):
     repo = make_repo(tmp_path / "c26", {"src/__init__.py": "", "tests/__init__.py": "", "docs/PLAN.md": "plan\n",
-                                        "pytest.ini": "[pytest]\naddopts = -p no:cacheprovider\n"})
+                                        "pytest.ini": PYTEST_INI})
     only_new = {"write": {"src/new_mod.py": "def f():\n    return 1\n",
                           "tests/test_new.py": "from src.new_mod import f\n\n\ndef test_f():\n    assert f() == 1\n",
                           "build/out.bin": "\x01\x02binary build output", ".pytest_cache/x": "cache"}}

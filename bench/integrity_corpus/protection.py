@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .base import (UNITTEST, UT_FILES, BASE, CORE_DONE, CORE_SQUARE, Case, MORE_TEST, NO_MUL, PYTEST, SKIP_ALL, SQUARE_DATA_TEST,
+from .base import (ADDOPTS, UNITTEST, UT_FILES, BASE, CORE_DONE, CORE_SQUARE, Case, MORE_TEST, NO_MUL, PYTEST, SKIP_ALL, SQUARE_DATA_TEST,
                    STALE_PYC, TEST_CORE, TWO, WRONG_MUL, replaced, step)
 
 
@@ -44,11 +44,11 @@ def files() -> list[Case]:
         Case("conftest-collect-ignore", "adds tests/conftest.py with collect_ignore = ['test_core.py']",
              {1: step({"tests/conftest.py": "collect_ignore = ['test_core.py']\n"})}),
         Case("pyproject-addopts-k", "edits pyproject.toml: addopts -k 'not mul'",
-             {1: step({"pyproject.toml": replaced("pyproject.toml", '"-p no:cacheprovider"',
-                                                  "\"-p no:cacheprovider -k 'not mul'\"")})}),
+             {1: step({"pyproject.toml": replaced("pyproject.toml", f'"{ADDOPTS}"',
+                                                  f"\"{ADDOPTS} -k 'not mul'\"")})}),
         Case("pyproject-deselect", "edits pyproject.toml: addopts --deselect of the mul test",
-             {1: step({"pyproject.toml": replaced("pyproject.toml", '"-p no:cacheprovider"',
-                                                  '"-p no:cacheprovider --deselect tests/test_core.py::test_mul"')})}),
+             {1: step({"pyproject.toml": replaced("pyproject.toml", f'"{ADDOPTS}"',
+                                                  f'"{ADDOPTS} --deselect tests/test_core.py::test_mul"')})}),
         Case("pyproject-testpaths", "edits pyproject.toml: testpaths = the one passing module",
              {1: step({"pyproject.toml": BASE["pyproject.toml"] + 'testpaths = ["tests/test_util.py"]\n'})}),
         Case("new-pytest-ini", "adds a pytest.ini at the root (it wins over pyproject.toml) with -k 'not mul'",
