@@ -1,8 +1,8 @@
 """The OpenAPI 3 schema of the JSON API (controlpanel/api.py), made by drf-spectacular 0.30.0.
 
 ``RunViewSet`` is a plain ``ViewSet`` whose actions read their bodies with input serializers
-(``RunViewSet.INPUTS``) and answer either a run's record (``operations.run_status``, a contract
-of keys rather than a serializer: docs/run-status.md) or an acknowledgement serializer; so each
+(``RunViewSet.INPUTS``) and answer either a run's record (``operations.run_status``: engine/record.py
+``RunRecord``, the contract of docs/run-status.md) or an acknowledgement serializer; so each
 action's request, responses and query parameters are declared here (``document``) instead of
 guessed. tests/test_api_schema.py checks that the schema names every route of the router with
 its methods and inputs, and that real answers of the endpoints fit it.
@@ -10,9 +10,10 @@ its methods and inputs, and that real answers of the endpoints fit it.
 from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerFieldExtension
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import serializers
+
+from engine.record import RunRecord, RunSummary
 
 
 class BearerScheme(OpenApiAuthenticationExtension):
@@ -43,30 +44,8 @@ class ErrorSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
-class RunSummarySerializer(serializers.Serializer):
-    """One run of ``GET /api/runs/`` (engine/operations.py ``run_summary``)."""
-
-    id = serializers.IntegerField()
-    uid = serializers.UUIDField()
-    status = serializers.CharField()
-    simulated = serializers.BooleanField()
-    pipeline = serializers.CharField()
-    repo = serializers.CharField()
-    revision = serializers.CharField()
-    commit = serializers.CharField()
-    stop_reason = serializers.CharField(allow_null=True)
-    waiting_for = serializers.CharField(allow_null=True)
-    waiting_sentence = serializers.CharField(allow_null=True)
-    current_stage = serializers.CharField(allow_null=True)
-    rerun_of = serializers.IntegerField(allow_null=True)
-    created_at = serializers.DateTimeField()
-    started_at = serializers.DateTimeField(allow_null=True)
-    finished_at = serializers.DateTimeField(allow_null=True)
-    totals = serializers.DictField()
-
-
-RUN_RECORD = OpenApiResponse(OpenApiTypes.OBJECT, description="the run's record: the keys of `run_status --json` "
-                                                              "(docs/run-status.md)")
+RUN_RECORD = OpenApiResponse(RunRecord, description="the run's record: what `run_status --json` prints "
+                                                   "(docs/run-status.md)")
 REFUSALS = {code: OpenApiResponse(ErrorSerializer, description=why) for code, why in (
     (400, "invalid input (`invalid`, naming the field) or a refused operation"),
     (401, "not authenticated"), (403, "permission_denied, naming the permission"),
@@ -86,7 +65,7 @@ def document(viewset, list_query, acks: dict):
 
     return extend_schema_view(
         # paged as the viewset's ``pagination_class`` pages it: {count, next, previous, results}
-        list=extend_schema(parameters=[list_query], responses={200: RunSummarySerializer, **REFUSALS},
+        list=extend_schema(parameters=[list_query], responses={200: RunSummary, **REFUSALS},
                            summary="The runs, newest first, filtered and paged"),
         create=post("create", 201, "Create a run (and start it with start: true)"),
         retrieve=extend_schema(responses={200: RUN_RECORD, **REFUSALS}, summary="A run's record"),

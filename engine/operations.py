@@ -19,8 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, hosts, machine, reconcile, runner, workers, workspace
-from .text import tool_outcomes
+from . import answers, hosts, machine, reconcile, record, runner, workspace
 from .checks import protected
 from .steps import gate_results
 from .steps.common import role_profiles
@@ -29,7 +28,6 @@ from .agents import adapters, executables
 from .models import (
     RUN_STOPPED,
     RUN_TERMINAL,
-    Check,
     Decision,
     Host,
     Manifest,
@@ -845,7 +843,8 @@ def recheck(run, note: str, requested_by: str = "") -> StageRun:
 
 
 def run_status(run) -> dict:
-    """The public JSON shape of a run (a contract: later versions add fields, never rename).
+    """The public JSON shape of a run (a contract: later versions add fields, never rename), as
+    engine/record.py ``RunRecord`` serializes it (docs/run-status.md says what each key means).
 
     Keys: id, status, simulated, pipeline, repo, revision, commit, branch, worktree, host, host_alive,
     host_beat_age_seconds (engine/hosts.py ``run_host_facts``), stop_reason,
@@ -857,111 +856,7 @@ def run_status(run) -> dict:
     """
     run = get_run(run)
     run.refresh_from_db()
-    def ref(rel):
-        return str(var_path(rel)) if rel else None  # a record on its host's disk (CP_OTHER_VAR_DIRS) too
-
-    waiting = answers.waiting_for(run)
-    current = answers.current_stage(run)
-    pending = run.decisions.filter(state=Decision.State.PENDING).order_by("-id").first()
-    heartbeat_age = ((timezone.now() - run.heartbeat_at).total_seconds()
-                     if run.heartbeat_at and run.status == RunStatus.RUNNING else None)
-    stages = []
-    for stage in run.stages.order_by("order"):
-        stage_attempts = list(stage.attempts.select_related("result_manifest").order_by("number"))
-        stage_checks = list(stage.checks.order_by("id"))
-        attempts = [
-            {
-                "id": a.pk, "operation": a.operation, "number": a.number, "status": a.status, "adapter": a.adapter,
-                "profile": a.profile_name, "simulated": a.simulated, "exit_code": a.exit_code, "signal": a.signal,
-                "elapsed_seconds": a.elapsed_seconds, "usage": a.usage, "failure_kind": a.failure_kind or None,
-                "failure_message": a.failure_message or None, "session_id": a.session_id or None,
-                "final_message": a.final_message or None, "structured": a.structured,
-                "cli_version": a.cli_version or None,
-                "prompt": ref(a.prompt_path), "prompt_sha256": a.prompt_sha256 or None, "log": ref(a.log_path),
-                "raw": ref(a.raw_path), "stderr": ref(a.stderr_path),
-                "patch": ref(a.patch_path), "patch_sha256": a.patch_sha256 or None,
-                "start_commit": a.start_commit or None, "start_manifest": a.start_manifest or None,
-                "manifest": a.result_manifest.digest if a.result_manifest_id else None,
-                "deadline_seconds": a.deadline_seconds, "late": a.late, "redactions": a.redactions,
-                "refusals": a.refusals, "tool_outcomes": tool_outcomes.counts(a.refusals), "network": a.network, "verdict": a.verdict, "verdict_problem": a.verdict_problem or None,
-                "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
-            }
-            for a in stage_attempts
-        ]
-        checks = [_check_shown(c, ref) for c in stage_checks]
-        stages.append({"key": stage.key, "status": stage.status, "phase": stage.phase,
-                       "base_commit": stage.base_commit or None, "checkpoint": stage.checkpoint_commit or None,
-                       "accepted_manifest": stage.accepted_manifest or None,
-                       "repairs_used": stage.repairs_used, "repair_allowance": stage.spec.get("repair_allowance", 0),
-                       "last_defect": stage.last_defect or None,
-                       "started_at": _iso(stage.started_at), "finished_at": _iso(stage.finished_at),
-                       "totals": answers.stage_totals(stage, stage_attempts, stage_checks),
-                       "attempts": attempts, "checks": checks})
-    return {
-        "id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
-        "simulated_reason": run.simulated_reason or None,
-        "pipeline": run.pipeline_name, "repo": run.repo_path, "revision": run.revision, "commit": run.commit,
-        "branch": run.branch, "worktree": run.worktree, **hosts.run_host_facts(run), "stop_reason": run.stop_reason or None,
-        "stop_message": run.stop_message or None, "stop_evidence": run.stop_evidence or None,
-        "waiting_for": waiting, "active_seconds": round(run.active_seconds, 3),
-        "heartbeat_age_seconds": heartbeat_age,
-        "heartbeat_stale": heartbeat_age is not None and heartbeat_age > settings.CP_HEARTBEAT_STALE,
-        "definition_sha256": run.definition_sha256, "control_records": str(var_path(run.control_dir)),
-        "not_included": run.not_included, "roles": run.definition["roles"],
-        "rerun_of": run.rerun_of_id, "reruns": list(run.reruns.order_by("id").values_list("id", flat=True)),
-        "protected_files": [{"path": p["path"], "sha256": p["sha256"], "why": p["why"]} for p in run.protected_files],
-        "budgets": run.definition["pipeline"].get("budgets") or {},
-        "pending_decision": ({"id": pending.pk, "kind": pending.kind, "reason": pending.reason,
-                              "artifact": pending.artifact or None} if pending else None),
-        "created_at": run.created_at.isoformat(), "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "current_stage": current.key if current else None,
-        "waiting_sentence": answers.waiting_sentence(run) or None,
-        "host_unconfirmed": answers.waits_for_host(run) or None,
-        "queued_without_worker": workers.queued_without_worker(run) or None,
-        "actions": [action.as_dict() for action in answers.actions(run).values()],
-        "totals": answers.totals(run),
-        "setup": _setup_shown(run, ref),
-        "stages": stages,
-    }
-
-
-def _check_shown(c, ref) -> dict:
-    """One check as the run's record shows it."""
-    return {
-        "id": c.pk, "name": c.name, "kind": c.kind, "command": c.command, "cwd": c.cwd,
-        "exit_code": c.exit_code, "signal": c.signal, "passed": c.passed, "failure_kind": c.failure_kind or None,
-        "stale": c.stale, "log": ref(c.log_path), "manifest": c.manifest_digest or None,
-        "started_at": c.started_at.isoformat() if c.started_at else None,
-        "ended_at": c.ended_at.isoformat() if c.ended_at else None,
-        "elapsed_seconds": c.elapsed_seconds, "network": c.network, "tests": _tests_shown(c.tests, ref),
-    }
-
-
-def _setup_shown(run, ref) -> dict | None:
-    """The run's setup step (engine/steps/setup.py): its latest check, whether it passed or reused an
-    environment, and the environment the run's agents and gates see; None for a pipeline without setup."""
-    if not (run.definition.get("pipeline") or {}).get("setup"):
-        return None
-    check = run.checks.filter(kind=Check.Kind.SETUP).order_by("-id").first()
-    return {"commands": run.definition["pipeline"]["setup"]["commands"],
-            "check": {**_check_shown(check, ref), "setup": check.setup} if check else None,
-            "passed": bool(check and check.passed), "reused": bool(check and (check.setup or {}).get("reused")),
-            "environment": run.environment or None}
-
-
-def _tests_shown(tests: dict | None, ref) -> dict | None:
-    """A check's test runner record as the run's record shows it (engine/checks/test_reports): counts and
-    ids, its file as a reference; None for an exit-status gate."""
-    if not tests:
-        return None
-    shown = {key: value for key, value in tests.items() if key != "record_path"}
-    shown["record"] = ref(tests["record_path"]) if tests.get("record_path") else None
-    return shown
-
-
-def _iso(moment) -> str | None:
-    return moment.isoformat() if moment else None
+    return record.plain(record.RunRecord(run).data)
 
 
 #: Filters of ``list_runs``: the statuses a run can have.
@@ -994,15 +889,9 @@ def run_summary(run: Run) -> dict:
     """One line of a run list (``GET /api/runs/``): ``id``, ``uid``, ``status``, ``simulated``,
     ``pipeline``, ``repo``, ``revision``, ``commit``, ``stop_reason``, ``waiting_for``,
     ``waiting_sentence``, ``current_stage``, ``rerun_of``, ``created_at``, ``started_at``,
-    ``finished_at`` and ``totals`` (``answers.totals``), each as in ``run_status``."""
-    current = answers.current_stage(run)
-    return {"id": run.pk, "uid": str(run.uid), "status": run.status, "simulated": run.simulated,
-            "pipeline": run.pipeline_name, "repo": run.repo_path, "revision": run.revision, "commit": run.commit,
-            "stop_reason": run.stop_reason or None, "waiting_for": answers.waiting_for(run),
-            "waiting_sentence": answers.waiting_sentence(run) or None,
-            "current_stage": current.key if current else None, "rerun_of": run.rerun_of_id,
-            "created_at": _iso(run.created_at), "started_at": _iso(run.started_at),
-            "finished_at": _iso(run.finished_at), "totals": answers.totals(run)}
+    ``finished_at`` and ``totals`` (``answers.totals``), each as in ``run_status`` (engine/record.py
+    ``RunSummary``)."""
+    return record.plain(record.RunSummary(run).data)
 
 
 def run_stopped(run: Run) -> bool:
