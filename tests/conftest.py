@@ -268,19 +268,25 @@ def has_chromium() -> bool:
     return os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)
 
 
-def wake_live_server(url: str) -> None:
-    """Ask the live server for its login page once, after a browser closed. A connection Chromium opened
-    ahead (a preconnect) and reset as it closed can leave the live server's thread blocked in
-    ``accept()`` (its listening socket is blocking: select said readable, the connection was gone), and
-    pytest-django's teardown of ``live_server`` then waits for that thread for ever; this request is
-    the connection that ``accept()`` returns."""
-    import urllib.error
-    import urllib.request
+def _live_servers_never_block_in_accept() -> None:
+    """Make the listening socket of pytest-django's live server non-blocking. A connection Chromium opened
+    ahead (a preconnect) and reset before the server took it left the server's thread blocked in
+    ``accept()`` (select said readable, the connection was gone), and the teardown of ``live_server``
+    then waited for that thread for ever (make test hung 307 s at its last test until a request came).
+    Non-blocking, that ``accept()`` raises BlockingIOError, which socketserver ignores and polls again;
+    the connections it accepts stay blocking, as the handlers expect."""
+    from django.core.servers.basehttp import ThreadedWSGIServer
+    from django.test.testcases import LiveServerThread
 
-    try:
-        urllib.request.urlopen(url.rstrip("/") + "/admin/login/", timeout=10).close()
-    except (OSError, urllib.error.URLError):
-        pass  # the server answered with an error, or is gone: either way it is not blocked in accept()
+    class NonBlockingAccept(ThreadedWSGIServer):
+        def server_activate(self):
+            super().server_activate()
+            self.socket.setblocking(False)
+
+    LiveServerThread.server_class = NonBlockingAccept
+
+
+_live_servers_never_block_in_accept()
 
 
 @pytest.fixture
@@ -301,7 +307,6 @@ def narrow_page(live_server):
             yield context.new_page()
             context.close()
             chromium.close()
-        wake_live_server(live_server.url)
     finally:
         if before is None:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)

@@ -22,7 +22,7 @@ from django.contrib.auth.models import Permission
 
 from engine import operations, runner
 
-from tests.conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, navigate_by, wake_live_server
+from tests.conftest import ARTIFACTS, ANSWER_STEP, CHROMIUM, NO_CHROMIUM, has_chromium, navigate_by
 
 
 #: CI runs them in its SQLite job only (backend): what they check is the page a person sees and
@@ -72,7 +72,6 @@ def browser(live_server):
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
-    wake_live_server(live_server.url)
 
 
 @pytest.fixture(scope="module", autouse=True)
