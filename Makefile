@@ -36,7 +36,8 @@ demo: install agents
 
 ## make test: the whole suite (slow end-to-end tests included), in TEST_WORKERS pytest-xdist workers
 ## (default 2; 0: in this process, as CI's jobs do), each taking the next test when it is free, the longest
-## first (tests/conftest.py). Three workers were slower here: the end-to-end tests' agent CLIs fill both cores.
+## first (tests/conftest.py). Three workers were no faster here (27 min either way, measured again): the
+## end-to-end tests' agent CLIs fill both cores in the first half.
 TEST_WORKERS ?= 2
 test: announce-test install agents browser samples
 	$(BIN)/python scripts/timed.py $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --maxschedchunk 2

@@ -96,7 +96,12 @@ def test_a_stage_run_by_the_real_codex_through_the_engine(make_pipeline, repo, s
     assert any(kind == "tool_result" and text == "exit status 0" for kind, text in said), said
     assert any(kind == "usage" and "1,003 in" in text for kind, text in said), said
     review_said = conversation(review)
-    assert ("tool_call", "Runs `touch made-by-reviewer.txt`") in review_said, review_said
+    # each refused write once, as a call and its refusal: from codex's stream when it reports one (under load
+    # its own guess of a sandbox denial says no; it names the command as its shell ran it, `bash -lc ...`) or
+    # from its session record (the adapter's entries: engine/agents/codex/adapter.py ``_log_denials``)
+    for command in ("touch made-by-reviewer.txt", "echo hi > app/core.py"):
+        calls = [text for kind, text in review_said if kind == "tool_call" and command in text]
+        assert len(calls) == 1 and calls[0].startswith("Runs `"), review_said
     assert [kind for kind, _ in review_said].count("refusal") == 2, review_said
 
 
