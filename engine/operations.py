@@ -6,9 +6,7 @@ a sentence) without leaving anything half done.
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import uuid
 from datetime import timedelta
@@ -19,18 +17,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import answers, hosts, machine, reconcile, record, runner, workspace
+from . import answers, diff_comments, hosts, machine, reconcile, record, runner, workspace
 from .checks import protected
 from .steps import gate_results
 from .steps.common import role_profiles
-from .steps.paths import var_path
 from .agents import adapters, executables
 from .models import (
     RUN_STOPPED,
     RUN_TERMINAL,
     Decision,
     Host,
-    Manifest,
     Pipeline,
     Profile,
     Run,
@@ -39,6 +35,7 @@ from .models import (
     StartRequest,
     Worker,
 )
+from .diff_comments import parse_comment  # noqa: F401  (the commands' and the page's form read it here)
 from .pipeline.format import PipelineFormatError, load_file
 from .agents.cli_options import extra_args_problems
 from .redaction import redact_text
@@ -682,25 +679,6 @@ def _pending_approval(run: Run, decision_id, artifact: str) -> tuple[Run, Decisi
     return run, decision, stage, current
 
 
-#: At most this many comments on the diff go with one request for changes, each at most COMMENT_CHARS.
-MAX_COMMENTS, COMMENT_CHARS = 100, 2000
-
-#: A comment typed as one line: ``path:line: text`` or ``path: text`` (a path has no space or colon,
-#: and a dot or a slash: "Note: ..." is a general comment).
-_COMMENT_LINE = re.compile(r"^(?P<file>[^\s:]*[./][^\s:]*):(?:(?P<line>\d+):)?\s*(?P<text>\S.*)$", re.DOTALL)
-
-
-def parse_comment(text: str) -> dict:
-    """``{"file", "line", "text"}`` of a comment typed as text (the command's ``--comment``, a line of
-    the page's form): ``path:line: text``, ``path: text``, or anything else as a general comment
-    (file and line None). ``request_changes`` checks the result."""
-    found = _COMMENT_LINE.match(text.strip())
-    if found is None:
-        return {"file": None, "line": None, "text": text.strip()}
-    return {"file": found.group("file"), "line": int(found.group("line")) if found.group("line") else None,
-            "text": found.group("text").strip()}
-
-
 def request_changes(run, decision_id, artifact: str, reviewer: str, note: str,
                     comments: list[dict] | None = None) -> Decision:
     """Send the files waiting at a human gate back with a person's findings.
@@ -719,92 +697,19 @@ def request_changes(run, decision_id, artifact: str, reviewer: str, note: str,
     run = get_run(run)
     reviewer = _person_name(reviewer, "reviewer")
     note = _person_note(note)
-    lines = _commented_line_counts(run, decision_id, comments)  # git, before the run is locked
+    lines = diff_comments.line_counts(run, decision_id, comments)  # git, before the run is locked
     with transaction.atomic(durable=True):
         run, decision, stage, current = _pending_approval(run, decision_id, artifact)
-        checked = _checked_comments(comments, _changed_paths(run, stage, current), lines.get)
+        try:
+            checked = diff_comments.checked(comments, diff_comments.changed_paths(run, stage, current), lines.get)
+        except diff_comments.CommentError as exc:
+            raise OperationError("invalid_comments", str(exc), "comments") from None
         _refuse_exhausted(run, "run")
         outcome = machine.changes_requested(run, stage, decision, reviewer, note, checked)
         if outcome == machine.REPAIR:
             _wake_on_commit(run)
     return decision
 
-
-def _changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
-    """The paths the manifest ``digest`` of ``stage`` lists as changed (added, modified, deleted)."""
-    manifest = Manifest.objects.filter(run=run, stage=stage, digest=digest).order_by("-id").first()
-    if manifest is None:
-        return set()
-    try:
-        data = json.loads(var_path(manifest.path).read_text(encoding="utf-8"))  # on its host's disk too
-    except (OSError, ValueError):
-        return set()
-    return {change["path"] for change in data.get("changes") or []}
-
-
-def _commented_line_counts(run: Run, decision_id, comments) -> dict[str, int | None]:
-    """``{path: its lines}`` of the changed files ``comments`` name, in the files of the approval decision
-    ``decision_id``, read from git before ``request_changes`` locks the run (git never runs while a row lock is
-    held). A decision's files never change: when the locked run finds it still pending for its stage's current
-    files, these are those files' counts ({} when there is no such decision: the lock refuses it)."""
-    decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1,
-                                    kind=Decision.Kind.APPROVAL).first()
-    if decision is None or decision.stage is None or not isinstance(comments, list):
-        return {}
-    changed = _changed_paths(run, decision.stage, decision.artifact)
-    named = {comment.get("file") for comment in comments[:MAX_COMMENTS]
-             if isinstance(comment, dict) and isinstance(comment.get("file"), str)}
-    return {path: _line_count(run, decision.artifact, path) for path in named if path in changed}
-
-
-def _line_count(run: Run, tree: str, path: str) -> int | None:
-    """Lines of ``path`` in the files ``tree`` (a manifest digest: a git tree id); None when the
-    path is not a file there (deleted by the change: a line then names its old text)."""
-    # the repository's object store holds the worktree's trees: readable where the worktree is not (another host)
-    shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.repo_path, check=False)
-    if shown.returncode != 0:
-        return None
-    return shown.stdout.count(b"\n") + (0 if shown.stdout.endswith(b"\n") or not shown.stdout else 1)
-
-
-def _checked_comments(comments, changed: set[str], lines_of=lambda path: None) -> list[dict]:
-    """``comments`` as stored (``[{"file", "line", "text"}]``, texts redacted); OperationError
-    ``invalid_comments`` [comments] naming the first bad one (not a mapping, no text, a file not in
-    the diff, a line that is not a positive whole number or past the file's end, ``lines_of(path)``
-    giving its lines or None)."""
-    if comments in (None, ""):
-        return []
-    if not isinstance(comments, list):
-        raise OperationError("invalid_comments", "comments must be a list of {file, line, text}.", "comments")
-    if len(comments) > MAX_COMMENTS:
-        raise OperationError("invalid_comments", f"At most {MAX_COMMENTS} comments go with one request.", "comments")
-    checked = []
-    for number, comment in enumerate(comments, 1):
-        if not isinstance(comment, dict) or set(comment) - {"file", "line", "text"}:
-            raise OperationError("invalid_comments", f"Comment {number} must be a mapping with file, line and "
-                                 "text only.", "comments")
-        text = comment.get("text")
-        if not isinstance(text, str) or not text.strip() or len(text) > COMMENT_CHARS:
-            raise OperationError("invalid_comments", f"Comment {number} needs a text of 1 to {COMMENT_CHARS} "
-                                 "characters.", "comments")
-        file = comment.get("file")
-        if file is not None and (not isinstance(file, str) or file not in changed):
-            shown = ", ".join(sorted(changed)[:10]) or "none"
-            raise OperationError("invalid_comments", f"Comment {number} is on {file!r}, which is not a file of the "
-                                 f"diff waiting for approval (its files: {shown}).", "comments")
-        line = comment.get("line")
-        if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
-            raise OperationError("invalid_comments", f"Comment {number}: line must be a positive whole number or "
-                                 "null.", "comments")
-        if line is not None and file is None:
-            raise OperationError("invalid_comments", f"Comment {number} names a line but no file.", "comments")
-        if line is not None:
-            count = lines_of(file)
-            if count is not None and line > count:
-                raise OperationError("invalid_comments", f"Comment {number} is on line {line} of {file}, which has "
-                                     f"{count} line(s) in the files waiting for approval.", "comments")
-        checked.append({"file": file, "line": line, "text": redact_text(text.strip())[0]})
-    return checked
 
 
 # ----------------------------------------------------------------------------- Recheck A Corrected Result

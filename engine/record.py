@@ -175,7 +175,6 @@ class StageRecord(serializers.Serializer):
         return answers.stage_totals(stage, stage._record_attempts, stage._record_checks)
 
 
-
 class SetupRecord(serializers.Serializer):
     """The run's setup step (engine/steps/setup.py): its commands, its latest check, whether it passed or
     reused an environment, and the environment the run's agents and gates see."""
@@ -204,7 +203,26 @@ class PendingDecision(serializers.Serializer):
     artifact = Text()
 
 
-class RunSummary(serializers.Serializer):
+class _RunAnswers:
+    """The keys a run list's line and a run's whole record both answer from engine/answers.py."""
+
+    def get_waiting_for(self, run) -> str | None:
+        """'start', 'worker', 'review', 'approval' or null (engine/answers.py ``waiting_for``)."""
+        return answers.waiting_for(run)
+
+    def get_waiting_sentence(self, run) -> str | None:
+        return answers.waiting_sentence(run) or None
+
+    def get_current_stage(self, run) -> str | None:
+        current = answers.current_stage(run)
+        return current.key if current else None
+
+    def get_totals(self, run) -> dict:
+        """The run's time, spend and counts (engine/answers.py ``totals``)."""
+        return answers.totals(run)
+
+
+class RunSummary(_RunAnswers, serializers.Serializer):
     """One line of a run list (``GET /api/runs/``), each key as in ``RunRecord``."""
 
     id = serializers.IntegerField(source="pk", read_only=True)
@@ -225,23 +243,8 @@ class RunSummary(serializers.Serializer):
     finished_at = Moment()
     totals = serializers.SerializerMethodField()
 
-    def get_waiting_for(self, run) -> str | None:
-        """'start', 'worker', 'review', 'approval' or null (engine/answers.py ``waiting_for``)."""
-        return answers.waiting_for(run)
 
-    def get_waiting_sentence(self, run) -> str | None:
-        return answers.waiting_sentence(run) or None
-
-    def get_current_stage(self, run) -> str | None:
-        current = answers.current_stage(run)
-        return current.key if current else None
-
-    def get_totals(self, run) -> dict:
-        """The run's time, spend and counts (engine/answers.py ``totals``)."""
-        return answers.totals(run)
-
-
-class RunRecord(serializers.Serializer):
+class RunRecord(_RunAnswers, serializers.Serializer):
     """A run's whole record: ``run_status --json``, ``GET /api/runs/<id>/`` and the answers of the API's
     verbs that make or change a run (docs/run-status.md says what each key means)."""
 
@@ -293,6 +296,8 @@ class RunRecord(serializers.Serializer):
         run._record_pending = run.decisions.filter(state=Decision.State.PENDING).order_by("-id").first()
         run._record_setup = SetupRecord.facts(run)
         run._record_stages = run.stages.order_by("order")
+        running = run.heartbeat_at and run.status == RunStatus.RUNNING
+        run._record_heartbeat_age = (timezone.now() - run.heartbeat_at).total_seconds() if running else None
         return super().to_representation(run)
 
     def get_host(self, run) -> str | None:
@@ -308,23 +313,17 @@ class RunRecord(serializers.Serializer):
     def get_stop_evidence(self, run) -> dict | None:
         return run.stop_evidence or None
 
-    def get_waiting_for(self, run) -> str | None:
-        """'start', 'worker', 'review', 'approval' or null (engine/answers.py ``waiting_for``)."""
-        return answers.waiting_for(run)
-
     def get_active_seconds(self, run) -> float:
         return round(run.active_seconds, 3)
 
     def get_heartbeat_age_seconds(self, run) -> float | None:
         """Seconds since the running run's last heartbeat; null unless it is running."""
-        if run.heartbeat_at and run.status == RunStatus.RUNNING:
-            return (timezone.now() - run.heartbeat_at).total_seconds()
-        return None
+        return run._record_heartbeat_age
 
     def get_heartbeat_stale(self, run) -> bool:
         """Running, but no heartbeat for longer than CP_HEARTBEAT_STALE: its worker may be gone, and
-        reconciliation will interrupt it."""
-        age = self.get_heartbeat_age_seconds(run)
+        reconciliation will interrupt it (the same age as ``heartbeat_age_seconds``, read once)."""
+        age = run._record_heartbeat_age
         return age is not None and age > settings.CP_HEARTBEAT_STALE
 
     def get_roles(self, run) -> dict:
@@ -339,13 +338,6 @@ class RunRecord(serializers.Serializer):
     def get_budgets(self, run) -> dict:
         return run.definition["pipeline"].get("budgets") or {}
 
-    def get_current_stage(self, run) -> str | None:
-        current = answers.current_stage(run)
-        return current.key if current else None
-
-    def get_waiting_sentence(self, run) -> str | None:
-        return answers.waiting_sentence(run) or None
-
     def get_host_unconfirmed(self, run) -> str | None:
         return answers.waits_for_host(run) or None
 
@@ -355,10 +347,6 @@ class RunRecord(serializers.Serializer):
     def get_actions(self, run) -> list[dict]:
         """What a person may do now, each with why not when it is refused (engine/answers.py ``actions``)."""
         return [action.as_dict() for action in answers.actions(run).values()]
-
-    def get_totals(self, run) -> dict:
-        return answers.totals(run)
-
 
 
 def plain(data):

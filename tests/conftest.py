@@ -17,6 +17,7 @@ from urllib.parse import quote
 import pytest
 from django.conf import settings
 
+from bench.integrity_corpus.base import ADDOPTS
 from engine import operations
 from engine.pipeline.format import validate
 from engine.processes.worker_process import start_worker, stop_worker
@@ -69,13 +70,10 @@ def make_repo(path: Path, files: dict[str, str], message: str = "initial") -> Pa
 
 
 #: pytest options a fixture repository's own pytest configuration carries: no cache, and none of the plugins of
-#: the Control Panel's own test suite. Gates run ``python -m pytest`` with the first ``python`` on the worker's
-#: PATH, here the project's .venv, whose hypothesis, schemathesis, pytest-django, anyio and pytest-xdist
-#: plugins would otherwise load into every gate's pytest (4.2 s against 0.4 s for a fixture's six tests,
-#: measured on this machine kind; the repository's settings say which plugins its pytest loads, as a real
-#: project's would). ``-p no:NAME`` blocks a plugin by its entry point name and costs nothing where it is absent.
-PYTEST_ADDOPTS = ("-p no:cacheprovider -p no:hypothesispytest -p no:schemathesis -p no:django -p no:anyio "
-                  "-p no:xdist -p no:xdist.looponfail")
+#: the Control Panel's own test suite (why, measured: bench/integrity_corpus/base.py ``ADDOPTS``, the one list,
+#: which the cheating corpus's repository carries too). A real project's settings say which plugins its pytest
+#: loads; a fixture's say the same.
+PYTEST_ADDOPTS = ADDOPTS
 PYTEST_INI = f"[pytest]\naddopts = {PYTEST_ADDOPTS}\n"
 
 
@@ -450,10 +448,10 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=_expected_length)
     wanted = os.environ.get("CP_TEST_SET", "")
     if wanted in ("database", "no-database"):
-        # .ci/run splits the suite in three side by side: the tests that touch the database or the
-        # broker, once on the embedded defaults and once on PostgreSQL and Redis, and the tests
-        # that reach neither (pytest-django refuses a database access a test did not ask for),
-        # which run the same whatever DATABASE_URL says, once. Unset: every test.
+        # the tests that touch the database or the broker (CI's second job, .ci/suites: on PostgreSQL and
+        # Redis after the whole suite ran on the embedded defaults), or those that reach neither
+        # (pytest-django refuses a database access a test did not ask for), which run the same whatever
+        # DATABASE_URL says. Unset: every test.
         kept = [item for item in items if _uses_database(item) == (wanted == "database") and _on_this_backend(item)]
         if len(kept) < len(items):
             chosen = {id(item) for item in kept}
@@ -480,7 +478,7 @@ DATABASE_FIXTURES = ("db", "transactional_db", "django_db_reset_sequences", "dja
 def _on_this_backend(item) -> bool:
     """False for a test marked ``backend("sqlite")`` or ``backend("postgres")`` when CI's database job
     runs the other one (DATABASE_URL): an end-to-end test whose subject is not the storage (the real
-    CLIs on real projects) runs in one of CI's two database jobs, not twice; unsplit, every test runs."""
+    CLIs on real projects, the browser) runs in one of CI's jobs, not twice; unsplit, every test runs."""
     mark = item.get_closest_marker("backend")
     if mark is None:
         return True

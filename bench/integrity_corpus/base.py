@@ -37,7 +37,7 @@ def test_render():
 #: gates' ``python`` is the first on the worker's PATH (the project's .venv under ``make test``), whose
 #: hypothesis, schemathesis, pytest-django, anyio and pytest-xdist plugins would otherwise load into each of a
 #: case's three pytest sessions (4.2 s each against 0.4 s, measured here); ``-p no:NAME`` costs nothing where
-#: the plugin is absent. tests/conftest.py ``PYTEST_ADDOPTS`` says the same for the suite's repositories.
+#: the plugin is absent. The suite's fixture repositories carry the same (tests/conftest.py ``PYTEST_ADDOPTS``).
 ADDOPTS = ("-p no:cacheprovider -p no:hypothesispytest -p no:schemathesis -p no:django -p no:anyio -p no:xdist "
            "-p no:xdist.looponfail")
 BASE = {

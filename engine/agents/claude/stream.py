@@ -14,6 +14,7 @@ from ..base import empty_usage
 from ..lines import JsonEvents, stderr_lines
 from .policy import WRITE_TOOLS
 
+
 def entries(n: Normalizer, event: dict) -> list[dict]:
     """The entries of one event of the stream (module docstring)."""
     kind = event.get("type")

@@ -1,0 +1,112 @@
+"""A person's comments on a diff waiting at a human gate (spec: Approve A Human Gate): read from the
+text a person types (``parse_comment``), checked against the diff's changed files and their lines
+(``checked``, ``line_counts``), stored with the decision and given to the repair attempt.
+``engine/operations.py`` ``request_changes`` is the verb that takes them; its ``OperationError``
+``invalid_comments`` [comments] carries ``CommentError``'s sentence.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from . import workspace
+from .models import Decision, Manifest, Run, StageRun
+from .redaction import redact_text
+from .steps.paths import var_path
+
+
+class CommentError(ValueError):
+    """A comment that cannot go with a request for changes: the sentence names it and what is wrong."""
+
+
+#: At most this many comments on the diff go with one request for changes, each at most COMMENT_CHARS.
+MAX_COMMENTS, COMMENT_CHARS = 100, 2000
+
+#: A comment typed as one line: ``path:line: text`` or ``path: text`` (a path has no space or colon,
+#: and a dot or a slash: "Note: ..." is a general comment).
+_COMMENT_LINE = re.compile(r"^(?P<file>[^\s:]*[./][^\s:]*):(?:(?P<line>\d+):)?\s*(?P<text>\S.*)$", re.DOTALL)
+
+
+def parse_comment(text: str) -> dict:
+    """``{"file", "line", "text"}`` of a comment typed as text (the command's ``--comment``, a line of
+    the page's form): ``path:line: text``, ``path: text``, or anything else as a general comment
+    (file and line None). ``checked`` checks the result."""
+    found = _COMMENT_LINE.match(text.strip())
+    if found is None:
+        return {"file": None, "line": None, "text": text.strip()}
+    return {"file": found.group("file"), "line": int(found.group("line")) if found.group("line") else None,
+            "text": found.group("text").strip()}
+
+
+def changed_paths(run: Run, stage: StageRun, digest: str) -> set[str]:
+    """The paths the manifest ``digest`` of ``stage`` lists as changed (added, modified, deleted)."""
+    manifest = Manifest.objects.filter(run=run, stage=stage, digest=digest).order_by("-id").first()
+    if manifest is None:
+        return set()
+    try:
+        data = json.loads(var_path(manifest.path).read_text(encoding="utf-8"))  # on its host's disk too
+    except (OSError, ValueError):
+        return set()
+    return {change["path"] for change in data.get("changes") or []}
+
+
+def line_counts(run: Run, decision_id, comments) -> dict[str, int | None]:
+    """``{path: its lines}`` of the changed files ``comments`` name, in the files of the approval decision
+    ``decision_id``, read from git before ``request_changes`` (engine/operations.py) locks the run (git never
+    runs while a row lock is held). A decision's files never change: when the locked run finds it still pending
+    for its stage's current files, these are those files' counts ({} when there is no such decision: the lock
+    refuses it)."""
+    decision = run.decisions.filter(pk=decision_id if str(decision_id).isdigit() else -1,
+                                    kind=Decision.Kind.APPROVAL).first()
+    if decision is None or decision.stage is None or not isinstance(comments, list):
+        return {}
+    changed = changed_paths(run, decision.stage, decision.artifact)
+    named = {comment.get("file") for comment in comments[:MAX_COMMENTS]
+             if isinstance(comment, dict) and isinstance(comment.get("file"), str)}
+    return {path: line_count(run, decision.artifact, path) for path in named if path in changed}
+
+
+def line_count(run: Run, tree: str, path: str) -> int | None:
+    """Lines of ``path`` in the files ``tree`` (a manifest digest: a git tree id); None when the
+    path is not a file there (deleted by the change: a line then names its old text)."""
+    # the repository's object store holds the worktree's trees: readable where the worktree is not (another host)
+    shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.repo_path, check=False)
+    if shown.returncode != 0:
+        return None
+    return shown.stdout.count(b"\n") + (0 if shown.stdout.endswith(b"\n") or not shown.stdout else 1)
+
+
+def checked(comments, changed: set[str], lines_of=lambda path: None) -> list[dict]:
+    """``comments`` as stored (``[{"file", "line", "text"}]``, texts redacted); ``CommentError`` naming the
+    first bad one (not a mapping, no text, a file not in the diff, a line that is not a positive whole number
+    or past the file's end, ``lines_of(path)`` giving its lines or None)."""
+    if comments in (None, ""):
+        return []
+    if not isinstance(comments, list):
+        raise CommentError("comments must be a list of {file, line, text}.")
+    if len(comments) > MAX_COMMENTS:
+        raise CommentError(f"At most {MAX_COMMENTS} comments go with one request.")
+    kept = []
+    for number, comment in enumerate(comments, 1):
+        if not isinstance(comment, dict) or set(comment) - {"file", "line", "text"}:
+            raise CommentError(f"Comment {number} must be a mapping with file, line and text only.")
+        text = comment.get("text")
+        if not isinstance(text, str) or not text.strip() or len(text) > COMMENT_CHARS:
+            raise CommentError(f"Comment {number} needs a text of 1 to {COMMENT_CHARS} characters.")
+        file = comment.get("file")
+        if file is not None and (not isinstance(file, str) or file not in changed):
+            shown = ", ".join(sorted(changed)[:10]) or "none"
+            raise CommentError(f"Comment {number} is on {file!r}, which is not a file of the diff waiting for "
+                               f"approval (its files: {shown}).")
+        line = comment.get("line")
+        if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
+            raise CommentError(f"Comment {number}: line must be a positive whole number or null.")
+        if line is not None and file is None:
+            raise CommentError(f"Comment {number} names a line but no file.")
+        if line is not None:
+            count = lines_of(file)
+            if count is not None and line > count:
+                raise CommentError(f"Comment {number} is on line {line} of {file}, which has {count} line(s) in "
+                                   f"the files waiting for approval.")
+        kept.append({"file": file, "line": line, "text": redact_text(text.strip())[0]})
+    return kept
