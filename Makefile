@@ -35,9 +35,9 @@ demo: install agents
 	$(BIN)/python manage.py demo
 
 ## make test: the whole suite (slow end-to-end tests included), in TEST_WORKERS pytest-xdist workers
-## (default 2; 0: in this process, as CI's jobs do), each taking the next test when it is free, the longest
-## first (tests/conftest.py). Three workers were no faster here (27 min either way, measured again): the
-## end-to-end tests' agent CLIs fill both cores in the first half.
+## (default 2, as CI's jobs run it; 0: in this process), each taking the next test when it is free, the longest
+## first (tests/conftest.py): 17.5 min from a fresh clone on this machine kind. Three workers were no faster
+## here (measured twice): the end-to-end tests' agent CLIs fill both cores in the first half.
 TEST_WORKERS ?= 2
 test: announce-test install agents browser samples
 	$(BIN)/python scripts/timed.py $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --maxschedchunk 2
@@ -66,9 +66,11 @@ announce-test-fast:
 migrate: install
 	$(BIN)/python manage.py migrate
 
-# --insecure: runserver serves the admin's static files even with DJANGO_DEBUG off (a local tool)
+# --insecure: runserver serves the admin's static files even with DJANGO_DEBUG off (a local tool). It listens
+# on CP_WEB_ADDRESS (README.md's settings table), the address the sandbox refuses to agents and gates.
+CP_WEB_ADDRESS ?= 127.0.0.1:8000
 web: migrate
-	$(BIN)/python manage.py runserver --insecure 127.0.0.1:8000
+	$(BIN)/python manage.py runserver --insecure $(CP_WEB_ADDRESS)
 
 # the flags are engine/processes/worker_process.py WORKER_FLAGS (the tests' workers use the same; a test
 # checks): the engine needs no gossip, mingle or worker event heartbeat. Run it under a process

@@ -12,11 +12,13 @@ import logging
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from engine.operations import OperationError
+from engine.text import hints
 
 log = logging.getLogger("engine.api")
 
@@ -77,7 +79,7 @@ def _drf_body(exc: exceptions.APIException) -> tuple[dict, int]:
                     "body"), status.HTTP_400_BAD_REQUEST
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         code = "not_authenticated" if isinstance(exc, exceptions.NotAuthenticated) else "authentication_failed"
-        return body(code, f"{exc.detail} Send 'Authorization: Token KEY' (python manage.py api_token USER) "
+        return body(code, f"{exc.detail} Send 'Authorization: Token KEY' ({hints.manage('api_token USER')}) "
                     "or log in to the admin.", ""), exc.status_code
     if isinstance(exc, exceptions.PermissionDenied):
         extra = {"permission": exc.permission} if getattr(exc, "permission", "") else {}

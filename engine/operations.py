@@ -39,6 +39,7 @@ from .diff_comments import parse_comment  # noqa: F401  (the commands' and the p
 from .pipeline.format import PipelineFormatError, load_file
 from .agents.cli_options import extra_args_problems
 from .redaction import redact_text
+from .text import hints
 
 ROLES = ("implementer", "reviewer", "documenter")
 
@@ -506,7 +507,7 @@ def _refuse_exhausted(run: Run, field: str) -> None:
     problem = exhausted_budget(run)
     if problem is not None:
         raise OperationError("budget_exhausted", f"{problem} An exhausted execution budget requires a new run: "
-                             f"create one (python manage.py create_run) or fail this one (fail_run).", field)
+                             f"create one ({hints.manage('create_run ...')}) or fail this one (fail_run).", field)
 
 
 def unconfirmed_host(run) -> str | None:

@@ -268,7 +268,7 @@ def test_a_person_can_read_how_a_simulated_run_ended_and_why(make_pipeline, repo
     assert head == f"run {run.pk} of person-{name} [SIMULATED]: {case['status']}", text
     if case["reason"] is not None:
         assert f"stopped: {case['reason']}: {run.stop_message}" in text
-        assert f"python manage.py recover {run.pk} --decision" in text  # what the person can do next
+        assert f".venv/bin/python manage.py recover {run.pk} --decision" in text  # what the person can do next
     else:
         assert "stopped:" not in text
     shown = [re.match(r"\s+attempt \d+ (\w+) \[scripted\]", line) for line in text.splitlines()]

@@ -4,8 +4,11 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from engine import operations
-from engine.models import Pipeline, Profile
+from .conftest import database_url
+from .redis_server import free_port
+from engine.models import Pipeline, Profile, StartRequest
 
 
 BASE = Path(settings.BASE_DIR)
@@ -69,7 +74,8 @@ def test_run_status_says_a_pending_run_needs_start(make_pipeline, repo, capsys):
     run = operations.create_run(make_pipeline(), str(repo), "main")
     call_command("run_status", str(run.pk))
     out = capsys.readouterr().out
-    assert "pending" in out and f"needs Start: python manage.py start_run {run.pk}" in out and "[SIMULATED]" in out
+    assert "pending" in out and f"needs Start: .venv/bin/python manage.py start_run {run.pk}" in out
+    assert "[SIMULATED]" in out
     call_command("run_status", str(run.pk), json=True)
     data = json.loads(capsys.readouterr().out)
     assert data["waiting_for"] == "start"
@@ -162,6 +168,30 @@ def test_recover_command_refuses_without_a_pending_decision(make_pipeline, repo)
 
 
 @pytest.mark.slow
+def test_make_web_serves_the_control_panel_on_cp_web_address(tmp_path):
+    """README's settings table: the web server listens on CP_WEB_ADDRESS, `make web` too."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL", "MAKEFLAGS")}
+    env.update({"CP_VAR_DIR": str(tmp_path / "var"), "DJANGO_SETTINGS_MODULE": "controlpanel.settings",
+                "CP_WEB_ADDRESS": f"127.0.0.1:{port}"})
+    web = subprocess.Popen(["make", "--no-print-directory", "web"], cwd=BASE, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline, answer = time.monotonic() + 120, None
+        while time.monotonic() < deadline and web.poll() is None and answer is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=5) as response:
+                    answer = (response.status, response.read().decode())
+            except OSError:
+                time.sleep(0.5)
+        assert answer is not None, f"nothing answered on port {port}: " + (web.stdout.read() if web.poll() else "")
+        assert answer[0] == 200 and "Control Panel" in answer[1]
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(timeout=30)
+
+
+@pytest.mark.slow
 def test_make_demo_runs_the_main_job(tmp_path):
     """The README's first command, on its own var directory: a real worker process, two stages."""
     env = {k: v for k, v in os.environ.items()
@@ -181,6 +211,30 @@ def test_make_demo_runs_the_main_job(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_printed_command_works_as_printed_in_a_new_shell(make_pipeline, repo, capsys):
+    """run_status's "needs Start: ..." is typed as printed into a new shell in the project's folder (no virtual
+    environment active, the machine's PATH): it starts the run, and start_run's own hint is the same kind."""
+    run = operations.create_run(make_pipeline(), str(repo), "main")
+    call_command("run_status", str(run.pk))
+    hint = capsys.readouterr().out.split("needs Start: ", 1)[1].splitlines()[0]
+    assert hint == f".venv/bin/python manage.py start_run {run.pk}"
+    # the operator's settings, as their shell profile would give them; the message goes to a queue no worker reads
+    shell_env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "DATABASE_URL": database_url(),
+                 "DJANGO_SETTINGS_MODULE": "controlpanel.test_settings", "CP_VAR_DIR": str(settings.VAR_DIR),
+                 "CP_QUEUE": f"{settings.CELERY_TASK_DEFAULT_QUEUE}-hint-{run.pk}"}
+    if os.environ.get("CELERY_BROKER_URL"):
+        shell_env["CELERY_BROKER_URL"] = os.environ["CELERY_BROKER_URL"]
+    bare = subprocess.run(["bash", "-c", hint.replace(".venv/bin/python", "python", 1)], cwd=BASE, env=shell_env,
+                          capture_output=True, text=True, timeout=120)
+    assert bare.returncode != 0, "a bare python in a new shell has Django: this test's shell is not a new one"
+    typed = subprocess.run(["bash", "-c", hint], cwd=BASE, env=shell_env, capture_output=True, text=True, timeout=120)
+    assert typed.returncode == 0, typed.stderr
+    assert f"run {run.pk} [simulated]: start request recorded" in typed.stdout
+    assert f"(.venv/bin/python manage.py run_status {run.pk} --follow)" in typed.stdout
+    assert StartRequest.objects.filter(run=run, source="cli").exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_run_status_follow_says_what_a_pending_run_waits_for(make_pipeline, repo):
     run = operations.create_run(make_pipeline(), str(repo), "main")
     out, err = io.StringIO(), io.StringIO()
@@ -188,5 +242,5 @@ def test_run_status_follow_says_what_a_pending_run_waits_for(make_pipeline, repo
                  stderr=err)
     assert json.loads(out.getvalue())["status"] == "pending"  # stdout is one JSON document
     progress = err.getvalue()
-    assert f"needs Start: python manage.py start_run {run.pk}" in progress
+    assert f"needs Start: .venv/bin/python manage.py start_run {run.pk}" in progress
     assert progress.count("needs Start") == 1 and "still pending after" in progress

@@ -1,6 +1,7 @@
 """``python manage.py api_token USERNAME``: print the user's JSON API token, creating it if needed."""
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
+from engine.text import hints
 
 from engine.operations import OperationError
 
@@ -19,7 +20,7 @@ class Command(EngineCommand):
         user = get_user_model()._default_manager.filter(**{get_user_model().USERNAME_FIELD: username}).first()
         if user is None:
             raise OperationError("unknown_user", f"There is no user {username!r}; create one first "
-                                 "(python manage.py createsuperuser).", "username")
+                                 f"({hints.manage('createsuperuser')}).", "username")
         if not user.is_active:
             raise OperationError("inactive_user", f"User {username!r} is not active; a token would not "
                                  "authenticate.", "username")

@@ -19,6 +19,7 @@ from engine import answers, operations
 from engine.demo import git, make_demo_repo
 from engine.pipeline.format import load_file
 from engine.processes.worker_process import start_worker, stop_worker
+from engine.text import hints
 
 from ._base import EngineCommand
 
@@ -127,10 +128,10 @@ class Command(EngineCommand):
         out(f"  not included (uncommitted in the checkout): {', '.join(c['path'] for c in data['not_included'])}")
         out("")
         out("Where to look:")
-        out(f"  python manage.py run_status {data['id']}            (add --json for the full record; same "
+        out(f"  {hints.manage('run_status ' + str(data['id']))}            (add --json for the full record; same "
             f"CP_VAR_DIR and DATABASE_URL as the demo)")
         out(f"  git -C {shlex.quote(repo['path'])} log --format='%h %s' {data['branch']}")
-        out("  Control Panel: python manage.py createsuperuser, then make web, and open")
-        out(f"  http://127.0.0.1:8000/admin/engine/run/{data['id']}/detail/")
+        out(f"  Control Panel: {hints.manage('createsuperuser')}, then make web, and open")
+        out(f"  http://{settings.CP_WEB_ADDRESS}/admin/engine/run/{data['id']}/detail/")
         if problems:
             raise CommandError("the demo did not do what it should: " + "; ".join(problems))

@@ -4,7 +4,7 @@ import time
 
 
 from engine import answers, environments, operations
-from engine.text import tool_outcomes
+from engine.text import hints, tool_outcomes
 from engine.models import RunEvent
 
 from ._base import EngineCommand
@@ -17,8 +17,9 @@ def tool_sentence(attempt: dict) -> str:
 
 def waiting_hint(data: dict) -> str:
     """What a pending, queued or silent run is waiting for, in a sentence ('' when nothing)."""
+    run_id = data["id"]
     if data["waiting_for"] == "start":
-        return f"needs Start: python manage.py start_run {data['id']}"
+        return f"needs Start: {hints.manage(f'start_run {run_id}')}"
     if data["waiting_for"] == "worker" and data.get("queued_without_worker"):
         return f"queued, and not claimed: {data['queued_without_worker']}"
     if data["waiting_for"] == "worker":
@@ -27,19 +28,20 @@ def waiting_hint(data: dict) -> str:
     pending = data.get("pending_decision")
     if data["waiting_for"] in ("review", "approval") and data.get("host_unconfirmed"):
         return (f"waits for its host: {data['host_unconfirmed']}; recover and recheck are refused until then "
-                f"(or fail it: python manage.py fail_run {data['id']} --reason TEXT)")
+                f"(or fail it: {hints.manage(f'fail_run {run_id} --reason TEXT')})")
     if data["waiting_for"] == "approval" and pending:
-        return (f"waits for approval of files {pending['artifact']}: python manage.py approve {data['id']} "
+        return (f"waits for approval of files {pending['artifact']}: {hints.manage(f'approve {run_id}')} "
                 f"--decision {pending['id']} --artifact {pending['artifact'][:12]} --reviewer YOUR_NAME "
                 f"(or request_changes {data['id']} --decision {pending['id']} --artifact {pending['artifact'][:12]} "
                 f"--note TEXT to send it back; or recheck {data['id']} --note TEXT after a correction)")
     if data["waiting_for"] == "review" and data.get("stop_reason") == "budget_exhausted":
-        return (f"its budget is exhausted: an exhausted execution budget requires a new run (python manage.py "
-                f"create_run ...); fail this one with python manage.py fail_run {data['id']} --reason TEXT")
+        return (f"its budget is exhausted: an exhausted execution budget requires a new run "
+                f"({hints.manage('create_run ...')}); fail this one with "
+                f"{hints.manage(f'fail_run {run_id} --reason TEXT')}")
     if data["waiting_for"] == "review" and pending:
         recover = next((a for a in data.get("actions") or [] if a["action"] == "recover"), None)
         verify = recover is None or (recover.get("initial") or {}).get("verify", True)
-        return (f"waits for a person ({pending['reason']}): python manage.py recover {data['id']} --decision "
+        return (f"waits for a person ({pending['reason']}): {hints.manage(f'recover {run_id}')} --decision "
                 f"{pending['id']} --note TEXT --action {'retry|verify' if verify else 'retry'}"
                 + ("" if verify else " (the stage never produced a result to verify)"))
     if data.get("heartbeat_stale"):

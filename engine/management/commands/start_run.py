@@ -2,6 +2,7 @@
 import getpass
 
 from engine import operations
+from engine.text import hints
 
 from ._base import EngineCommand
 
@@ -17,4 +18,4 @@ class Command(EngineCommand):
         run = start.run
         sim = " [simulated]" if run.simulated else ""
         self.stdout.write(f"run {run.pk}{sim}: start request recorded; queued, waiting for a worker "
-                          f"(python manage.py run_status {run.pk} --follow)")
+                          f"({hints.manage(f'run_status {run.pk} --follow')})")
