@@ -346,7 +346,8 @@ def _session_var_dir():
 def pytest_unconfigure(config):
     """The var directory this process's settings made (controlpanel.test_settings: each pytest-xdist
     worker and the controlling process has its own) is removed once its test databases are gone."""
-    if os.environ.get("CP_TEST_SESSION_VAR") == "1" and not os.environ.get("CP_KEEP_TEST_VAR"):
+    made = os.environ.get("CP_TEST_SESSION_VAR")
+    if made and Path(made).resolve() == Path(settings.VAR_DIR) and not os.environ.get("CP_KEEP_TEST_VAR"):
         shutil.rmtree(settings.VAR_DIR, ignore_errors=True)
 
 

@@ -35,10 +35,10 @@ REGISTRY = ROOT / "tools" / "registry"
 #: adapter -> its executable (the order the runs take: the first makes the environment)
 CLIS = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini", "pi": "pi"}
 
-#: CI runs it in its PostgreSQL + Redis job (tests/test_real_repository.py in its SQLite one): what it
-#: checks is the setup and the CLIs' shells, the same on either database
+#: CI runs it in its SQLite job only (.ci/suites): what it checks is the setup and the CLIs' shells, the
+#: same on either database
 pytestmark = [pytest.mark.slow, pytest.mark.pipeline, pytest.mark.django_db(transaction=True),
-              pytest.mark.backend("postgres")]
+              pytest.mark.backend("sqlite")]
 
 
 def shell(adapter: str, command: str) -> dict:

@@ -52,7 +52,7 @@ def logs_of(run) -> str:
 @pytest.mark.slow
 @pytest.mark.pipeline
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.backend("sqlite")  # CI runs it in its SQLite job, tests/test_real_projects.py in the PostgreSQL one
+@pytest.mark.backend("sqlite")  # CI runs it in its SQLite job only (.ci/suites): its subject is the CLIs
 @pytest.mark.parametrize("cli", sorted(CLIS))
 def test_the_inflection_pipeline_runs_to_the_end_with_each_cli(cli, tmp_path, sent):
     adapter, executable, version = CLIS[cli]
