@@ -4,7 +4,8 @@ The dashboard says, in this order: the runs that wait for a person (each with th
 it waits for, engine/answers.py ``waiting_sentence``, and a button to the run page's actions), the
 runs that are queued or running (stage, phase, heartbeat age, which worker holds them; a queued run
 that no live worker will take says why: engine/workers.py ``queued_without_worker``), the recent
-stops (stop reason and message), and the workers (engine/workers.py ``worker_rows``).
+runs of every outcome (succeeded, failed, stopped for review: with the stop reason and message and how
+long the run took), and the workers (engine/workers.py ``worker_rows``).
 
 Routes (controlpanel/urls.py puts them before the admin's own, both through ``admin_view``):
 
@@ -40,15 +41,15 @@ from .readable import code_spans
 HOME_POLL_SECONDS = 5
 #: Runs listed at most in each of the waiting and active lists (the rest: the run list, one link away).
 LIST_LIMIT = 50
-#: Recent stops listed.
-STOPS_SHOWN = 10
+#: Recent runs listed (the rest: the run list).
+RECENT_SHOWN = 10
 #: Workers listed (most recent beat first; the rest: the Workers list).
 WORKERS_SHOWN = 50
 #: A waiting run's button, by status: it leads to the run page's actions (``#actions``).
 WAITING_BUTTONS = {RunStatus.WAITING_APPROVAL: "Approve or request changes",
                    RunStatus.WAITING_REVIEW: "Recover or fail"}
-#: The statuses of a recent stop: a run that failed, or stopped for review.
-STOP_STATUSES = (RunStatus.FAILED, RunStatus.WAITING_REVIEW)
+#: The statuses of a recent run: it succeeded, failed, or stopped for review.
+RECENT_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.WAITING_REVIEW)
 #: Run columns a list here never reads (large JSON): left out of its query.
 _UNREAD = ("protected_files", "not_included", "profile_override")
 
@@ -133,21 +134,27 @@ def spend_text(run: Run, attempts: list) -> str:
     return f"{tokens:,} tokens{cost}"
 
 
-def _stops(now: datetime) -> list[dict]:
-    """The ``STOPS_SHOWN`` latest stops (a failed run, or one stopped for review), newest first:
-    ``[{"id", "url", "pipeline", "status", "status_label", "simulated", "stop_reason", "stop_message",
-    "when_text"}]``. One query."""
-    rows = (Run.objects.filter(status__in=STOP_STATUSES).exclude(stop_reason="").defer(*_UNREAD, "definition")
-            .order_by("-updated_at", "-id")[:STOPS_SHOWN])
-    return [{"id": run.pk, "url": _detail(run.pk), "pipeline": run.pipeline_name, "status": run.status,
-             "status_label": run.get_status_display(), "simulated": run.simulated, "stop_reason": run.stop_reason,
-             "stop_message": run.stop_message,
-             "when_text": age_text(_since(run.finished_at or run.updated_at, now))} for run in rows]
+def _recent(now: datetime) -> list[dict]:
+    """The ``RECENT_SHOWN`` runs that ended or stopped for review most recently, newest first:
+    ``[{"id", "url", "pipeline", "repo", "status", "status_label", "simulated", "stop_reason", "stop_message",
+    "when_text", "took_text"}]`` (``took_text``: from its start to its end or stop, '' when it never started).
+    One query."""
+    rows = (Run.objects.filter(status__in=RECENT_STATUSES).exclude(status=RunStatus.WAITING_REVIEW, stop_reason="")
+            .defer(*_UNREAD, "definition").order_by("-updated_at", "-id")[:RECENT_SHOWN])
+    found = []
+    for run in rows:
+        ended = run.finished_at or run.updated_at
+        found.append({"id": run.pk, "url": _detail(run.pk), "pipeline": run.pipeline_name, "repo": run.repo_path,
+                      "status": run.status, "status_label": run.get_status_display(), "simulated": run.simulated,
+                      "stop_reason": run.stop_reason, "stop_message": run.stop_message,
+                      "when_text": age_text(_since(ended, now)),
+                      "took_text": age_text(_since(run.started_at, ended)) if run.started_at else ""})
+    return found
 
 
 def dashboard(request, now: datetime | None = None) -> dict:
     """The dashboard's context: ``{"url" (the fragment route), "poll" (seconds), "updated" (now),
-    "can_runs", "can_workers", "waiting", "waiting_more", "active", "active_more", "stops", "workers"
+    "can_runs", "can_workers", "waiting", "waiting_more", "active", "active_more", "recent", "workers"
     (``worker_rows`` with ``beat_text`` and each run's ``url`` added), "hosts" (engine/hosts.py
     ``host_rows`` with ``beat_text``), "host_stale" (seconds), "worker_stale" (seconds),
     "worker_beat" (seconds), "links" (the run and worker lists)}``. A fixed number of queries (about
@@ -167,13 +174,13 @@ def dashboard(request, now: datetime | None = None) -> dict:
                "can_runs": can_runs, "can_workers": can_workers, "workers": rows if can_workers else [],
                "hosts": host_list, "host_stale": hosts.stale_seconds(),
                "worker_stale": workers.stale_seconds(), "worker_beat": settings.CP_WORKER_BEAT,
-               "waiting": [], "waiting_more": False, "active": [], "active_more": False, "stops": [],
+               "waiting": [], "waiting_more": False, "active": [], "active_more": False, "recent": [],
                "links": {"runs": reverse("admin:engine_run_changelist"),
                          "workers": reverse("admin:engine_worker_changelist")}}
     if can_runs:
         context["waiting"], context["waiting_more"] = _waiting(now)
         context["active"], context["active_more"] = _active(now, rows)
-        context["stops"] = _stops(now)
+        context["recent"] = _recent(now)
     return context
 
 

@@ -271,12 +271,32 @@ def test_the_home_page_lists_a_run_waiting_for_review_with_its_sentence(staff, r
     assert "Recover or fail</a>" in waiting
 
 
+def recent(client) -> str:
+    return home(client).split('id="cp-home-recent"')[1].split("</section>")[0]
+
+
 @pytest.mark.django_db
-def test_the_home_page_lists_a_failed_run_among_the_recent_stops(staff, run_row):
+def test_the_home_page_lists_a_failed_run_among_the_recent_runs(staff, run_row):
     run = failed_run(run_row)
-    stops = home(staff).split('id="cp-home-stops"')[1].split("</section>")[0]
-    assert f'data-run="{run.pk}"' in stops and "<code>gate_failed</code>" in stops
-    assert "Gate &#x27;unit&#x27; exited 1 on the stage&#x27;s files (0)." in stops
+    listed = recent(staff)
+    assert f'data-run="{run.pk}"' in listed and "<code>gate_failed</code>" in listed
+    assert "Gate &#x27;unit&#x27; exited 1 on the stage&#x27;s files (0)." in listed
+
+
+@pytest.mark.django_db
+def test_the_home_page_lists_recent_runs_of_every_outcome_a_succeeded_one_too(staff, run_row):
+    """Right after `make demo` its succeeded run is on the home page, newest first, with how long it took."""
+    now = timezone.now()
+    failed = failed_run(run_row)
+    succeeded = run_row(status="succeeded", stage_statuses=("passed",), started_at=now - timedelta(seconds=95),
+                        finished_at=now)
+    pending = run_row()  # neither ended nor stopped: not a recent run
+    listed = recent(staff)
+    assert f'data-run="{pending.pk}"' not in listed
+    assert listed.index(f'data-run="{succeeded.pk}"') < listed.index(f'data-run="{failed.pk}"')
+    item = listed.split(f'data-run="{succeeded.pk}"')[1].split("</li>")[0]
+    assert "succeeded" in item and "took 1 min 35 s" in item and succeeded.repo_path in item
+    assert "<code>" not in item  # no stop reason for a success
 
 
 @pytest.mark.django_db
@@ -325,7 +345,7 @@ def test_the_home_page_asks_a_fixed_number_of_queries(staff, run_row):
     home(staff)  # the session, the user: warm
     with CaptureQueriesContext(connection) as few:
         text = home(staff)
-    # six run items (the review run is a recent stop too) and the test's worker; the session's real workers
+    # six run items (the review run is a recent run too) and the test's worker; the session's real workers
     # (tests/conftest.py worker_pool) may list their own host and worker rows beside them
     assert text.count("data-run=") == 6 and text.count('data-worker="w0@h"') == 1
     with CaptureQueriesContext(connection) as fragment:
@@ -335,7 +355,7 @@ def test_the_home_page_asks_a_fixed_number_of_queries(staff, run_row):
         text = home(staff)
     assert text.count("Approve or request changes</a>") == 20 and text.count("Recover or fail</a>") == 20
     assert text.count("held by w") == 20
-    assert text.split('id="cp-home-stops"')[1].split("</section>")[0].count('class="cp-home-item') == 10
+    assert text.split('id="cp-home-recent"')[1].split("</section>")[0].count('class="cp-home-item') == 10
     assert len(many.captured_queries) == len(few.captured_queries), [q["sql"] for q in many.captured_queries]
     with CaptureQueriesContext(connection) as fragment_many:
         assert staff.get("/admin/home/").status_code == 200
