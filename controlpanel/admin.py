@@ -17,6 +17,8 @@ the stage's earlier attempts. They are served by ``AttemptAdmin.file_view``, to 
 with view permission only, and only from the attempt's own recorded paths when they resolve
 inside its run's control records (controlpanel/attempt_files.py): never an arbitrary path.
 """
+from pathlib import Path
+
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -47,10 +49,13 @@ from engine.models import (
 )
 from engine.steps import sha256_file
 from engine.vocabulary import EVENT_KINDS, STOP_REASONS
+from engine.workers import age_text
 
+from .admin_base import ReadOnlyAdmin, ReadOnlyInline
 from .attempt_files import ATTEMPT_FILES, attempt_file
 from .forms import CreateRunForm, PipelineDefinitionForm
-from .readable import Readable, moment_html, path_list, refusals_html, usage_table, verdict_html, yaml_block
+from .home import spend_text
+from .readable import moment_html, path_list, refusals_html, usage_table, verdict_html, yaml_block
 from .views import RunPages, exit_text
 
 STATUS_COLOURS = {
@@ -62,45 +67,6 @@ STATUS_COLOURS = {
     RunStatus.SUCCEEDED: "#16a34a",
     RunStatus.FAILED: "#dc2626",
 }
-
-
-#: The record pages' own CSS (narrow screens, long values wrapped): controlpanel/static/controlpanel/pages.css.
-PAGES_CSS = {"all": ("controlpanel/pages.css",)}
-
-
-class ReadOnlyAdmin(Readable, admin.ModelAdmin):
-    """Evidence: viewable, never added, changed or deleted through the admin; its values readable
-    (controlpanel/readable.py)."""
-
-    class Media:
-        css = PAGES_CSS
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-class ReadOnlyInline(Readable, admin.TabularInline):
-    """The records of a page's object, read-only, their values readable (controlpanel/readable.py)."""
-
-    template = "admin/engine/_readonly_tabular.html"  # Django's, its cells labelled for narrow screens
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    class Media:
-        css = PAGES_CSS
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 class ProfileInline(ReadOnlyInline):
@@ -270,7 +236,9 @@ class RunChangeList(ChangeList):
 
     def get_queryset(self, request, exclude_parameters=None):
         stages = Prefetch("stages", queryset=StageRun.objects.order_by("order"), to_attr="ordered_stages")
-        return super().get_queryset(request, exclude_parameters).prefetch_related(stages)
+        spends = Prefetch("attempts", queryset=Attempt.objects.only("id", "run", "spend", "usage", "simulated"),
+                          to_attr="spend_attempts")
+        return super().get_queryset(request, exclude_parameters).prefetch_related(stages, spends)
 
     def url_for_result(self, result):
         return reverse("admin:engine_run_detail", args=[result.pk], current_app=self.model_admin.admin_site.name)
@@ -281,9 +249,9 @@ class RunAdmin(ReadOnlyAdmin):
     """Runs: the list leads to each run's detail page (timeline, evidence, actions: controlpanel.views);
     the change page stays the read-only record of every field, with a link to the detail page."""
 
-    list_display = ("id", "pipeline_name", "coloured_status", "simulated_badge", "current_stage", "active_time",
-                    "stop_reason_code", "commit_short", "created_at")
-    list_filter = ("status", "pipeline", "simulated")
+    list_display = ("id", "pipeline_name", "coloured_status", "simulated_badge", "repository", "branch",
+                    "current_stage", "started_at", "took", "spend", "stop_reason_code", "commit_short")
+    list_filter = ("status", "stop_reason", "pipeline", "repo_path", "simulated")
     search_fields = ("id", "pipeline_name", "repo_path", "commit", "branch", "stop_reason")
     list_select_related = ("pipeline",)
     readonly_fields = [f.name for f in Run._meta.fields]
@@ -324,9 +292,25 @@ class RunAdmin(ReadOnlyAdmin):
             return "-"
         return format_html('<code title="{}">{}</code>', STOP_REASONS.get(obj.stop_reason, ""), obj.stop_reason)
 
-    @admin.display(description="active time")
-    def active_time(self, obj):
-        return f"{obj.active_seconds:.0f} s"
+    @admin.display(description="repository", ordering="repo_path")
+    def repository(self, obj):
+        """The repository's folder name, its whole path on hover."""
+        return format_html('<span title="{}">{}</span>', obj.repo_path, Path(obj.repo_path).name or obj.repo_path)
+
+    @admin.display(description="took")
+    def took(self, obj):
+        """From its start to its end (or until now while it goes on), and the time a worker was on it."""
+        if not obj.started_at:
+            return "-"
+        until = obj.finished_at or timezone.now()
+        return f"{age_text((until - obj.started_at).total_seconds())} ({obj.active_seconds:.0f} s active)"
+
+    @admin.display(description="spend")
+    def spend(self, obj):
+        """Tokens and money its model calls spent (controlpanel/home.py ``spend_text``: no money for a simulated
+        run); '-' before any."""
+        attempts = getattr(obj, "spend_attempts", None)  # the list's, read with the page's runs
+        return spend_text(obj, list(obj.attempts.all()) if attempts is None else attempts) or "-"
 
     @admin.display(description="commit")
     def commit_short(self, obj):
@@ -596,98 +580,5 @@ class NotificationAdmin(ReadOnlyAdmin):
     readonly_fields = [f.name for f in Notification._meta.fields]
 
 
-# ----------------------------------------------------------------------------- workers
-# (imported here, beside the one class that uses them, to keep this addition in one place)
-from engine import workers as worker_records  # noqa: E402
-from engine.models import Worker  # noqa: E402
-
-
-class WorkerChangeList(ChangeList):
-    """The worker list, which reads the runs in the hands of the page's workers once for all
-    (engine/workers.py ``runs_in_hand``: two queries, whatever the number of workers)."""
-
-    def get_results(self, request):
-        super().get_results(request)
-        page = list(self.result_list)
-        held = worker_records.runs_in_hand(page)
-        for worker in page:
-            worker.cp_runs_in_hand = held[worker.pk]
-
-
-@admin.register(Worker)
-class WorkerAdmin(ReadOnlyAdmin):
-    """The Run Engine's workers as they last reported themselves (engine/workers.py): read-only, written
-    only by each worker's main process (its beat). Alive: a beat less than CP_WORKER_STALE seconds old
-    and no clean stop. Runs in hand: the running runs whose lease a pool process of the worker holds."""
-
-    list_display = ("name", "host", "pid", "queue_list", "beat_age", "alive", "runs_in_hand")
-    search_fields = ("name", "host")
-    readonly_fields = [f.name for f in Worker._meta.fields] + ["alive", "runs_in_hand"]
-
-    def get_changelist(self, request, **kwargs):
-        return WorkerChangeList
-
-    @admin.display(description="queues")
-    def queue_list(self, obj):
-        return ", ".join(obj.queues or []) or "-"
-
-    @admin.display(description="last beat", ordering="-beat_at")
-    def beat_age(self, obj):
-        seconds = max(0.0, (timezone.now() - obj.beat_at).total_seconds())
-        return f"{seconds:.0f} s ago"
-
-    @admin.display(description="alive", boolean=True)
-    def alive(self, obj):
-        return worker_records.is_alive(obj)
-
-    @admin.display(description="runs in hand")
-    def runs_in_hand(self, obj):
-        runs = getattr(obj, "cp_runs_in_hand", None)
-        if runs is None:  # the change page: one worker
-            runs = worker_records.runs_in_hand([obj])[obj.pk]
-        if not runs:
-            return "-"
-        return format_html_join(", ", '<a href="{}">run {}</a>{}', (
-            (reverse("admin:engine_run_detail", args=[run["id"]]), run["id"],
-             f" ({run['stage']}, {run['phase']})" if run["stage"] else "") for run in runs))
-
-
-# ----------------------------------------------------------------------------- hosts
-from engine import hosts as host_records  # noqa: E402
-from engine.models import Host  # noqa: E402
-
-
-@admin.register(Host)
-class HostAdmin(ReadOnlyAdmin):
-    """The Run Engine's hosts (engine/hosts.py): read-only, upserted by their workers' beats. Alive: a
-    beat less than CP_HOST_STALE seconds old. A run pinned to a host has every step on its queue."""
-
-    list_display = ("name", "queue", "roots", "beat_age", "alive")
-    search_fields = ("name",)
-    readonly_fields = [f.name for f in Host._meta.fields] + ["alive"]
-    actions = ["forget"]
-
-    def has_forget_permission(self, request):
-        return request.user.has_perm("engine.delete_host")
-
-    @admin.action(description="Forget the selected hosts (gone for good, no unfinished run)", permissions=["forget"])
-    def forget(self, request, queryset):
-        """engine/operations.py ``forget_host`` for each selected host; each refusal is said."""
-        for host in queryset:
-            try:
-                operations.forget_host(host.name)
-                messages.success(request, f"Host {host.name} forgotten.")
-            except operations.OperationError as exc:
-                messages.error(request, f"Host {host.name}: {exc.message}")
-
-    @admin.display(description="reaches")
-    def roots(self, obj):
-        return ", ".join(obj.repo_roots or []) or "any repository path"
-
-    @admin.display(description="last beat", ordering="-beat_at")
-    def beat_age(self, obj):
-        return f"{host_records.host_age(obj):.0f} s ago"
-
-    @admin.display(description="alive", boolean=True)
-    def alive(self, obj):
-        return host_records.is_alive(obj)
+# the workers' and hosts' pages (registered on import)
+from . import admin_hosts  # noqa: E402,F401

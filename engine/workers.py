@@ -7,7 +7,7 @@ after a warm shutdown let the steps in progress end), which marks the row ``stop
 killed outright leaves its row, whose beat goes stale. The beat is a report for people: the engine
 never acts on it (reconciliation judges a run by the run's own heartbeat, engine/reconcile.py).
 
-The reading side is plain reads for the pages (controlpanel/home.py, controlpanel/admin.py) and
+The reading side is plain reads for the pages (controlpanel/home.py, controlpanel/admin_hosts.py) and
 whoever else asks, in a fixed number of queries whatever the number of workers and runs:
 
 * ``worker_rows()`` / ``live_workers()``: each worker as a plain dict, with the runs in its hands;

@@ -371,7 +371,8 @@ def run_row(make_pipeline):
         roles = definition["roles"]
         used = {name for names in roles.values() for name in ([names] if isinstance(names, str) else names)}
         reason = answers.run_simulation(definition["profiles"], used)  # as engine/operations.py create_run
-        run = Run.objects.create(pipeline=pipeline, pipeline_name=pipeline.name, repo_path="/nonexistent",
+        fields.setdefault("repo_path", "/nonexistent")
+        run = Run.objects.create(pipeline=pipeline, pipeline_name=pipeline.name,
                                  revision="main", commit="0" * 40, definition=definition,
                                  definition_sha256="0" * 64, status=status, simulated=bool(reason),
                                  simulated_reason=reason, **fields)

@@ -495,3 +495,31 @@ def test_the_run_list_makes_as_many_queries_for_twelve_runs_as_for_two(staff, ma
         assert text.count('class="field-current_stage">s0<') == total, text  # every row names its stage
         counts[total] = len(seen.captured_queries)
     assert counts[12] == counts[2], counts
+
+
+@pytest.mark.django_db
+def test_the_run_list_shows_repository_branch_start_time_taken_spend_and_stop_reason(staff, run_row):
+    """Issue 22: the run list says where each run ran, when, how long it took and what it spent, and filters by
+    stop reason and repository."""
+    from django.utils import timezone
+
+    now = timezone.now()
+    done = run_row(status="succeeded", stage_statuses=("passed",), repo_path="/srv/repos/textstats",
+                   branch="cp/run-done", started_at=now - datetime.timedelta(seconds=95), finished_at=now)
+    Run.objects.filter(pk=done.pk).update(simulated=False)
+    Attempt.objects.create(run=done, stage=done.stages.get(), number=1, operation="implement", role="implementer",
+                           profile_name="claude-code", adapter="claude-code", status="succeeded", deadline_seconds=60,
+                           spend={"tokens": 4100, "cost_usd": 0.0135, "unpriced_calls": 0})
+    failed = run_row(status="failed", stage_statuses=("failed",), repo_path="/srv/repos/other", stop_reason="gate_failed",
+                     stop_message="Gate 'unit' exited 1.", started_at=now - datetime.timedelta(seconds=30),
+                     finished_at=now)
+    listed = get(staff, reverse("admin:engine_run_changelist"))
+    row = listed.split(f">{done.pk}</a>")[1].split("</tr>")[0]
+    assert '<span title="/srv/repos/textstats">textstats</span>' in row and "cp/run-done" in row
+    assert "1 min 35 s" in row and "4,100 tokens · $0.0135" in row
+    assert "<code" not in row  # no stop reason for a success
+    assert "gate_failed" in listed.split(f">{failed.pk}</a>")[1].split("</tr>")[0]
+    only_failed = get(staff, reverse("admin:engine_run_changelist") + "?stop_reason__exact=gate_failed")
+    assert f">{failed.pk}</a>" in only_failed and f">{done.pk}</a>" not in only_failed
+    only_repo = get(staff, reverse("admin:engine_run_changelist") + "?repo_path__exact=/srv/repos/textstats")
+    assert f">{done.pk}</a>" in only_repo and f">{failed.pk}</a>" not in only_repo
