@@ -35,7 +35,7 @@ from .models import (
     StartRequest,
     Worker,
 )
-from .diff_comments import parse_comment  # noqa: F401  (the commands' and the page's form read it here)
+from .diff_comments import parse_comment  # the commands' and the page's form read it here
 from .pipeline.format import PipelineFormatError, load_file
 from .agents.cli_options import extra_args_problems
 from .redaction import redact_text

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine import boundary
+from engine.model_gateway import conversation
 from engine.text import transcript
 from engine.agents import adapters, cli_options, executables, network, registry
 from engine.pipeline.schema import CLI_ADAPTERS, ENGINE_ENV, ENGINE_ENV_PREFIXES, ROLES
@@ -27,10 +28,15 @@ CLIS = sorted(registry.CLIS)
 NAMED_ELSEWHERE = {
     # the provider APIs' wire formats (Anthropic Messages, OpenAI Responses, Google's Gemini API), which
     # every CLI of that provider speaks; "gemini" there is the API's name, kept in stored call records
-    "engine/model_gateway/conversation.py": "provider wire formats",
+    # (conversation.py also says that the transcript words every CLI's tools as Claude Code's; the CLIs' own
+    # tool names and exit-status wording are in their policies: TOOL_WORDS, EXIT_SAID)
+    "engine/model_gateway/conversation.py": "provider wire formats, and the transcript's words",
     "engine/model_gateway/usage.py": "provider wire formats",
     "engine/model_gateway/requests.py": "provider wire formats",
     "engine/model_gateway/prices.py": "a model family's name (claude-sonnet-4-5) in an example",
+    # the price table: the providers' model families (claude-opus-4-5, gpt-5-codex, gemini-2.5-pro) and their
+    # pricing pages, whichever CLI calls them
+    "engine/model_gateway/prices.json": "model families' names and their providers' pricing pages",
     # the scripted model endpoint plays the three provider APIs for the real CLIs in simulated runs; its
     # docstring says which CLI version each answer was checked against
     "engine/scripted_endpoint.py": "a test double of the provider APIs",
@@ -52,6 +58,9 @@ def test_each_cli_package_has_its_three_parts(adapter):
     assert policy.CREDENTIALS and all(re.fullmatch(r"[A-Z][A-Z0-9_]*", name) for name in policy.CREDENTIALS)
     assert policy.PROVIDER_HOSTS and all("." in host for host in policy.PROVIDER_HOSTS)
     assert policy.WRITE_TOOLS and isinstance(policy.WRITE_TOOLS, frozenset)
+    assert policy.SHELL_TOOLS and set(policy.SHELL_TOOLS) <= set(transcript._SHELL_TOOLS)
+    assert all(word in ("Bash", "Read", "Write", "Edit") for word, _ in policy.TOOL_WORDS.values())
+    assert re.compile(policy.EXIT_SAID).pattern in conversation._EXIT_SAID.pattern
     for option, (pattern, roles, what) in policy.EXTRA_ARGS.items():
         assert option.startswith("-") and set(roles) <= set(ROLES) and (pattern is None or what), option
         assert option not in policy.PERMISSION_ARGS and option not in policy.ENGINE_ARGS, option
@@ -64,6 +73,7 @@ def test_the_engine_s_tables_are_read_from_the_package(adapter):
     assert boundary.CREDENTIALS[adapter] == tuple(policy.CREDENTIALS)
     assert boundary.KEY_TARGETS[adapter] == policy.CREDENTIALS[0]
     assert network.PROVIDER_HOSTS[adapter] == tuple(policy.PROVIDER_HOSTS)
+    assert set(getattr(policy, "GATEWAY_ENV", ())) <= set(network.GATEWAY_ENV)
     assert set(network.provider_hosts({"adapter": adapter})) <= set(policy.PROVIDER_HOSTS)
     assert network.provider_hosts({"adapter": adapter})
     assert policy.WRITE_TOOLS <= WRITE_TOOLS
@@ -109,22 +119,40 @@ def test_the_pinned_cli_offers_every_flag_its_roles_boundary_needs(adapter, role
     assert cls().check(profile, role) == []
 
 
+#: What the name scan reads: the engine's and the Control Panel's code, scripts, styles, data and templates.
+SCANNED = (("engine", "*.py"), ("engine", "*.sh"), ("engine", "*.json"), ("controlpanel", "*.py"),
+           ("controlpanel", "*.js"), ("controlpanel", "*.css"), ("templates", "*.html"))
+
+
+def named_clis(text: str) -> list[str]:
+    """The CLI names in ``text``, whole words in any case, where ``_`` and ``-`` end a word (``CODEX_HOME``,
+    ``claude_home`` and ``gemini-cli`` name one too), a letter or digit does not (``pipeline``, ``api``)."""
+    names = "|".join(registry.CLIS.values())
+    return re.findall(r"(?<![A-Za-z0-9])(" + names + r")(?![A-Za-z0-9])", text, re.IGNORECASE)
+
+
+def test_the_name_scan_finds_a_cli_named_every_way():
+    """The scan below can fail: each way a module could name a CLI is found, and ordinary words are not."""
+    for text in ("CODEX_HOME", "x = 'claude_home'", "/* gemini */", "<!-- pi -->", "gemini-cli", "Claude."):
+        assert named_clis(text), text
+    for text in ("pipeline", "api", "epic", "claudette", "codexes", "geminis", "spinner", "pi2"):
+        assert not named_clis(text), text
+
+
 def test_no_module_outside_its_package_names_a_cli():
-    """``grep`` for a CLI's name (its package's name, whole word, any case) in engine/ and controlpanel/,
-    outside engine/agents/<cli>/ and the registry, finds nothing in comments, docstrings or code but in
-    NAMED_ELSEWHERE (where the name is a provider API's, a file's or the demo's, not the CLI's)."""
-    names = re.compile(r"\b(" + "|".join(registry.CLIS.values()) + r")\b", re.IGNORECASE)
+    """``grep`` for a CLI's name (its package's name, whole word, any case: ``named_clis``) in engine/,
+    controlpanel/ and templates/ (``SCANNED``), outside engine/agents/<cli>/ and the registry, finds nothing in
+    comments, docstrings or code but in NAMED_ELSEWHERE (where the name is a provider API's, a file's or the
+    demo's, not the CLI's)."""
     packages = {f"engine/agents/{package}/" for package in registry.CLIS.values()}
     found = []
-    for path in sorted([*ROOT.joinpath("engine").rglob("*.py"), *ROOT.joinpath("controlpanel").rglob("*.py"),
-                        *ROOT.joinpath("engine").rglob("*.sh"), *ROOT.joinpath("controlpanel").rglob("*.js"),
-                        *ROOT.joinpath("controlpanel").rglob("*.html")]):
+    for path in sorted(path for folder, pattern in SCANNED for path in ROOT.joinpath(folder).rglob(pattern)):
         rel = path.relative_to(ROOT).as_posix()
         if any(rel.startswith(package) for package in packages) or rel == "engine/agents/registry.py" \
                 or rel in NAMED_ELSEWHERE or "/migrations/" in rel:
             continue
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if names.search(line):
+            if named_clis(line):
                 found.append(f"{rel}:{number}: {line.strip()[:120]}")
     assert found == [], "a CLI named outside its package:\n" + "\n".join(found)
     for rel in NAMED_ELSEWHERE:

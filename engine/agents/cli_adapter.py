@@ -474,8 +474,8 @@ GATEWAY_CONNECT_SECONDS = 3.0
 
 
 def gateway_urls(profile: dict) -> list[str]:
-    """The gateway URLs of a profile: its ``base_url``, then the GATEWAY_ENV variables of its
-    ``env`` (``ANTHROPIC_BASE_URL``, ``OPENAI_BASE_URL``, ``GOOGLE_GEMINI_BASE_URL``: engine/agents/network.py), without duplicates."""
+    """The gateway URLs of a profile: its ``base_url``, then the GATEWAY_ENV variables of its ``env`` (each
+    CLI's policy names its own: engine/agents/network.py), without duplicates."""
     urls = [profile.get("base_url")] + [(profile.get("env") or {}).get(name) for name in GATEWAY_ENV]
     return list(dict.fromkeys(str(url) for url in urls if url))
 
@@ -496,8 +496,9 @@ def gateway_problems(profile: dict, deny=(), timeout: float = GATEWAY_CONNECT_SE
     for url in urls:
         entry = url_entry(url)
         if entry is None:
-            problems.append(PreflightProblem("gateway_unreachable", "a gateway URL of the profile (base_url, "
-                                             "ANTHROPIC_BASE_URL, OPENAI_BASE_URL or GOOGLE_GEMINI_BASE_URL) names no host", "base_url"))
+            problems.append(PreflightProblem("gateway_unreachable", f"a gateway URL of the profile (base_url, "
+                                             f"{', '.join(GATEWAY_ENV[:-1])} or {GATEWAY_ENV[-1]}) names no host",
+                                             "base_url"))
             continue
         host, port = split_host_port(entry)
         ok, why, address = proxy.check(host, port)

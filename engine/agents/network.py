@@ -8,9 +8,8 @@ endpoint_url)`` is what that proxy lets through:
   scripted model endpoint (a simulated run reaches that endpoint only);
 * the engine's model gateway of the attempt (engine/model_gateway, ``http://127.0.0.1:PORT``), or the
   scripted endpoint of a simulated attempt: ``endpoint_url``; then nothing else of the model's;
-* without it (a CLI's own login, not metered): the profile's gateway: ``base_url``, or
-  ``ANTHROPIC_BASE_URL`` / ``OPENAI_BASE_URL`` / ``GOOGLE_GEMINI_BASE_URL`` in its ``env`` (GATEWAY_ENV),
-  as ``host:port``;
+* without it (a CLI's own login, not metered): the profile's gateway: ``base_url``, or a gateway
+  variable of a CLI (GATEWAY_ENV: each CLI's policy names its own) in its ``env``, as ``host:port``;
 * the profile's ``network_allow`` entries (``host``, ``*.suffix``, ``host:port``).
 
 Whatever the list says, the proxy never connects to the ``deny`` addresses the engine gives it
@@ -28,8 +27,9 @@ from .sandbox import NetworkPolicy
 #: The provider hosts each adapter may reach by default (any port of the name): each CLI's policy
 #: says which (engine/agents/<cli>/policy.py PROVIDER_HOSTS). The scripted test adapter talks to no model.
 PROVIDER_HOSTS = registry.provider_hosts()
-#: Gateway variables a profile's ``env`` may set; their host joins the allow-list.
-GATEWAY_ENV = ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "GOOGLE_GEMINI_BASE_URL")
+#: Gateway variables a profile's ``env`` may set; their host joins the allow-list: each CLI's policy names the
+#: variable of its provider's API address (engine/agents/<cli>/policy.py GATEWAY_ENV), all of them here.
+GATEWAY_ENV = registry.bundled_all("GATEWAY_ENV")
 
 
 def url_entry(url: str) -> str | None:

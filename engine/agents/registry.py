@@ -68,3 +68,8 @@ def bundled_all(name: str) -> tuple[str, ...]:
 def write_tools() -> frozenset[str]:
     """The file-writing tools of every CLI, by the names their adapters record refusals under."""
     return frozenset().union(*(policy(adapter).WRITE_TOOLS for adapter in CLIS))
+
+
+def tool_words() -> dict[str, tuple[str, dict]]:
+    """Every CLI's tools as the model gateway's record names them (each policy's TOOL_WORDS), merged."""
+    return {name: word for words in bundled("TOOL_WORDS") for name, word in words.items()}

@@ -25,6 +25,7 @@ import re
 import threading
 from pathlib import Path
 
+from ..agents import registry
 from ..text import transcript
 from ..redaction import Redactor
 from .usage import wire_format
@@ -32,14 +33,9 @@ from .usage import wire_format
 FILE_NAME = "conversation.jsonl"
 #: An answer longer than this is not read for the conversation (its usage still is: usage.py).
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
-#: Other CLIs' tool names and input keys, as the claude names the transcript words (the same meaning).
-TOOLS = {"exec_command": ("Bash", {"cmd": "command"}), "shell": ("Bash", {"command": "command"}),
-         "run_shell_command": ("Bash", {"command": "command"}), "bash": ("Bash", {"command": "command"}),
-         "read_file": ("Read", {"absolute_path": "file_path", "file_path": "file_path"}),
-         "read": ("Read", {"path": "file_path"}), "write_file": ("Write", {"file_path": "file_path"}),
-         "write": ("Write", {"path": "file_path"}), "replace": ("Edit", {"file_path": "file_path"}),
-         "edit": ("Edit", {"path": "file_path"})}
-
+#: Other CLIs' tool names and input keys, as the claude names the transcript words (the same meaning): each
+#: CLI's policy gives its own (engine/agents/<cli>/policy.py TOOL_WORDS).
+TOOLS = registry.tool_words()
 
 def conversation_path(raw_path: str) -> Path:
     """The wire conversation's path beside the attempt's raw log."""
@@ -72,10 +68,8 @@ def _text_of(content) -> str:
     return str(content or "")
 
 
-#: How each CLI tells its model a command's exit status in a tool result: codex 0.171.0 ("Process exited
-#: with code N"), gemini 0.61.0 ("Exit Code: N", only when it is not 0), pi 0.73.1 ("Command exited with
-#: code N"), Claude Code ("Exit code N", with ``is_error``).
-_EXIT_SAID = re.compile(r"(?:Process exited with code|Exit Code:|Command exited with code|Exit code:?)\s*(-?\d+)")
+#: How each CLI tells its model a command's exit status in a tool result (each CLI's policy: EXIT_SAID).
+_EXIT_SAID = re.compile("(?:" + "|".join(registry.bundled("EXIT_SAID")) + r")\s*(-?\d+)")
 
 
 def _with_exit(block: dict) -> dict:

@@ -56,8 +56,9 @@ DETAIL_LINE_CHARS = 240
 #: Seconds between two looks of a follower at the raw log.
 POLL_SECONDS = 0.25
 
-#: The shell tools of the CLIs, whose command lines are kept to word a missing program.
-_SHELL_TOOLS = ("Bash", "shell", "bash", "run_shell_command")
+#: The shell tools of the CLIs (each CLI's policy names its own: engine/agents/<cli>/policy.py SHELL_TOOLS),
+#: whose command lines are kept to word a missing program, each call worded "Runs `command`".
+_SHELL_TOOLS = registry.bundled_all("SHELL_TOOLS")
 _TOOL_ERROR_TAG = re.compile(r"</?tool_use_error>")
 
 
@@ -165,7 +166,7 @@ class Normalizer:
         ``Runs `pytest -q```, ``Reads app/core.py``, ``Searches for “x” in app``."""
         args = args if isinstance(args, dict) else {}
         path = self.path(args.get("file_path") or args.get("notebook_path") or args.get("path") or "")
-        if name in ("Bash", "shell", "exec_command", "local_shell"):
+        if name in _SHELL_TOOLS:
             command = args.get("command") or args.get("cmd") or ""
             if isinstance(command, list):
                 command = " ".join(str(part) for part in command)

@@ -11,8 +11,20 @@ from ..cli_options import EVERY_ROLE, MODEL, WORD
 CREDENTIALS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 #: The hosts its attempts may reach by default (any port of the name): the Messages API.
 PROVIDER_HOSTS = ("api.anthropic.com",)
+#: The variable of its environment that points it at another Messages API address (a gateway): its host joins
+#: the attempt's allow-list (engine/agents/network.py GATEWAY_ENV).
+GATEWAY_ENV = ("ANTHROPIC_BASE_URL",)
 #: Its file-writing tools (2.1.197), the names its refusals are recorded under.
 WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit"})
+#: Its shell tools' names, as its stream and its provider's wire give them: the transcript keeps their command
+#: lines and words them "Runs `command`" (engine/text/transcript.py).
+SHELL_TOOLS = ("Bash",)
+#: Its tools as the model gateway's record of the wire names them (engine/model_gateway/conversation.py
+#: ``TOOLS``), each worded as Claude Code's tool of the same meaning, with the input keys renamed.
+TOOL_WORDS: dict = {}  # its own names are the words
+#: How it tells its model a command's exit status in a tool result, before the number
+#: (engine/model_gateway/conversation.py reads the status from it).
+EXIT_SAID = r"Exit code:?"  # with is_error
 
 #: Variables the adapter sets for each attempt (its configuration folder): a profile's ``env`` may not set them
 #: (engine/pipeline/schema/fields.py ENGINE_ENV).

@@ -12,11 +12,23 @@ CREDENTIALS = ("CODEX_API_KEY", "OPENAI_API_KEY")
 #: The hosts its attempts may reach by default (any port of the name): the Responses API, and
 #: ChatGPT's backend and login host for a ChatGPT sign-in.
 PROVIDER_HOSTS = ("api.openai.com", "chatgpt.com", "auth.openai.com")
+#: The variable of its environment that points it at another OpenAI API address (a gateway): its host joins
+#: the attempt's allow-list (engine/agents/network.py GATEWAY_ENV).
+GATEWAY_ENV = ("OPENAI_BASE_URL",)
 #: The bubblewrap its package ships (0.171.0), under the repository: every sandbox uses it
 #: (engine/agents/sandbox.py ``bundled_bwrap``), so every machine runs the same version.
 BUNDLED_BWRAP = "tools/agents/node_modules/@openai/codex-linux-x64/vendor/*/codex-resources/bwrap"
 #: Its file-writing tool (0.171.0), the name its refusals are recorded under.
 WRITE_TOOLS = frozenset({"apply_patch"})
+#: Its shell tools' names, as its stream and its provider's wire give them: the transcript keeps their command
+#: lines and words them "Runs `command`" (engine/text/transcript.py).
+SHELL_TOOLS = ("shell", "exec_command", "local_shell")
+#: Its tools as the model gateway's record of the wire names them (engine/model_gateway/conversation.py
+#: ``TOOLS``), each worded as Claude Code's tool of the same meaning, with the input keys renamed.
+TOOL_WORDS = {"exec_command": ("Bash", {"cmd": "command"}), "shell": ("Bash", {"command": "command"})}
+#: How it tells its model a command's exit status in a tool result, before the number
+#: (engine/model_gateway/conversation.py reads the status from it).
+EXIT_SAID = r"Process exited with code"  # 0.171.0
 
 #: Variables the adapter sets for each attempt (its configuration folder): a profile's ``env`` may not set them
 #: (engine/pipeline/schema/fields.py ENGINE_ENV).

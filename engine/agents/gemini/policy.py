@@ -13,8 +13,22 @@ from ..cli_options import EVERY_ROLE
 CREDENTIALS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
 #: The hosts its attempts may reach by default (any port of the name): the Gemini API.
 PROVIDER_HOSTS = ("generativelanguage.googleapis.com",)
+#: The variable of its environment that points it at another Gemini API address (a gateway): its host joins
+#: the attempt's allow-list (engine/agents/network.py GATEWAY_ENV).
+GATEWAY_ENV = ("GOOGLE_GEMINI_BASE_URL",)
 #: Its file-writing tools (0.61.0), the names its refusals are recorded under.
 WRITE_TOOLS = frozenset({"write_file", "replace"})
+#: Its shell tools' names, as its stream and its provider's wire give them: the transcript keeps their command
+#: lines and words them "Runs `command`" (engine/text/transcript.py).
+SHELL_TOOLS = ("run_shell_command",)
+#: Its tools as the model gateway's record of the wire names them (engine/model_gateway/conversation.py
+#: ``TOOLS``), each worded as Claude Code's tool of the same meaning, with the input keys renamed.
+TOOL_WORDS = {"run_shell_command": ("Bash", {"command": "command"}),
+              "read_file": ("Read", {"absolute_path": "file_path", "file_path": "file_path"}),
+              "write_file": ("Write", {"file_path": "file_path"}), "replace": ("Edit", {"file_path": "file_path"})}
+#: How it tells its model a command's exit status in a tool result, before the number
+#: (engine/model_gateway/conversation.py reads the status from it).
+EXIT_SAID = r"Exit Code:"  # 0.61.0, only when it is not 0
 
 #: Variables the adapter sets for each attempt (its sandbox, its Google sign-in and its settings and
 #: trust): a profile's ``env`` may not set them

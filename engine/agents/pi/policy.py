@@ -24,6 +24,16 @@ CREDENTIALS = tuple(dict.fromkeys(key for info in PROVIDERS.values() for key in 
 PROVIDER_HOSTS = tuple(dict.fromkeys(host for info in PROVIDERS.values() for host in info["hosts"]))
 #: Its file-writing tools (0.73.1), the names its refusals are recorded under.
 WRITE_TOOLS = frozenset({"write", "edit"})
+#: Its shell tools' names, as its stream and its provider's wire give them: the transcript keeps their command
+#: lines and words them "Runs `command`" (engine/text/transcript.py).
+SHELL_TOOLS = ("bash",)
+#: Its tools as the model gateway's record of the wire names them (engine/model_gateway/conversation.py
+#: ``TOOLS``), each worded as Claude Code's tool of the same meaning, with the input keys renamed.
+TOOL_WORDS = {"bash": ("Bash", {"command": "command"}), "read": ("Read", {"path": "file_path"}),
+              "write": ("Write", {"path": "file_path"}), "edit": ("Edit", {"path": "file_path"})}
+#: How it tells its model a command's exit status in a tool result, before the number
+#: (engine/model_gateway/conversation.py reads the status from it).
+EXIT_SAID = r"Command exited with code"  # 0.73.1
 
 #: Variables the adapter sets for each attempt (its agent folder and offline mode): a profile's ``env`` may not set them
 #: (engine/pipeline/schema/fields.py ENGINE_ENV).
