@@ -12,9 +12,8 @@ from .readable import Readable
 PAGES_CSS = {"all": ("controlpanel/pages.css",)}
 
 
-class ReadOnlyAdmin(Readable, admin.ModelAdmin):
-    """Evidence: viewable, never added, changed or deleted through the admin; its values readable
-    (controlpanel/readable.py)."""
+class _ReadOnly(Readable):
+    """Neither added nor changed through the admin; the record pages' CSS; values readable."""
 
     class Media:
         css = PAGES_CSS
@@ -25,23 +24,19 @@ class ReadOnlyAdmin(Readable, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+
+class ReadOnlyAdmin(_ReadOnly, admin.ModelAdmin):
+    """Evidence: viewable, never added, changed or deleted through the admin; its values readable
+    (controlpanel/readable.py)."""
+
     def has_delete_permission(self, request, obj=None):
         return False
 
 
-class ReadOnlyInline(Readable, admin.TabularInline):
+class ReadOnlyInline(_ReadOnly, admin.TabularInline):
     """The records of a page's object, read-only, their values readable (controlpanel/readable.py)."""
 
     template = "admin/engine/_readonly_tabular.html"  # Django's, its cells labelled for narrow screens
     extra = 0
     can_delete = False
     show_change_link = True
-
-    class Media:
-        css = PAGES_CSS
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
