@@ -109,8 +109,8 @@ def disk_conflict(now: datetime | None = None) -> str:
     if stranded:
         return (f"host {this_host()} (CP_HOST_NAME) has unfinished run(s) {', '.join(map(str, stranded[:10]))} whose "
                 f"worktrees are on its disk {row.var_dir}; this worker's var directory is {mine}. Start it with "
-                f"CP_VAR_DIR={row.var_dir} (that disk), or fail those runs first ({hints.manage('fail_run ID --reason TEXT')}"
-                f") (README.md, \"Several hosts\").")
+                f"CP_VAR_DIR={row.var_dir} (that disk), or fail those runs first "
+                f"({hints.manage('fail_run ID --reason TEXT')}) (README.md, \"Several hosts\").")
     return ""  # nothing of the old disk is needed: this one takes the name over
 
 

@@ -1,9 +1,9 @@
 """``python manage.py api_token USERNAME``: print the user's JSON API token, creating it if needed."""
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
-from engine.text import hints
 
 from engine.operations import OperationError
+from engine.text import hints
 
 from ._base import EngineCommand
 
