@@ -614,12 +614,24 @@ def succeed(run: Run) -> None:
     notify(run, "ended")
 
 
+def led_here(run: Run) -> dict | None:
+    """The stop a run is leaving (``{"reason", "message", "evidence"}``), kept as ``stop_evidence.led_here``
+    when a person fails or recovers it: the run page keeps that stop's evidence (a tampering diff, the failed
+    check) on top after the decision. None when the run has no stop."""
+    if not run.stop_reason:
+        return None
+    evidence = {key: value for key, value in (run.stop_evidence or {}).items() if key != "led_here"}
+    return {"reason": run.stop_reason, "message": run.stop_message, "evidence": evidence}
+
+
 def _requeue(run: Run) -> None:
-    """A waiting run goes back to the queue after a person's decision; its stop is cleared."""
+    """A waiting run goes back to the queue after a person's decision; its stop is cleared (and kept as
+    ``stop_evidence.led_here``: ``led_here``)."""
+    earlier = led_here(run)
     _set_run_status(run, RunStatus.QUEUED)
     run.stop_reason = ""
     run.stop_message = ""
-    run.stop_evidence = {}
+    run.stop_evidence = {"led_here": earlier} if earlier else {}
     run.queued_at = timezone.now()
     run.save()
 
@@ -647,10 +659,12 @@ def fail(run: Run, reason: str, message: str, evidence: dict | None = None) -> l
                     failure_message=f"The run was failed while this attempt was open: {message}")
         closed.append(attempt.number)
     run.checks.filter(ended_at=None).update(ended_at=timezone.now(), failure_kind="cancelled")
+    earlier = led_here(run)
     _set_run_status(run, RunStatus.FAILED)
     run.stop_reason = reason
     run.stop_message = message
-    run.stop_evidence = {**(evidence or {}), **({"cancelled_attempts": closed} if closed else {})}
+    run.stop_evidence = {**(evidence or {}), **({"cancelled_attempts": closed} if closed else {}),
+                         **({"led_here": earlier} if earlier else {})}
     run.save()
     for stage in run.stages.exclude(status__in=[StageStatus.PASSED, StageStatus.FAILED]):
         if stage.status != StageStatus.PENDING or stage.attempts.exists():

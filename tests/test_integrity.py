@@ -189,17 +189,28 @@ def test_the_run_page_shows_the_tamper_report_and_the_attempt_in_red(make_pipeli
     attempt = Attempt.objects.get(pk=run.stop_evidence["attempt"])
     assert attempt.status == "succeeded" and attempt.failure_kind == "protected_files_changed"
     page = admin_client.get(f"/admin/engine/run/{run.pk}/detail/").content.decode()
-    table = page[page.index('<table class="cp-tamper"'):]
-    table = table[:table.index("</table>")]
-    assert "tests/test_core.py" in table and "modified" in table
-    assert change["sha256_before"][:16] in table and change["sha256_after"][:16] in table
-    assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
-    assert '<span class="cp-dadd">+    pass</span>' in table
+    _assert_tamper_shown(page, "tamper", change)
     # red on the timeline too: its box links to the attempt's row
     assert f'<a class="cp-step cp-bad cp-box-step" href="#attempt-{attempt.pk}"' in page
     row = page[page.index(f'<tr id="attempt-{attempt.pk}"'):]
     assert row.startswith(f'<tr id="attempt-{attempt.pk}" class="cp-row-bad">')
     assert "<code>protected_files_changed</code>" in row[:2000]
+    # a person fails the run: the card says why it failed and keeps the tampering that led there on top
+    operations.fail_run(run, "the agent weakened the test", requested_by="reviewer")
+    page = admin_client.get(f"/admin/engine/run/{run.pk}/detail/").content.decode()
+    card = page[page.index('id="stop"'):page.index('id="facts"')]
+    assert "failed_by_operator" in card and 'id="led-here"' in card
+    _assert_tamper_shown(card, "tamper-led-here", change)
+
+
+def _assert_tamper_shown(page: str, table_id: str, change: dict) -> None:
+    """The tamper report (its file, change, digests and diff) in the element ``table_id`` of ``page``."""
+    table = page[page.index(f'<div class="cp-tamper" id="{table_id}"'):]
+    table = table[:table.index('class="cp-stop-links"')]
+    assert "tests/test_core.py" in table and "modified" in table
+    assert change["sha256_before"][:16] in table and change["sha256_after"][:16] in table
+    assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
+    assert '<span class="cp-dadd">+    pass</span>' in table
 
 
 def test_a_new_test_module_that_loads_plugins_is_told_apart():

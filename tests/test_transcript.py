@@ -329,3 +329,32 @@ def test_exit_127_wins_over_refusal_wording_and_a_cli_refusal_stays_a_refusal(tm
     said = [(e["kind"], e["text"]) for e in normalize("gemini", data, tmp_path) if e["kind"] != "tool_call"]
     assert said == [("refusal", 'write_file was refused: Tool "write_file" not found'),
                     ("tool_result", "failed: 0 occurrences found for old_string")]
+
+
+def test_what_a_person_reads_first_is_the_conversation_not_the_stream_s_pieces(tmp_path):
+    """Issue 22: gemini's streamed pieces of one message are one entry on the page (spaces kept), codex's
+    here-document writes read "Writes path (N lines)", its start-up notice is no error, claude's model name
+    has no context-window suffix."""
+    gemini = lines(
+        {"type": "message", "role": "assistant", "content": "The answer is in app/co", "delta": True},
+        {"type": "message", "role": "assistant", "content": "re.py", "delta": True},
+        {"type": "message", "role": "assistant", "content": " and it is 42.", "delta": True},
+        {"type": "tool_use", "tool_name": "read_file", "tool_id": "t1", "parameters": {"file_path": "app/core.py"}},
+        {"type": "message", "role": "assistant", "content": "Done", "delta": True})
+    said = [(e["kind"], e["text"]) for e in transcript.joined(normalize("gemini", gemini, tmp_path))]
+    assert said == [("text", "The answer is in app/core.py and it is 42."), ("tool_call", "Reads app/core.py"),
+                    ("text", "Done")]
+    write = "bash -lc \"cat > app/core.py <<'EOF'\ndef answer():\n    return 42\nEOF\""
+    codex = lines(
+        {"type": "item.completed", "item": {"id": "e0", "type": "error",
+                                            "message": "Model metadata for `gpt-fake` not found. Defaulting to "
+                                                       "fallback metadata; this can degrade performance"}},
+        {"type": "item.started", "item": {"id": "i1", "type": "command_execution", "command": write}},
+        {"type": "item.completed", "item": {"id": "e1", "type": "error", "message": "sandbox crashed"}})
+    said = [(e["kind"], e["text"]) for e in normalize("codex", codex, tmp_path)]
+    assert said == [("start", "Codex's start-up notice (not an error)"), ("tool_call", "Writes app/core.py (2 lines)"),
+                    ("error", "sandbox crashed")]
+    claude = lines({"type": "system", "subtype": "init", "model": "claude-opus-4-8[1m]", "tools": [],
+                    "claude_code_version": "2.1.197"})
+    [start] = normalize("claude", claude, tmp_path)
+    assert "model claude-opus-4-8," in start["text"] and "[1m]" not in start["text"]

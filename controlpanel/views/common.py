@@ -119,8 +119,11 @@ def empty_usage() -> dict:
     return {key: None for key in USAGE_SHOWN}
 
 
-def usage_text(usage: dict) -> dict:
-    """USAGE_SHOWN keys formatted for a person: ``12,345`` tokens, ``$0.0123``; '—' when not reported."""
+def usage_text(usage: dict, simulated: bool = False) -> dict:
+    """USAGE_SHOWN keys formatted for a person: ``12,345`` tokens, ``$0.0123``; '—' when not reported.
+    ``simulated`` (a simulated run's attempt or stage): the cost reads "simulated, not money"."""
+    if simulated and usage.get("cost_usd") is not None:
+        usage = {**usage, "simulated_cost_usd": usage["cost_usd"], "cost_usd": None}
     shown = {}
     for key in USAGE_SHOWN:
         value = usage.get(key)
@@ -160,12 +163,12 @@ def stored_file(run: Run, rel: str) -> Path | None:
 TAMPER_DIFF_SHOWN = 64 * 1024
 
 
-def tamper_rows(run: Run) -> list[dict]:
-    """The run's tamper report as table rows, when it stopped ``protected_files_changed``: per file
-    ``path, change, to, old_mode, new_mode, sha256_before, sha256_after, why, diff_html`` (the
-    diff from the stored ``.json`` report, cut at TAMPER_DIFF_SHOWN characters). [] otherwise."""
-    evidence = run.stop_evidence or {}
-    if run.stop_reason != "protected_files_changed" or not isinstance(evidence.get("changes"), list):
+def tamper_rows(run: Run, reason: str, evidence: dict) -> list[dict]:
+    """A stop's tamper report as table rows, when it was ``protected_files_changed`` (``reason``, its
+    ``evidence``: the run's stop, or the one kept as ``led_here``): per file ``path, change, to, old_mode,
+    new_mode, sha256_before, sha256_after, why, diff_html`` (the diff from the stored ``.json`` report, cut
+    at TAMPER_DIFF_SHOWN characters). [] otherwise."""
+    if reason != "protected_files_changed" or not isinstance(evidence.get("changes"), list):
         return []
     diffs = {}
     found = stored_file(run, evidence.get("files") or "")

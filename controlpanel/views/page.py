@@ -100,7 +100,7 @@ def build_page(run: Run) -> dict:
     if setup.boxes:  # before the stages: the environment every agent and gate of the run sees
         blocks.insert(0, setup)
     for block in blocks:
-        block.usage = usage_text(block.usage)
+        block.usage = usage_text(block.usage, run.simulated)
 
     entries = manifest_rows(run, manifests, stage_keys)
     pending = [d for d in decisions if d.state == Decision.State.PENDING]
@@ -133,7 +133,7 @@ def build_page(run: Run) -> dict:
         "events_cut": event_count > len(events), "usage": usage_text(answers.totals(run, attempts)),
         "step_time": seconds_text(step_seconds),
         "steps_over_active": step_seconds > active + 1.0, "has_steps": bool(attempts or checks),
-        "tamper": tamper_rows(run), "notifications": notification_rows(run), "axis": axis,
+        "notifications": notification_rows(run), "axis": axis,
         "stop_card": stop_card(run, checks, attempts, by_digest),
         "open_attempts": [row for block in blocks for row in block.attempts if row.live and row.tail_url],
         "approval_entry": _approval_entry(run, pending), "live": run.status in RUN_ACTIVE, **header,
@@ -227,13 +227,27 @@ STOP_LOG_BYTES = 4 * 1024
 
 def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict | None:
     """Why the run stopped (or waits), on top of the page: ``{"reason", "message", "check": {"obj",
-    "tail", "log_url", "exit"} | None, "links": [(href, text)], "facts": [(key, text)]}``; None when the
-    run has no stop reason. The failing check is the one the evidence names, else the stage's latest
-    failed check; the evidence's ids become links (check, attempt with its prompt and diff, manifest,
-    decision) and the rest readable ``key: value`` lines."""
-    if not (run.stop_reason or run.stop_message):
-        return None
+    "tail", "log_url", "exit"} | None, "links": [(href, text)], "facts": [(key, text)], "tamper": rows,
+    "led_here": the same for the stop a person failed or recovered the run from | None}``; None when the
+    run has no stop and none led here (engine/machine.py ``led_here``). The failing check is the one the
+    evidence names, else the stage's latest failed check; the evidence's ids become links (check, attempt
+    with its prompt and diff, manifest, decision) and the rest readable ``key: value`` lines."""
     evidence = run.stop_evidence if isinstance(run.stop_evidence, dict) else {}
+    earlier = evidence.get("led_here") if isinstance(evidence.get("led_here"), dict) else None
+    before = None
+    if earlier is not None:
+        before = _card(run, str(earlier.get("reason") or ""), str(earlier.get("message") or ""),
+                       earlier.get("evidence") if isinstance(earlier.get("evidence"), dict) else {},
+                       checks, attempts, by_digest)
+    if not (run.stop_reason or run.stop_message):
+        return before and {**before, "only_earlier": True}
+    card = _card(run, run.stop_reason, run.stop_message, evidence, checks, attempts, by_digest)
+    return {**card, "led_here": before}
+
+
+def _card(run: Run, reason: str, message: str, evidence: dict, checks: list, attempts: list,
+          by_digest: dict) -> dict:
+    """One stop's card (``stop_card``) from its reason, message and evidence."""
     checks_by_pk = {c.pk: c for c in checks}
     attempts_by_pk = {a.pk: a for a in attempts}
     links, facts, named = [], [], []
@@ -254,11 +268,13 @@ def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict |
             links.append((by_digest.get(value, "#manifests"), f"manifest {value[:12]}"))
         elif key == "decision" and isinstance(value, int):
             links.append((f"#decision-{value}", f"decision {value}"))
-        elif key in ("report", "changes") and run.stop_reason == "protected_files_changed":
+        elif key in ("report", "changes") and reason == "protected_files_changed":
             continue  # the tamper table below shows them
+        elif key == "led_here":
+            continue  # a card of its own
         elif not _empty(value) and _fact_text(value):
             facts.append((key, _fact_text(value)))
-    if not named and run.stop_reason in ("gate_failed", "repair_exhausted", "unchanged_failure",
+    if not named and reason in ("gate_failed", "repair_exhausted", "unchanged_failure",
                                          "final_verification_failed"):
         failed = [c for c in checks if not c.passed and not c.stale and c.ended_at is not None]
         named = failed[-1:]
@@ -283,7 +299,8 @@ def stop_card(run: Run, checks: list, attempts: list, by_digest: dict) -> dict |
         check = {"obj": first, "exit": exit_text(first.exit_code, first.signal),
                  "tail": process.tail_text(path, STOP_LOG_BYTES) if path is not None else "",
                  "log_url": reverse("admin:engine_run_check_log", args=[run.pk, first.pk]) if path else ""}
-    return {"reason": run.stop_reason, "message": run.stop_message, "check": check, "links": links, "facts": facts}
+    return {"reason": reason, "message": message, "check": check, "links": links, "facts": facts,
+            "tamper": tamper_rows(run, reason, evidence)}
 
 
 #: Keys of nested evidence that hold database ids (the links above name those records).

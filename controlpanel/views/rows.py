@@ -170,7 +170,7 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
             if kind == "log":  # the log's real size: output_bytes is not set when an attempt is interrupted
                 log_bytes = found.stat().st_size
     row = AttemptRow(obj=attempt, outcome=outcome, elapsed=seconds_text(seconds), live=live, verdict=verdict,
-                     usage=usage_text(add_usage(empty_usage(), attempt.usage)), files=files,
+                     usage=usage_text(add_usage(empty_usage(), attempt.usage), attempt.simulated), files=files,
                      exit=exit_text(attempt.exit_code, attempt.signal), log_bytes=log_bytes, refused=refused,
                      tool_outcomes=tool_outcomes.sentence(tool_outcomes.counts(attempt.refusals)))
     if isinstance(attempt.refusals, list):

@@ -86,6 +86,40 @@ def code(text: str, limit: int = 300) -> str:
     return "`" + cut(one, limit) + "`"
 
 
+#: A shell command that only writes one file from a here-document (``cat > path <<'EOF' … EOF``, or ``tee``),
+#: maybe wrapped in ``bash -lc "…"`` as one CLI runs every command: shown as "Writes path (N lines)".
+_HEREDOC_WRITE = re.compile(
+    r"""^(?:(?:/usr)?(?:/bin/)?(?:ba)?sh\s+-l?c\s+(?P<q>['"]))?\s*(?:cat|tee)\s*>?\s*(?P<path>[^\s<>'"|;&]+)\s*"""
+    r"""<<-?\s*(?P<tq>['"]?)(?P<tag>\w+)(?P=tq)[ \t]*\n(?P<body>.*?\n?)(?P=tag)\s*(?P=q)?\s*$""", re.DOTALL)
+
+
+def shell_sentence(n: "Normalizer", command) -> str:
+    """A shell tool call as a sentence: ``Writes app/core.py (12 lines)`` when the command only writes one file
+    from a here-document, else ``Runs `command```."""
+    if isinstance(command, list):
+        command = " ".join(str(part) for part in command)
+    written = _HEREDOC_WRITE.match(str(command).strip())
+    if written is None or any(line.lstrip("\t").rstrip() == written.group("tag")
+                              for line in written.group("body").splitlines()):
+        return f"Runs {code(command)}"  # not one here-document only: a command hid after its end runs too
+    lines = written.group("body").count("\n")
+    return f"Writes {n.path(written.group('path'))} ({lines} line{'s' if lines != 1 else ''})"
+
+
+def joined(entries: list[dict]) -> list[dict]:
+    """Entries as a person reads them: the streamed pieces of one message (``text`` entries marked
+    ``delta``, one per chunk the CLI printed) joined into one entry, numbered and timed as its first."""
+    out: list[dict] = []
+    for entry in entries:
+        last = out[-1] if out else None
+        if (entry.get("delta") and last is not None and last.get("kind") == "text" and last.get("delta")
+                and entry.get("kind") == "text"):
+            out[-1] = {**last, "text": str(last.get("text") or "") + str(entry.get("text") or "")}
+        else:
+            out.append(entry)
+    return out
+
+
 class Normalizer:
     """Turns one line of a CLI's output into transcript entries (dicts without ``n`` and ``t``).
 
@@ -167,10 +201,7 @@ class Normalizer:
         args = args if isinstance(args, dict) else {}
         path = self.path(args.get("file_path") or args.get("notebook_path") or args.get("path") or "")
         if name in _SHELL_TOOLS:
-            command = args.get("command") or args.get("cmd") or ""
-            if isinstance(command, list):
-                command = " ".join(str(part) for part in command)
-            return f"Runs {code(command)}"
+            return shell_sentence(self, args.get("command") or args.get("cmd") or "")
         if name == "Read":
             return f"Reads {path or 'a file'}"
         if name == "Write":

@@ -7,6 +7,7 @@ engine/text/transcript.py calls for each line): ``system``/``init`` (its version
 from __future__ import annotations
 
 import json
+import re
 
 from ...text import tool_outcomes
 from ...text.transcript import Normalizer, cut, first_lines
@@ -15,13 +16,17 @@ from ..lines import JsonEvents, stderr_lines
 from .policy import WRITE_TOOLS
 
 
+#: What Claude Code appends to a model's name for its context window (``claude-opus-4-8[1m]``): not the name.
+MODEL_SUFFIX = re.compile(r"\[[^\]]*\]$")
+
+
 def entries(n: Normalizer, event: dict) -> list[dict]:
     """The entries of one event of the stream (module docstring)."""
     kind = event.get("type")
     if kind == "system" and event.get("subtype") == "init":
         tools = event.get("tools") if isinstance(event.get("tools"), list) else []
         version = event.get("claude_code_version") or "?"
-        model = event.get("model") or "?"
+        model = MODEL_SUFFIX.sub("", str(event.get("model") or "?"))
         return [{"kind": "start", "text": f"Claude Code {version} started (model {model}, "
                                           f"{len(tools)} tool{'s' if len(tools) != 1 else ''}: "
                                           f"{cut(', '.join(str(t) for t in tools), 300)})"}]

@@ -14,7 +14,7 @@ from collections import deque
 from pathlib import Path
 
 from ...text import tool_outcomes
-from ...text.transcript import Normalizer, code as quoted, cut, first_lines
+from ...text.transcript import Normalizer, cut, first_lines, shell_sentence
 from ..base import empty_usage
 from ..lines import BoundedLines, JsonEvents, stderr_lines
 
@@ -51,7 +51,7 @@ def entries(n: Normalizer, event: dict) -> list[dict]:
         if kind == "item.started" or (done and call not in n.tools):
             n.called(call, "shell", item)
             out.append({"kind": "tool_call", "tool": "shell", "call": call,
-                        "text": f"Runs {quoted(item.get('command') or '')}"})
+                        "text": shell_sentence(n, item.get("command") or "")})
         if done:
             status = str(item.get("status") or "")
             code = item.get("exit_code")
@@ -92,8 +92,16 @@ def entries(n: Normalizer, event: dict) -> list[dict]:
         return [{"kind": "tool_call", "tool": "todo_list", "call": call,
                  "text": f"Updates its to-do list ({len(items)} item{'s' if len(items) != 1 else ''})"}]
     if what == "error" and done:
-        return [{"kind": "error", "ok": False, "text": cut(str(item.get("message") or ""), 400)}]
+        message = str(item.get("message") or "")
+        if START_NOTICE.search(message):  # start-up noise: folded under a quiet start entry
+            return [{"kind": "start", "text": "Codex's start-up notice (not an error)", "detail": cut(message, 400)}]
+        return [{"kind": "error", "ok": False, "text": cut(message, 400)}]
     return []
+
+
+#: An ``error`` item codex prints at start that is no failure (agent-cli-facts: an unknown model's
+#: "Model metadata for `x` not found. Defaulting to fallback metadata").
+START_NOTICE = re.compile(r"^Model metadata for .* not found", re.IGNORECASE)
 
 
 #: Failure texts (in ``turn.failed``/``error`` messages and stderr) that mean "no usable credentials".

@@ -11,7 +11,7 @@ from collections import deque
 from pathlib import Path
 
 from ...text import tool_outcomes
-from ...text.transcript import Normalizer, cut, first_lines
+from ...text.transcript import TEXT_CHARS, Normalizer, cut, first_lines
 from ..base import empty_usage
 from ..lines import BoundedLines, JsonEvents, stderr_lines
 
@@ -54,6 +54,10 @@ def entries(n: Normalizer, event: dict) -> list[dict]:
     if kind == "init":
         return [{"kind": "start", "text": f"Gemini CLI started (model {event.get('model') or '?'}, session "
                                           f"{event.get('session_id') or '?'})"}]
+    if kind == "message" and event.get("role") == "assistant" and event.get("delta") and event.get("content"):
+        # one streamed piece of a message, kept as it came (spaces too): the page joins the pieces
+        # (engine/text/transcript.py ``joined``)
+        return [{"kind": "text", "delta": True, "text": str(event["content"])[:TEXT_CHARS]}]
     if kind == "message" and event.get("role") == "assistant" and str(event.get("content") or "").strip():
         return [{"kind": "text", "text": cut(str(event["content"]))}]
     if kind == "tool_use":
