@@ -110,3 +110,59 @@ def checked(comments, changed: set[str], lines_of=lambda path: None) -> list[dic
                                    f"the files waiting for approval.")
         kept.append({"file": file, "line": line, "text": redact_text(text.strip())[0]})
     return kept
+
+
+#: Lines shown before and after a commented line in the repair attempt's prompt.
+AROUND = 3
+
+
+def code_around(run: Run, tree: str, path: str, line: int, around: int = AROUND) -> list[str]:
+    """The lines ``line - around`` to ``line + around`` of ``path`` in the files ``tree`` (a manifest digest),
+    each ``NNNN| text`` with the commented line marked ``>``, fenced; [] when the file is not there."""
+    shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.repo_path, check=False)
+    if shown.returncode != 0 or b"\0" in shown.stdout[:8000]:
+        return []
+    rows = shown.stdout.decode("utf-8", errors="replace").splitlines()
+    first, last = max(1, line - around), min(len(rows), line + around)
+    body = [f"{'>' if number == line else ' '}{number:5d}| {rows[number - 1]}" for number in range(first, last + 1)]
+    fence = "`" * max(3, 1 + max((len(run_) for text in body for run_ in re.findall(r"`+", text)), default=0))
+    return [fence, *body, fence] if body else []
+
+
+def against(run: Run, old_tree: str, new_tree: str, comments: list[dict]) -> list[dict]:
+    """Each comment of a request for changes on the files ``old_tree``, said against the files the repair
+    made (``new_tree``): ``{"where", "text", "state", "said"}``, ``state`` one of ``changed`` (the repair
+    changed the commented line or a line within AROUND of it), ``unchanged``, ``file_changed`` (a comment on
+    a file without a line, and the file changed), ``gone`` (the file is not in the new files) or ``general``.
+    What git says the repair changed, never what the agent says it did."""
+    paths = sorted({c["file"] for c in comments if isinstance(c, dict) and isinstance(c.get("file"), str)})
+    touched: dict[str, list[tuple[int, int]]] = {}
+    if paths:
+        shown = workspace.git(["diff", "--no-ext-diff", "--no-textconv", "-U0", old_tree, new_tree, "--", *paths],
+                              run.repo_path, check=False)
+        current = ""
+        for row in shown.stdout.decode("utf-8", errors="replace").splitlines():
+            if row.startswith("--- "):
+                named = row[4:]
+                current = named[2:] if named.startswith("a/") else named
+            hunk = re.match(r"^@@ -(\d+)(?:,(\d+))? ", row)
+            if hunk and current:
+                start, count = int(hunk.group(1)), int(hunk.group(2) if hunk.group(2) is not None else 1)
+                touched.setdefault(current, []).append((start, start + max(count, 1) - 1))
+    rows = []
+    for comment in comments:
+        file, line = comment.get("file"), comment.get("line")
+        where = (f"{file}:{line}" if line else file) if file else "(general)"
+        if not file:
+            state, said = "general", "a general comment"
+        elif workspace.git(["cat-file", "-e", f"{new_tree}:{file}"], run.repo_path, check=False).returncode != 0:
+            state, said = "gone", "the file is not in the new files"
+        elif line is None:
+            state, said = ("file_changed", "the repair changed this file") if file in touched else (
+                "unchanged", "the repair did not change this file")
+        elif any(start - AROUND <= line <= end + AROUND for start, end in touched.get(file, [])):
+            state, said = "changed", f"the repair changed line {line} or lines near it"
+        else:
+            state, said = "unchanged", f"the repair did not change line {line} or the lines near it"
+        rows.append({"where": where, "text": comment.get("text") or "", "state": state, "said": said})
+    return rows

@@ -134,11 +134,11 @@ def test_the_patch_is_a_readable_diff(staff, make_pipeline, repo, sent):
     fragment = staff.get(url, HTTP_HX_REQUEST="true")
     assert fragment.status_code == 200
     body = fragment.content.decode()
-    assert '<span class="cp-dadd">+    return 42</span>' in body
+    assert re.search(r'<span class="cp-dadd" data-cp-file="app/core.py" data-cp-line="\d+">\+    return 42</span>', body)
     assert '<span class="cp-dfile">+++ b/app/core.py</span>' in body and '<span class="cp-dhunk">@@' in body
     assert "<html" not in body  # a fragment for htmx
     whole = staff.get(url).content.decode()
-    assert "<html" in whole and "Control Panel" in whole and '<span class="cp-dadd">+    return 42</span>' in whole
+    assert "<html" in whole and "Control Panel" in whole and 'data-cp-file="app/core.py"' in whole and "+    return 42</span>" in whole
     # the page loads the stage's latest patch open, the others on demand
     # the page loads the stage's latest change of files (here the documentation's) open, the others on demand
     latest = Attempt.objects.filter(run=run).exclude(operation="review").order_by("number").last()

@@ -191,26 +191,41 @@ def tamper_rows(run: Run, reason: str, evidence: dict) -> list[dict]:
     return rows
 
 
+#: A hunk's header: where its lines start in the old and the new file.
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
 def render_diff(text: str) -> str:
     """A unified diff as HTML: a ``<pre class="cp-diff">`` whose lines are spans classed by their kind
     (``cp-dhead`` git headers, ``cp-dfile`` ---/+++ lines, ``cp-dhunk`` hunk headers, ``cp-dadd`` added,
-    ``cp-ddel`` removed, ``cp-dctx`` context). Escaped."""
+    ``cp-ddel`` removed, ``cp-dctx`` context). Escaped. An added or context line carries its file and its
+    line in the new file (``data-cp-file``, ``data-cp-line``): a person comments on it (run.js)."""
     out = []
-    for line in text.splitlines():
-        if line.startswith(("diff --git", "index ", "new file", "deleted file", "old mode", "new mode",
-                            "similarity", "rename ", "Binary files")):
+    path, line = "", 0
+    for raw in text.splitlines():
+        where = ""
+        if raw.startswith(("diff --git", "index ", "new file", "deleted file", "old mode", "new mode",
+                           "similarity", "rename ", "Binary files")):
             cls = "cp-dhead"
-        elif line.startswith(("+++ ", "--- ")):
+        elif raw.startswith(("+++ ", "--- ")):
             cls = "cp-dfile"
-        elif line.startswith("@@"):
+            if raw.startswith("+++ "):
+                named = raw[4:].split("\t")[0]
+                path = named[2:] if named.startswith("b/") else ("" if named == "/dev/null" else named)
+        elif raw.startswith("@@"):
             cls = "cp-dhunk"
-        elif line.startswith("+"):
-            cls = "cp-dadd"
-        elif line.startswith("-"):
+            found = _HUNK.match(raw)
+            line = int(found.group(2)) if found else 0
+        elif raw.startswith("+") or raw.startswith(" ") or raw == "":
+            cls = "cp-dadd" if raw.startswith("+") else "cp-dctx"
+            if path and line:
+                where = format_html(' data-cp-file="{}" data-cp-line="{}"', path, line)
+                line += 1
+        elif raw.startswith("-"):
             cls = "cp-ddel"
         else:
             cls = "cp-dctx"
-        out.append(f'<span class="{cls}">{escape(line)}</span>')
+        out.append(f'<span class="{cls}"{where}>{escape(raw)}</span>')
     # each line is a block of its own (its colour spans the width): no newline between them
     return mark_safe('<pre class="cp-diff">' + "".join(out) + "</pre>")
 

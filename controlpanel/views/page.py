@@ -9,7 +9,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from engine import answers, hosts, operations, workers
+from engine import answers, diff_comments, hosts, operations, workers
 from engine.processes import process
 from engine.models import ATTEMPT_OPEN, RUN_ACTIVE, RUN_TERMINAL, Check, Decision, Run, RunStatus
 
@@ -361,6 +361,21 @@ def _approval_entry(run: Run, pending: list[Decision]):
         return None
     approval = next((d for d in reversed(pending) if d.kind == Decision.Kind.APPROVAL), None)
     return approval.manifest_entry if approval else None
+
+
+def earlier_comments(run: Run, decisions: list[Decision]) -> dict | None:
+    """The comments a person sent with the last request for changes of the stage whose approval is pending,
+    each said against the files now waiting (engine/diff_comments.py ``against``: what git says the repair
+    changed near each line): ``{"decision", "rows"}``, or None (no approval pending, no such comments)."""
+    pending = next((d for d in reversed(decisions) if d.state == Decision.State.PENDING
+                    and d.kind == Decision.Kind.APPROVAL and d.artifact), None)
+    if pending is None:
+        return None
+    asked = next((d for d in reversed(decisions) if d.stage_id == pending.stage_id and d.pk < pending.pk
+                  and d.state == Decision.State.CHANGES_REQUESTED and d.comments and d.artifact), None)
+    if asked is None:
+        return None
+    return {"decision": asked, "rows": diff_comments.against(run, asked.artifact, pending.artifact, asked.comments)}
 
 
 def _waiting_for(run: Run, pending: list[Decision]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from pathlib import Path
 
 from django.contrib import messages
@@ -40,8 +41,8 @@ from .common import (
     stored_file,
     usage_text,
 )
-from .page import approval_diff_url, build_header, build_page
-from .rows import check_facts
+from .page import approval_diff_url, build_header, build_page, earlier_comments
+from .rows import check_facts, check_row
 
 # ----------------------------------------------------------------------------- the views
 
@@ -63,6 +64,7 @@ class RunPages:
             path("<int:object_id>/attempt/<int:attempt_id>/tail/", wrap(self.tail), name="engine_run_attempt_tail"),
             path("<int:object_id>/attempt/<int:attempt_id>/diff/", wrap(self.diff), name="engine_run_attempt_diff"),
             path("<int:object_id>/check/<int:check_id>/log/", wrap(self.check_log), name="engine_run_check_log"),
+            path("<int:object_id>/check/<int:check_id>/tail/", wrap(self.check_tail), name="engine_run_check_tail"),
             path("<int:object_id>/action/<str:verb>/", wrap(self.action), name="engine_run_action"),
         ]
 
@@ -115,6 +117,7 @@ class RunPages:
             manifest_shown=MANIFEST_CHANGES_SHOWN, approval_forms=approval_forms,
             other_forms=[entry for entry in forms if entry not in approval_forms],
             approval_diff_url=approval_diff_url(page) if approval_forms else "",
+            earlier_comments=earlier_comments(run, page["decisions"]) if approval_forms else None,
             **page)
         return TemplateResponse(request, "admin/engine/run/detail.html", context)
 
@@ -197,10 +200,13 @@ class RunPages:
         size = found.stat().st_size
         if live and request.GET.get("size") == str(size) and request.GET.get("status") == attempt.status:
             return HttpResponse(status=204)
-        entries, last = transcript.read_tail(found, TRANSCRIPT_ENTRIES, TRANSCRIPT_WINDOW)
+        from_start = not live and request.GET.get("from") == "start"  # a finished conversation, read from its start
+        entries, last = transcript.read_tail(found, 1 if from_start else TRANSCRIPT_ENTRIES, TRANSCRIPT_WINDOW)
+        if from_start:
+            entries = transcript.read_head(found, TRANSCRIPT_ENTRIES, TRANSCRIPT_WINDOW)
         tail_url = reverse("admin:engine_run_attempt_tail", args=[attempt.run_id, attempt.pk])
         refused = attempt.failure_kind in REFUSED_KINDS
-        shown = [conversation_entry(entry) for entry in entries]
+        shown = [conversation_entry(entry, attempt.simulated) for entry in transcript.joined(entries)]
         unasked_count = 0
         if wire is not None:
             asked = [entry.get("text") for entry in transcript.read_tail(wire, 100000, 8 * 1024 * 1024)[0]
@@ -219,7 +225,8 @@ class RunPages:
                    "state_text": (f"refused ({attempt.failure_kind})" if refused else attempt.status
                                   + (f" ({attempt.failure_kind})" if attempt.failure_kind
                                      and attempt.failure_kind != attempt.status else "")),
-                   "count": last, "shown": len(entries), "size": size, "live": live, "tail_poll": TAIL_POLL_SECONDS,
+                   "count": last, "shown": len(entries), "size": size, "from_start": from_start,
+                   "rest_url": tail_url if from_start and len(entries) < last else "", "live": live, "tail_poll": TAIL_POLL_SECONDS,
                    "tail_url": tail_url, "log_view_url": tail_url + "?view=log",
                    "raw_url": (reverse("admin:engine_attempt_file", args=[attempt.pk, "raw"])
                                if attempt_file(attempt, "raw") is not None else ""),
@@ -286,8 +293,37 @@ class RunPages:
             record_url=reverse("admin:engine_check_change", args=[check.pk]), has_log=found is not None,
             log_path=check.log_path, text=text, size=size, shown=shown, cut=shown < size, limit=CHECK_LOG_BYTES,
             elsewhere=run.host if run.host and run.host != hosts.this_host() else "",
+            running=check_row(run, check).running,
+            tail_url=reverse("admin:engine_run_check_tail", args=[run.pk, check.pk]),
             raw_url=reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?raw=1")
         return TemplateResponse(request, "admin/engine/run/check_log.html", context)
+
+    def check_tail(self, request, object_id, check_id):
+        """The end of a check's log as a fragment that follows it while the check runs (the run page's row of a
+        running gate and the check's page): polled every TAIL_POLL_SECONDS with the size it shows, 204 while the
+        check runs and its log still has that size; the first answer after it ended stops the polling and,
+        asked by a page that saw it run (``?live=1``), carries ``HX-Trigger: cp-attempt-ended`` (a step ended:
+        the page looks at the run's state)."""
+        run = self._viewable_run(request, object_id)
+        check = Check.objects.filter(pk=check_id, run_id=run.pk).first()
+        if check is None:
+            raise Http404("No such check in this run.")
+        check.run = run
+        running = check_row(run, check).running
+        found = stored_file(run, check.log_path)
+        size = found.stat().st_size if found is not None else 0
+        if running and request.GET.get("size") == str(size):
+            return HttpResponse(status=204)
+        text = process.tail_text(found, TAIL_BYTES) if found is not None else ""
+        shown = len(text.encode("utf-8"))
+        context = {"check": check, "text": text, "size": size, "shown": shown, "cut": shown < size, "live": running,
+                   "tail_poll": TAIL_POLL_SECONDS,
+                   "tail_url": reverse("admin:engine_run_check_tail", args=[run.pk, check.pk]),
+                   "page_url": reverse("admin:engine_run_check_log", args=[run.pk, check.pk])}
+        response = TemplateResponse(request, "admin/engine/run/_check_tail.html", context)
+        if request.GET.get("live") == "1" and not running:
+            response["HX-Trigger"] = json.dumps({"cp-attempt-ended": {"check": check.pk}})
+        return response
 
     # --------------------------------------------------------------- acting
 
@@ -337,12 +373,19 @@ _ENTRY_LOOK = {"start": ("start", "▶"), "text": ("text", ""), "thinking": ("th
                "result": ("final", "■"), "cut": ("cut", "✂")}
 
 
-def conversation_entry(entry: dict) -> dict:
+#: An amount of money in a CLI's own words ("cost $0.2672"): a simulated attempt's is nobody's money.
+_DOLLARS = re.compile(r"\$(\d[\d,]*(?:\.\d+)?)")
+
+
+def conversation_entry(entry: dict, simulated: bool = False) -> dict:
     """A transcript entry (engine/text/transcript.py) as the conversation box shows it: ``look`` (CSS class
-    suffix), ``mark``, ``when`` (an aware datetime, or None), ``outcome`` (ok/bad/'' for results)."""
+    suffix), ``mark``, ``when`` (an aware datetime, or None), ``outcome`` (ok/bad/'' for results). In a
+    ``simulated`` attempt every amount the CLI printed reads "(simulated, not money)"."""
     look, mark = _ENTRY_LOOK.get(entry.get("kind"), ("output", ""))
     when = entry.get("t")
     ok = entry.get("ok")
+    if simulated and isinstance(entry.get("text"), str) and entry.get("kind") in ("result", "usage", "error", "start"):
+        entry = {**entry, "text": _DOLLARS.sub(r"$\1 (simulated, not money)", entry["text"])}
     return {**entry, "look": look, "mark": mark, "outcome": "" if ok is None else ("ok" if ok else "bad"),
             "when": (datetime.datetime.fromtimestamp(when, tz=datetime.timezone.utc)
                      if isinstance(when, (int, float)) else None)}

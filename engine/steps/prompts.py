@@ -12,7 +12,7 @@ from datetime import timezone as dt_timezone
 
 from django.db import transaction
 
-from .. import context, machine, workspace
+from .. import context, diff_comments, machine, workspace
 from ..checks import globs
 from ..processes import process
 from ..checks import review as verdicts
@@ -89,9 +89,14 @@ def people_section(run: Run, stage: StageRun) -> str:
         lines += ["", f"{who} wrote:", "", *[f"> {line}" for line in decision.note.splitlines()]]
         if decision.comments:
             lines += ["", "Comments on the diff:"]
-            # one line each: a comment's own line breaks cannot start a heading of the section
-            lines += [f"- {_where(comment)}: {' '.join(str(comment.get('text')).splitlines())}"
-                      for comment in decision.comments]
+            for comment in decision.comments:
+                # one line each: a comment's own line breaks cannot start a heading of the section
+                lines.append(f"- {_where(comment)}: {' '.join(str(comment.get('text')).splitlines())}")
+                if comment.get("file") and comment.get("line") and decision.artifact:
+                    code = diff_comments.code_around(run, decision.artifact, comment["file"], comment["line"])
+                    if code:
+                        lines += [f"  The code there (line {comment['line']} marked >), in the files they read:",
+                                  *[f"  {row}" for row in code]]
     return "\n".join(lines) + "\n"
 
 

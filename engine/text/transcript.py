@@ -491,6 +491,24 @@ def read_tail(path: str | os.PathLike[str], limit: int = 300, window: int = 256 
     return entries[-limit:], last if isinstance(last, int) else 0
 
 
+def read_head(path: str | os.PathLike[str], limit: int = 300, window: int = 256 * 1024) -> list[dict]:
+    """The first ``limit`` entries of a transcript, read from its first ``window`` bytes only (a person
+    reads a finished conversation from its start). A damaged line, or one cut by the window, is skipped."""
+    with open(path, "rb") as fh:
+        data = fh.read(window)
+    entries = []
+    for line in data.decode("utf-8", errors="replace").split("\n"):
+        try:
+            entry = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("kind") in KINDS:
+            entries.append(entry)
+            if len(entries) >= limit:
+                break
+    return entries
+
+
 def append(path: str | os.PathLike[str], entries: list[dict], secrets=()) -> None:
     """Add entries an adapter learns only after the process ended (e.g. one CLI's refused commands, which
     its JSON stream leaves out) to a closed transcript, numbered on from its last entry, redacted."""

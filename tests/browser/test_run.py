@@ -108,15 +108,16 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     tab.fill("form.cp-action-request_changes textarea[name=comments]", "app/core.py:4: a docstring here")
     submit(tab, "form.cp-action-request_changes input[type=submit]")
     assert messages(tab, "success")[0].startswith(f"Changes requested by admin on decision {decision.pk}")
-    # a box a person opened stays open while the page updates its parts around it (run.js keepFolds)
+    # a finished attempt's conversation is open at its start; a box a person closed stays closed while the
+    # page updates its parts around it (run.js keepFolds)
     implement = Attempt.objects.get(run=run, operation="implement")
+    tab.locator(f"#output-box-{implement.pk} .cp-tail[data-cp-from=start]").wait_for()
     tab.click(f"#output-box-{implement.pk} > summary")
-    tab.locator(f"#output-box-{implement.pk} .cp-tail").wait_for()
+    assert tab.get_attribute(f"#output-box-{implement.pk}", "open") is None
     wait_until(lambda: run.decisions.filter(state="pending", kind="approval").exclude(pk=decision.pk).exists(),
                timeout=2 * WAIT_MS / 1000, what="a new decision after the repair")
     wait_status(tab, run, "waiting_approval")
-    assert tab.get_attribute(f"#output-box-{implement.pk}", "open") is not None, "the opened box was closed"
-    tab.locator(f"#output-box-{implement.pk} .cp-tail").wait_for()
+    assert tab.get_attribute(f"#output-box-{implement.pk}", "open") is None, "the closed box was opened"
     repair = Attempt.objects.get(run=run, operation="repair")
     prompt = (Path(settings.VAR_DIR) / repair.prompt_path).read_text()
     assert "Say where 42 comes from." in prompt and "app/core.py:4: a docstring here" in prompt
@@ -138,8 +139,7 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
         assert "pass" in tab.inner_text(f"#check-{c.pk}")
     # the implementer's whole output, on demand, once the attempt is over
     implement = Attempt.objects.get(run=run, operation="implement")
-    tab.click(f"#attempt-{implement.pk} + tr summary:has-text('the end of the output')")
-    shown = tab.locator('.cp-tail[data-cp-tail="ended"]').first
+    shown = tab.locator(f'#output-box-{implement.pk} .cp-tail[data-cp-tail="ended"]')
     shown.filter(has_text="line-12").wait_for()
     screenshot(tab, "3-succeeded")
 

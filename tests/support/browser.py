@@ -250,3 +250,69 @@ def start_quietly(run, monkeypatch) -> None:
         conn.default_channel.queue_purge(idle)
 
 
+
+
+# ----------------------------------------------------------------------------- every page, at every width
+
+#: The elements that make a page scroll sideways at its width: any element whose box reaches past the viewport's
+#: right edge, and any that scrolls sideways inside itself (an overflowing box with a sideways scroll bar). [] when
+#: nothing does. Elements with no box (a closed <details>' content, display: none) are not drawn and not counted.
+SIDEWAYS = """() => {
+  const width = document.documentElement.clientWidth, found = [];
+  const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+                    (typeof e.className === 'string' && e.className ? '.' + e.className.trim().split(/\\s+/).join('.') : '');
+  if (document.documentElement.scrollWidth > width + 1) found.push('the page: ' + document.documentElement.scrollWidth + ' px');
+  for (const e of document.querySelectorAll('body *')) {
+    const r = e.getBoundingClientRect();
+    if (!r.width && !r.height) continue;
+    const style = getComputedStyle(e);
+    if (style.visibility === 'hidden' || style.position === 'fixed') continue;
+    if (r.right > width + 1) found.push(name(e) + ' reaches ' + Math.round(r.right) + ' px');
+    else if (['auto', 'scroll'].includes(style.overflowX) && e.scrollWidth > e.clientWidth + 1)
+      found.push(name(e) + ' scrolls sideways (' + e.scrollWidth + ' in ' + e.clientWidth + ' px)');
+    if (found.length > 12) break;
+  }
+  return found;
+}"""
+
+#: True once every conversation box and every patch box of the run page is open and has loaded what it shows.
+LOADED = """() => [...document.querySelectorAll('details.cp-lazy-box')].every(
+  box => box.open && box.querySelector('.cp-tail, .cp-diff-box, .cp-none'))"""
+
+
+def run_pages(run) -> list[str]:
+    """The pages a person reads of ``run`` (read from the database before a browser opens them): its page, each
+    check's page, each patch's page, an attempt's record, its events, the run list, the home page, its pipeline."""
+    from engine.models import Attempt, Check
+
+    base = f"/admin/engine/run/{run.pk}"
+    pages = [detail_path(run), "/admin/", "/admin/engine/run/", f"/admin/engine/runevent/?run__id__exact={run.pk}",
+             f"/admin/engine/pipeline/{run.pipeline_id}/change/"]
+    pages += [f"{base}/check/{pk}/log/" for pk in Check.objects.filter(run=run).values_list("pk", flat=True)[:4]]
+    attempts = list(Attempt.objects.filter(run=run).order_by("number"))
+    pages += [f"{base}/attempt/{a.pk}/diff/" for a in attempts if a.patch_path][:3]
+    pages += [f"/admin/engine/attempt/{a.pk}/change/" for a in attempts[:1]]
+    return pages
+
+
+def fits_every_width(tab, pages: list[str], name: str) -> None:
+    """Each of ``pages`` at 1280 and 390 px: no element scrolls sideways or reaches past the right edge (SIDEWAYS);
+    on the run page every conversation and patch is open and loaded first (the diffs and conversations are where
+    long lines are), each finished conversation at its start. A screenshot of each run page is kept."""
+    for width in (1280, 390):
+        tab.set_viewport_size({"width": width, "height": 900})
+        for path in pages:
+            tab.goto(path)
+            if path.endswith("/detail/"):
+                tab.evaluate("() => document.querySelectorAll('details.cp-lazy-box:not([open])')"
+                             ".forEach(box => { box.open = true; })")
+                tab.wait_for_function(LOADED, timeout=WAIT_MS)
+                for box in tab.locator(".cp-conversation-box .cp-tail[data-cp-tail=ended]").all():
+                    assert box.get_attribute("data-cp-from") == "start", (path, "a finished conversation opens at "
+                                                                                "its start")
+                    assert box.locator(".cp-tail-scroll").evaluate("e => e.scrollTop") == 0, path
+                screenshot(tab, f"{name}-{width}px")
+            found = tab.evaluate(SIDEWAYS)
+            if found:
+                screenshot(tab, f"{name}-{width}px-sideways")
+            assert not found, (path, f"{width} px", found)

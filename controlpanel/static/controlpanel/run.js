@@ -66,6 +66,10 @@ function cpIdle() {
     }
     var was = places[tail.id];
     delete places[tail.id];
+    if (!was && tail.getAttribute("data-cp-from") === "start") {
+      box.scrollTop = 0;  // a finished conversation opens at its start
+      return;
+    }
     box.scrollTop = (!was || was.atEnd) ? box.scrollHeight : was.top;
   }
 
