@@ -3,6 +3,7 @@ recover and demo. Every command has a test here or in the module named after its
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -208,6 +209,52 @@ def test_make_demo_runs_the_main_job(tmp_path):
     assert "Run 1: succeeded" in out
     assert "original checkout" in out and "unchanged" in out
     assert "http://127.0.0.1:8000/admin/engine/run/1/detail/" in out
+    # each command under "Where to look:", typed as printed into a new shell in the project's folder (no virtual
+    # environment active, the machine's PATH; the same CP_VAR_DIR as the demo, as the hint says)
+    where = out.split("Where to look:", 1)[1].splitlines()
+    status = re.split(r"\s{2,}\(", where[1].strip())[0]
+    log = where[2].strip()
+    superuser = where[3].split("Control Panel: ", 1)[1].split(",", 1)[0]
+    assert (status, superuser) == (".venv/bin/python manage.py run_status 1", ".venv/bin/python manage.py createsuperuser")
+    shell_env = {"PATH": "/usr/bin:/bin", "HOME": env["HOME"], "CP_VAR_DIR": env["CP_VAR_DIR"]}
+    typed = subprocess.run(["bash", "-c", status], cwd=BASE, env=shell_env, capture_output=True, text=True, timeout=120)
+    assert typed.returncode == 0 and "Run 1" in typed.stdout and "succeeded" in typed.stdout, typed.stdout + typed.stderr
+    typed = subprocess.run(["bash", "-c", log], cwd=BASE, env=shell_env, capture_output=True, text=True, timeout=60)
+    assert typed.returncode == 0 and len(typed.stdout.splitlines()) >= 3, typed.stdout + typed.stderr
+    said = typed_at_a_terminal(superuser, shell_env, [("Username", "demo-admin"), ("Email", ""),
+                                                      ("Password:", "a-long-demo-password-1"),
+                                                      ("Password (again)", "a-long-demo-password-1")])
+    assert "Superuser created successfully." in said, said
+
+
+def typed_at_a_terminal(command: str, env: dict, answers: list[tuple[str, str]], timeout: float = 120) -> str:
+    """Run ``command`` in ``bash -c`` on a pseudo-terminal in the project's folder, as a person at a terminal does:
+    each ``(prompt, answer)`` is typed once the prompt was printed. Returns everything it printed."""
+    import pty
+    import select
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command on the terminal
+        os.chdir(BASE)
+        os.execve("/bin/bash", ["bash", "-c", command], env)
+    said, pending, deadline = b"", list(answers), time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break  # the command ended and closed the terminal
+                if not chunk:
+                    break
+                said += chunk
+            if pending and pending[0][0].encode() in said.rsplit(b"\n", 1)[-1]:
+                os.write(fd, pending.pop(0)[1].encode() + b"\r")
+    finally:
+        os.close(fd)
+        os.waitpid(pid, 0)
+    return said.decode("utf-8", errors="replace")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -245,3 +292,22 @@ def test_run_status_follow_says_what_a_pending_run_waits_for(make_pipeline, repo
     progress = err.getvalue()
     assert f"needs Start: .venv/bin/python manage.py start_run {run.pk}" in progress
     assert progress.count("needs Start") == 1 and "still pending after" in progress
+
+
+def test_every_command_the_readme_and_the_docs_print_exists_as_printed():
+    """Issue 22: each ``manage.py NAME`` of README.md and docs/ is a command of this project, reached as printed
+    (``.venv/bin/python manage.py …`` in a new shell: no virtual environment active, the machine's PATH), and each
+    ``make NAME`` is a target of the Makefile."""
+    texts = [(BASE / "README.md").read_text()] + [p.read_text() for p in sorted((BASE / "docs").glob("*.md"))]
+    named = {name for text in texts for name in re.findall(r"manage\.py ([a-z_]+)(?![.\w])", text)}
+    shell_env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    listed = subprocess.run(["bash", "-c", ".venv/bin/python manage.py help --commands"], cwd=BASE, env=shell_env,
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert named and named <= set(listed.stdout.split()), sorted(named - set(listed.stdout.split()))
+    targets = {name for text in texts for name in re.findall(r"(?:^|`|\n)make ([a-z][a-z-]*)", text)}
+    assert {"demo", "test", "web", "worker", "beat"} <= targets
+    for target in sorted(targets):
+        known = subprocess.run(["make", "-n", target], cwd=BASE, env=shell_env, capture_output=True, text=True,
+                               timeout=60)
+        assert known.returncode == 0, (target, known.stderr)

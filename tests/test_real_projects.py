@@ -28,6 +28,7 @@ from engine.pipeline.format import validate
 
 from .conftest import git
 from .package_registry import PackageRegistry
+from .support.browser import fits_every_width, log_in, run_pages, standalone_tab, user
 from .support.runs import drive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +171,8 @@ def shell_results(attempt: Attempt) -> list[dict]:
 
 @pytest.mark.longest
 @pytest.mark.parametrize("project", [QS, FREEZEGUN], ids=["qs", "freezegun"])
-def test_a_real_project_runs_with_its_dependencies_installed_once_with_each_cli(project, tmp_path, sent, settings):
+def test_a_real_project_runs_with_its_dependencies_installed_once_with_each_cli(project, tmp_path, sent, settings,
+                                                                            live_server, django_user_model):
     missing = [exe for exe in CLIS.values() if find_executable(exe) is None]
     if missing:
         pytest.skip(f"run `make agents` to install the pinned CLIs ({', '.join(missing)})")
@@ -224,3 +226,11 @@ def test_a_real_project_runs_with_its_dependencies_installed_once_with_each_cli(
             assert git(repo, "show", f"{branch}:{path}").strip()
     assert "node_modules" not in git(repo, "ls-tree", "-r", "--name-only", branch)
     assert git(repo, "status", "--porcelain") == ""
+    # issue 22: each CLI's run read in Chromium at 1280 and 390 px: its conversations open at their start, no
+    # element scrolling sideways on any of its pages
+    user(django_user_model, "admin", superuser=True)
+    pages = [(run.attempts.first().adapter, run_pages(run)) for run in runs]
+    with standalone_tab(live_server.url) as tab:
+        log_in(tab, "admin")
+        for adapter, paths in pages:
+            fits_every_width(tab, paths, f"22-{project['sample']}-{adapter}")

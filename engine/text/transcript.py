@@ -86,10 +86,12 @@ def code(text: str, limit: int = 300) -> str:
     return "`" + cut(one, limit) + "`"
 
 
-#: A shell command that only writes one file from a here-document (``cat > path <<'EOF' … EOF``, or ``tee``),
-#: maybe wrapped in ``bash -lc "…"`` as one CLI runs every command: shown as "Writes path (N lines)".
+#: A shell command that only writes one file from a here-document (``cat > path <<'EOF' … EOF``, or ``tee``), maybe
+#: after making its folder (``mkdir -p dir &&``, no other expansion) and wrapped in ``bash -lc "…"`` as one CLI runs
+#: every command: shown as "Writes path (N lines)".
 _HEREDOC_WRITE = re.compile(
-    r"""^(?:(?:/usr)?(?:/bin/)?(?:ba)?sh\s+-l?c\s+(?P<q>['"]))?\s*(?:cat|tee)\s*>?\s*(?P<path>[^\s<>'"|;&]+)\s*"""
+    r"""^(?:(?:/usr)?(?:/bin/)?(?:ba)?sh\s+-l?c\s+(?P<q>['"]))?\s*"""
+    r"""(?:mkdir\s+-p\s+(?:[\w./-]+|\$\(dirname\s+[\w./-]+\))\s*&&\s*)?(?:cat|tee)\s*>?\s*(?P<path>[^\s<>'"|;&]+)\s*"""
     r"""<<-?\s*(?P<tq>['"]?)(?P<tag>\w+)(?P=tq)[ \t]*\n(?P<body>.*?\n?)(?P=tag)\s*(?P=q)?\s*$""", re.DOTALL)
 
 

@@ -87,7 +87,8 @@ def test_a_person_creates_starts_watches_and_approves_a_run(open_tab, workers, m
     assert tab.input_value("form.cp-action-approve input[name=artifact]") == decision.artifact
     assert f"approve files {decision.artifact[:12]}" in tab.inner_text(".cp-waiting")
     done = tab.locator('.cp-tail[data-cp-tail="ended"]')
-    assert done.count() == 0  # a finished attempt's output loads on demand
+    done.first.wait_for()  # each finished attempt's conversation is open, from its start
+    assert all(box.get_attribute("data-cp-from") == "start" for box in done.all())
     # the approval view: the diff of the waiting files beside Approve and Request changes
     tab.locator("#approval .cp-approval-diff .cp-diff").wait_for()
     assert "return 42" in tab.inner_text("#approval .cp-approval-diff")

@@ -12,6 +12,7 @@ browser per module) and sets ``pytestmark = BROWSER_MARKS``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -316,3 +317,32 @@ def fits_every_width(tab, pages: list[str], name: str) -> None:
             if found:
                 screenshot(tab, f"{name}-{width}px-sideways")
             assert not found, (path, f"{width} px", found)
+
+
+@contextlib.contextmanager
+def standalone_tab(base_url: str):
+    """A headless Chromium page on ``base_url`` for a test that is not a browser module (its runs made first, the
+    browser opened after): Django's async-safety check is off while it is open (the ``browser`` fixture's reason).
+    Fails, naming ``make browser``, without Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    assert has_chromium(), NO_CHROMIUM
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            context = chromium.new_context(base_url=base_url, viewport={"width": 1280, "height": 900})
+            context.set_default_timeout(20_000)
+            page = context.new_page()
+            watch(page)
+            try:
+                yield page
+            finally:
+                chromium.close()
+                SEEN.pop(id(page), None)
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
