@@ -304,6 +304,12 @@ def test_recover_retry_through_the_page(staff, make_pipeline, repo, sent):
     run = drive(run.pk, sent)
     assert run.status == "succeeded", run.stop_message
     assert Attempt.objects.filter(run=run, operation="implement").count() == 2  # retry: a new attempt
+    # the stop the run was recovered from stays on top, with its evidence
+    assert run.stop_evidence["led_here"]["reason"] == "review_escalated"
+    text = page(staff, run)
+    card = text[text.index('id="stop"'):text.index('id="facts"')]
+    assert "What led here: the run was recovered from" in card and "review_escalated" in card
+    assert "Is 42 the right answer?" in card, card[:3000]
 
 
 @pytest.mark.pipeline
@@ -318,6 +324,8 @@ def test_fail_through_the_page(staff, make_pipeline, repo, sent):
     assert messages_of(text, "success") == [f"Run {run.pk} failed. {run.stop_message}"]
     assert "the requirement was wrong" in run.stop_message
     assert buttons(text) == {"rerun"} and "<code class=\"cp-stop-reason\">failed_by_operator</code>" in text
+    card = text[text.index('id="stop"'):text.index('id="facts"')]  # the stop that led there stays on top
+    assert 'id="led-here"' in card and "review_escalated" in card
     refused = messages_of(press(staff, run, "fail", reason="again"), "error")
     assert len(refused) == 1 and "already_finished" in refused[0]
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib import admin
 from django.core.management import call_command
+from django.urls import reverse
 
 from engine import operations
 from engine.demo import make_demo_repo
@@ -63,7 +65,12 @@ def test_the_demo_run_reads_from_its_start_on_every_page_at_1280_and_390_px(open
     amounts = re.findall(r"\$[\d,.]+[^\n$]{0,26}", tab.inner_text("#content-main"))
     assert amounts and all(re.match(r"\$[\d,.]+ (\(?simulated, not money|\(budgets\.max_cost_usd\))", amount)
                            for amount in amounts), amounts
-    fits_every_width(tab, run_pages(run), "22-demo")
+    # and every other page of the Control Panel: each list, a pipeline's Create a run and Edit pages
+    lists = [reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+             for model in admin.site._registry]
+    forms = [reverse(f"admin:engine_pipeline_{name}", args=[run.pipeline_id])
+             for name in ("create_run", "edit_definition")]
+    fits_every_width(tab, run_pages(run) + lists + forms, "22-demo")
 
 
 #: A gate that prints a line a second for 14 s, then passes: long enough to watch its log grow.
