@@ -9,6 +9,7 @@ their forms, with the values the page prefilled.
 from __future__ import annotations
 
 import html
+import io
 import json
 import re
 import threading
@@ -21,6 +22,7 @@ from django.db import connection
 from django.template.defaultfilters import filesizeformat
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.core.management import call_command
 from django.urls import reverse
 
 from controlpanel.views import TAIL_BYTES
@@ -326,6 +328,9 @@ def test_fail_through_the_page(staff, make_pipeline, repo, sent):
     assert buttons(text) == {"rerun"} and "<code class=\"cp-stop-reason\">failed_by_operator</code>" in text
     card = text[text.index('id="stop"'):text.index('id="facts"')]  # the stop that led there stays on top
     assert 'id="led-here"' in card and "review_escalated" in card
+    out = io.StringIO()
+    call_command("run_status", str(run.pk), stdout=out)
+    assert "  what led here: review_escalated: " in out.getvalue()
     refused = messages_of(press(staff, run, "fail", reason="again"), "error")
     assert len(refused) == 1 and "already_finished" in refused[0]
 

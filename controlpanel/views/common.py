@@ -199,7 +199,7 @@ def render_diff(text: str) -> str:
     """A unified diff as HTML: a ``<pre class="cp-diff">`` whose lines are spans classed by their kind
     (``cp-dhead`` git headers, ``cp-dfile`` ---/+++ lines, ``cp-dhunk`` hunk headers, ``cp-dadd`` added,
     ``cp-ddel`` removed, ``cp-dctx`` context). Escaped. An added or context line carries its file and its
-    line in the new file (``data-cp-file``, ``data-cp-line``): a person comments on it (run.js)."""
+    line in the new file (``data-cp-file``, ``data-cp-line``): a person comments on it (diff_comments.js)."""
     out = []
     path, line = "", 0
     for raw in text.splitlines():

@@ -152,6 +152,9 @@ class Command(EngineCommand):
         if data["stop_reason"]:
             lines.append(f"  stopped: {data['stop_reason']}: {data['stop_message']}")
         evidence = data.get("stop_evidence") or {}
+        earlier = evidence.get("led_here")
+        if isinstance(earlier, dict) and earlier.get("reason"):  # the stop a person failed or recovered it from
+            lines.append(f"  what led here: {earlier['reason']}: {earlier.get('message') or ''}")
         if data["status"] in ("waiting_review", "waiting_approval") and evidence.get("host_confirmed") is True:
             lines.append(f"  since then: host {evidence.get('host') or data['host']} is back and confirmed the run's "
                          f"old processes gone ({evidence.get('host_reaped', 0)} still alive were stopped)")
