@@ -349,7 +349,9 @@ def spend_sentence(found: dict) -> str:
     if caps.get("max_cost_usd") is not None:
         spent = found.get("cost_usd")
         simulated = found.get("simulated_cost_usd")
-        said = (f"${spent:.4f}" if spent is not None else f"${simulated:.4f} simulated (not money)"
-                if simulated is not None else "an unknown cost")
-        parts.append(f"{said} of ${caps['max_cost_usd']:.2f} (budgets.max_cost_usd)")
+        if spent is None and simulated is None:  # not "an unknown cost of $10.00": that reads as money spent
+            parts.append(f"cost unknown, cap ${caps['max_cost_usd']:.2f} (budgets.max_cost_usd)")
+        else:
+            said = f"${spent:.4f}" if spent is not None else f"${simulated:.4f} simulated (not money)"
+            parts.append(f"{said} of ${caps['max_cost_usd']:.2f} (budgets.max_cost_usd)")
     return ", ".join(parts)

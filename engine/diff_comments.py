@@ -27,11 +27,16 @@ MAX_COMMENTS, COMMENT_CHARS = 100, 2000
 _COMMENT_LINE = re.compile(r"^(?P<file>[^\s:]*[./][^\s:]*):(?:(?P<line>\d+):)?\s*(?P<text>\S.*)$", re.DOTALL)
 
 
+#: The same with the path in double quotes, for a path with a space or a colon (the page writes it so).
+_QUOTED_COMMENT_LINE = re.compile(r'^"(?P<file>[^"\n]+)":(?:(?P<line>\d+):)?\s*(?P<text>\S.*)$', re.DOTALL)
+
+
 def parse_comment(text: str) -> dict:
     """``{"file", "line", "text"}`` of a comment typed as text (the command's ``--comment``, a line of
-    the page's form): ``path:line: text``, ``path: text``, or anything else as a general comment
-    (file and line None). ``checked`` checks the result."""
-    found = _COMMENT_LINE.match(text.strip())
+    the page's form): ``path:line: text``, ``path: text`` (``"a path:with spaces.py":3: text`` when the path has
+    a space or a colon), or anything else as a general comment (file and line None). ``checked`` checks the
+    result."""
+    found = _QUOTED_COMMENT_LINE.match(text.strip()) or _COMMENT_LINE.match(text.strip())
     if found is None:
         return {"file": None, "line": None, "text": text.strip()}
     return {"file": found.group("file"), "line": int(found.group("line")) if found.group("line") else None,
@@ -122,11 +127,21 @@ def code_around(run: Run, tree: str, path: str, line: int, around: int = AROUND)
     shown = workspace.git(["cat-file", "blob", f"{tree}:{path}"], run.repo_path, check=False)
     if shown.returncode != 0 or b"\0" in shown.stdout[:8000]:
         return []
-    rows = shown.stdout.decode("utf-8", errors="replace").splitlines()
+    rows = shown.stdout.decode("utf-8", errors="replace").split("\n")  # git's lines: "\n" ends one, nothing else
+    if rows and rows[-1] == "":
+        rows.pop()
     first, last = max(1, line - around), min(len(rows), line + around)
-    body = [f"{'>' if number == line else ' '}{number:5d}| {rows[number - 1]}" for number in range(first, last + 1)]
+    body = [f"{'>' if number == line else ' '}{number:5d}| {_printable(rows[number - 1])}"
+            for number in range(first, last + 1)]
     fence = "`" * max(3, 1 + max((len(run_) for text in body for run_ in re.findall(r"`+", text)), default=0))
     return [fence, *body, fence] if body else []
+
+
+def _printable(text: str) -> str:
+    r"""A line of a file for a prompt: control characters and other line breaks (a form feed, U+2028) shown as
+    ``\xNN`` or ``\uNNNN`` escapes, so one line of the file stays one line of the prompt."""
+    return "".join(ch if ch == "\t" or (ch.isprintable() and ch not in "\u2028\u2029")
+                   else (f"\\x{ord(ch):02x}" if ord(ch) < 256 else f"\\u{ord(ch):04x}") for ch in text.rstrip("\r"))
 
 
 def against(run: Run, old_tree: str, new_tree: str, comments: list[dict]) -> list[dict]:

@@ -340,7 +340,7 @@ def test_the_spend_is_said_against_the_run_caps():
     assert spend_sentence({"tokens": 4100, "cost_usd": 0.0135, "caps": {"max_tokens": 5000, "max_cost_usd": 10}}) == (
         "4,100 tokens of 5,000 (budgets.max_tokens), $0.0135 of $10.00 (budgets.max_cost_usd)")
     assert spend_sentence({"tokens": 10, "cost_usd": None, "caps": {"max_tokens": None, "max_cost_usd": 2}}) == (
-        "an unknown cost of $2.00 (budgets.max_cost_usd)")
+        "cost unknown, cap $2.00 (budgets.max_cost_usd)")
     assert spend_sentence({"tokens": 10, "caps": {"max_tokens": None, "max_cost_usd": None}}) == ""
 
 

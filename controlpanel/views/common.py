@@ -202,7 +202,10 @@ def render_diff(text: str) -> str:
     line in the new file (``data-cp-file``, ``data-cp-line``): a person comments on it (diff_comments.js)."""
     out = []
     path, line = "", 0
-    for raw in text.splitlines():
+    # git ends a line at "\n" only: a form feed, a lone "\r" or "\u2028" inside an agent's file stays in its line
+    # (str.splitlines would cut there, and a line of the file could pass for a header or a removed line)
+    for raw in text.rstrip("\n").split("\n") if text else []:
+        raw = raw.removesuffix("\r")
         where = ""
         if raw.startswith(("diff --git", "index ", "new file", "deleted file", "old mode", "new mode",
                            "similarity", "rename ", "Binary files")):

@@ -86,26 +86,40 @@ def code(text: str, limit: int = 300) -> str:
     return "`" + cut(one, limit) + "`"
 
 
-#: A shell command that only writes one file from a here-document (``cat > path <<'EOF' … EOF``, or ``tee``), maybe
-#: after making its folder (``mkdir -p dir &&``, no other expansion) and wrapped in ``bash -lc "…"`` as one CLI runs
-#: every command: shown as "Writes path (N lines)".
+#: A shell command that only writes one file from a here-document whose delimiter is quoted (``cat > path <<'EOF'
+#: … EOF``: its body is written as it is, nothing in it expanded), or ``tee path``, maybe after making its folder
+#: (``mkdir -p dir &&``) and wrapped in ``bash -lc "…"`` as one CLI runs every command: shown as "Writes path (N
+#: lines)". A plain path only (no expansion, no ``~``, no ``/dev/``), the end marker on a line of its own.
 _HEREDOC_WRITE = re.compile(
     r"""^(?:(?:/usr)?(?:/bin/)?(?:ba)?sh\s+-l?c\s+(?P<q>['"]))?\s*"""
-    r"""(?:mkdir\s+-p\s+(?:[\w./-]+|\$\(dirname\s+[\w./-]+\))\s*&&\s*)?(?:cat|tee)\s*>?\s*(?P<path>[^\s<>'"|;&]+)\s*"""
-    r"""<<-?\s*(?P<tq>['"]?)(?P<tag>\w+)(?P=tq)[ \t]*\n(?P<body>.*?\n?)(?P=tag)\s*(?P=q)?\s*$""", re.DOTALL)
+    r"""(?:mkdir\s+-p\s+(?:[\w./-]+|\$\(dirname\s+[\w./-]+\))\s*&&\s*)?(?:cat\s*>|tee)\s*(?P<path>[\w./-]+)\s*"""
+    r"""<<-?\s*(?P<tq>['"])(?P<tag>\w+)(?P=tq)[ \t]*\n(?P<body>(?:.*?\n)?)(?P=tag)[ \t]*(?P=q)?\s*$""", re.DOTALL)
 
 
 def shell_sentence(n: "Normalizer", command) -> str:
-    """A shell tool call as a sentence: ``Writes app/core.py (12 lines)`` when the command only writes one file
-    from a here-document, else ``Runs `command```."""
+    """A shell tool call as a sentence: ``Writes app/core.py (12 lines)`` when the command does nothing but write
+    one file from a here-document (_HEREDOC_WRITE), else ``Runs `command```. Anything that could run something
+    else reads "Runs": a second end marker, a body that could leave the wrapper's quotes or be expanded by them."""
     if isinstance(command, list):
         command = " ".join(str(part) for part in command)
     written = _HEREDOC_WRITE.match(str(command).strip())
-    if written is None or any(line.lstrip("\t").rstrip() == written.group("tag")
-                              for line in written.group("body").splitlines()):
-        return f"Runs {code(command)}"  # not one here-document only: a command hid after its end runs too
+    if written is None or _not_only_a_write(written):
+        return f"Runs {code(command)}"
     lines = written.group("body").count("\n")
     return f"Writes {n.path(written.group('path'))} ({lines} line{'s' if lines != 1 else ''})"
+
+
+def _not_only_a_write(written: re.Match) -> bool:
+    body, quote, path = written.group("body"), written.group("q") or "", written.group("path")
+    if any(line.lstrip("\t").rstrip() == written.group("tag") for line in body.split("\n")):
+        return True  # the here-document ends earlier: what follows its end runs
+    if quote and written.group("tq") == quote:
+        return True  # the delimiter's quotes close the wrapper's: the shell sees it unquoted and expands the body
+    if quote == '"' and any(ch in body for ch in '"$`\\'):
+        return True  # inside the wrapper's double quotes the body is expanded, or closes them
+    if quote == "'" and "'" in body:
+        return True  # the body closes the wrapper's single quotes
+    return path.startswith("/dev/") or path.startswith("-")
 
 
 def joined(entries: list[dict]) -> list[dict]:

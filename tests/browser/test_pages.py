@@ -49,11 +49,15 @@ def test_the_demo_run_reads_from_its_start_on_every_page_at_1280_and_390_px(open
     assert run.status == "succeeded", (run.stop_reason, run.stop_message)
     tab = open_tab()
     log_in(tab, "admin")
-    tab.goto(detail_path(run))
-    # the order a person reads: why and the facts, then the timeline, then the stages with their conversations
-    tops = [tab.locator(selector).first.bounding_box()["y"] for selector in
-            ("#run-header", "#facts", "#timeline", ".cp-stage", "#manifests")]
-    assert tops == sorted(tops), tops
+    # the order a person reads, at either width: status, the facts, what can be done, the timeline, the stages
+    # with their conversations
+    for width in (1280, 390):
+        tab.set_viewport_size({"width": width, "height": 900})
+        tab.goto(detail_path(run))
+        tops = [tab.locator(selector).first.bounding_box()["y"] for selector in
+                ("#run-header", "#facts", "#actions", "#timeline", ".cp-stage", "#manifests")]
+        assert tops == sorted(tops), (width, tops)
+    tab.set_viewport_size({"width": 1280, "height": 900})
     implement = Attempt.objects.filter(run=run, operation="implement").order_by("number").first()
     box = tab.locator(f"#output-box-{implement.pk}")
     assert box.get_attribute("open") is not None, "a finished attempt's conversation is open"

@@ -256,8 +256,9 @@ def start_quietly(run, monkeypatch) -> None:
 # ----------------------------------------------------------------------------- every page, at every width
 
 #: The elements that make a page scroll sideways at its width: any element whose box reaches past the viewport's
-#: right edge, and any that scrolls sideways inside itself (an overflowing box with a sideways scroll bar). [] when
-#: nothing does. Elements with no box (a closed <details>' content, display: none) are not drawn and not counted.
+#: right edge, any that scrolls sideways inside itself (an overflowing box with a sideways scroll bar), and any that
+#: cuts what it holds (overflow hidden: a diff's line cut at its edge; the timeline's track and an ellipsis cut on
+#: purpose, as is a visually hidden label of 1 px). [] when nothing does. Elements with no box (a closed <details>' content, display: none) are not drawn and not counted.
 SIDEWAYS = """() => {
   const width = document.documentElement.clientWidth, found = [];
   const name = e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
@@ -271,6 +272,11 @@ SIDEWAYS = """() => {
     if (r.right > width + 1) found.push(name(e) + ' reaches ' + Math.round(r.right) + ' px');
     else if (['auto', 'scroll'].includes(style.overflowX) && e.scrollWidth > e.clientWidth + 1)
       found.push(name(e) + ' scrolls sideways (' + e.scrollWidth + ' in ' + e.clientWidth + ' px)');
+    else if (['hidden', 'clip'].includes(style.overflowX) && e.scrollWidth > e.clientWidth + 1
+             && e.clientWidth > 1 && style.textOverflow !== 'ellipsis' && !e.closest('.cp-track'))
+      found.push(name(e) + ' cuts what it holds (' + e.scrollWidth + ' in ' + e.clientWidth + ' px: ' +
+                 [...e.querySelectorAll('*')].filter(c => c.getBoundingClientRect().right > r.right + 1)
+                   .slice(0, 3).map(name).join(', ') + ')');
     if (found.length > 12) break;
   }
   return found;
@@ -305,6 +311,8 @@ def fits_every_width(tab, pages: list[str], name: str) -> None:
         for path in pages:
             tab.goto(path)
             if path.endswith("/detail/"):
+                closed = tab.locator(".cp-conversation-box:not([open])").count()
+                assert not closed, (path, f"{closed} conversation(s) not open by default")
                 tab.evaluate("() => document.querySelectorAll('details.cp-lazy-box:not([open])')"
                              ".forEach(box => { box.open = true; })")
                 tab.wait_for_function(LOADED, timeout=WAIT_MS)

@@ -51,7 +51,9 @@
         return;
       }
       var before = field.value.replace(/\s+$/, "");
-      field.value = (before ? before + "\n" : "") + path + ":" + number + ": " + text;
+      // a path with a space or a colon goes in double quotes (engine/diff_comments.py parse_comment)
+      var named = /[\s:"]/.test(path) ? "\"" + path + "\"" : path;
+      field.value = (before ? before + "\n" : "") + named + ":" + number + ": " + text;
       line.classList.add("cp-commented");
       line.title = (line.title ? line.title + "\n" : "") + text;
       closeBox();

@@ -99,7 +99,7 @@ def entries(n: Normalizer, event: dict) -> list[dict]:
     return []
 
 
-#: An ``error`` item codex prints at start that is no failure (agent-cli-facts: an unknown model's
+#: An ``error`` item codex prints at start that is no failure (seen with 0.171.0: an unknown model's
 #: "Model metadata for `x` not found. Defaulting to fallback metadata").
 START_NOTICE = re.compile(r"^Model metadata for .* not found", re.IGNORECASE)
 

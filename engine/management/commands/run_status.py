@@ -32,8 +32,9 @@ def waiting_hint(data: dict) -> str:
     if data["waiting_for"] == "approval" and pending:
         return (f"waits for approval of files {pending['artifact']}: {hints.manage(f'approve {run_id}')} "
                 f"--decision {pending['id']} --artifact {pending['artifact'][:12]} --reviewer YOUR_NAME "
-                f"(or request_changes {data['id']} --decision {pending['id']} --artifact {pending['artifact'][:12]} "
-                f"--note TEXT to send it back; or recheck {data['id']} --note TEXT after a correction)")
+                f"(or {hints.manage(f'request_changes {run_id}')} --decision {pending['id']} --artifact "
+                f"{pending['artifact'][:12]} --note TEXT to send it back; or {hints.manage(f'recheck {run_id}')} "
+                f"--note TEXT after a correction)")
     if data["waiting_for"] == "review" and data.get("stop_reason") == "budget_exhausted":
         return (f"its budget is exhausted: an exhausted execution budget requires a new run "
                 f"({hints.manage('create_run ...')}); fail this one with "
@@ -42,8 +43,9 @@ def waiting_hint(data: dict) -> str:
         recover = next((a for a in data.get("actions") or [] if a["action"] == "recover"), None)
         verify = recover is None or (recover.get("initial") or {}).get("verify", True)
         return (f"waits for a person ({pending['reason']}): {hints.manage(f'recover {run_id}')} --decision "
-                f"{pending['id']} --note TEXT --action {'retry|verify' if verify else 'retry'}"
-                + ("" if verify else " (the stage never produced a result to verify)"))
+                f"{pending['id']} --note TEXT --action retry"
+                + (" (or --action verify: the gates and review again on the result as it is)" if verify
+                   else " (the stage never produced a result to verify)"))
     if data.get("heartbeat_stale"):
         return (f"no heartbeat for {data['heartbeat_age_seconds']:.0f} s: the worker holding this run may have "
                 "died; reconciliation (`make beat`) will interrupt it and stop it for review")
