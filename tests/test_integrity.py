@@ -211,8 +211,7 @@ def _assert_tamper_shown(page: str, table_id: str, change: dict) -> None:
     assert "tests/test_core.py" in table and "modified" in table
     assert change["sha256_before"][:16] in table and change["sha256_after"][:16] in table
     assert '<span class="cp-ddel">-    assert core.answer() == 42</span>' in table
-    assert re.search(r'<span class="cp-dadd" data-cp-file="tests/test_core.py" data-cp-line="\d+">\+    pass</span>',
-                     table)
+    assert re.search(r'<span class="cp-dadd"[^>]*>\+    pass</span>', table)
 
 
 def test_a_new_test_module_that_loads_plugins_is_told_apart():
