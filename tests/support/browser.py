@@ -287,14 +287,17 @@ LOADED = """() => [...document.querySelectorAll('details.cp-lazy-box')].every(
   box => box.open && box.querySelector('.cp-tail, .cp-diff-box, .cp-none'))"""
 
 
-def run_pages(run) -> list[str]:
+def run_pages(run, around: bool = True) -> list[str]:
     """The pages a person reads of ``run`` (read from the database before a browser opens them): its page, each
-    check's page, each patch's page, an attempt's record, its events, the run list, the home page, its pipeline."""
+    check's page, each patch's page, an attempt's record; with ``around``, its events, the run list, the home page
+    and its pipeline too."""
     from engine.models import Attempt, Check
 
     base = f"/admin/engine/run/{run.pk}"
-    pages = [detail_path(run), "/admin/", "/admin/engine/run/", f"/admin/engine/runevent/?run__id__exact={run.pk}",
-             f"/admin/engine/pipeline/{run.pipeline_id}/change/"]
+    pages = [detail_path(run)]
+    if around:
+        pages += ["/admin/", "/admin/engine/run/", f"/admin/engine/runevent/?run__id__exact={run.pk}",
+                  f"/admin/engine/pipeline/{run.pipeline_id}/change/"]
     pages += [f"{base}/check/{pk}/log/" for pk in Check.objects.filter(run=run).values_list("pk", flat=True)[:4]]
     attempts = list(Attempt.objects.filter(run=run).order_by("number"))
     pages += [f"{base}/attempt/{a.pk}/diff/" for a in attempts if a.patch_path][:3]
@@ -302,10 +305,11 @@ def run_pages(run) -> list[str]:
     return pages
 
 
-def fits_every_width(tab, pages: list[str], name: str) -> None:
+def fits_every_width(tab, pages: list[str], name: str, shots: bool = True) -> None:
     """Each of ``pages`` at 1280 and 390 px: no element scrolls sideways or reaches past the right edge (SIDEWAYS);
     on the run page every conversation and patch is open and loaded first (the diffs and conversations are where
-    long lines are), each finished conversation at its start. A screenshot of each run page is kept."""
+    long lines are), each finished conversation at its start. With ``shots``, a screenshot of each run page is kept
+    (and of any page that fails, always)."""
     for width in (1280, 390):
         tab.set_viewport_size({"width": width, "height": 900})
         for path in pages:
@@ -320,7 +324,8 @@ def fits_every_width(tab, pages: list[str], name: str) -> None:
                     assert box.get_attribute("data-cp-from") == "start", (path, "a finished conversation opens at "
                                                                                 "its start")
                     assert box.locator(".cp-tail-scroll").evaluate("e => e.scrollTop") == 0, path
-                screenshot(tab, f"{name}-{width}px")
+                if shots:
+                    screenshot(tab, f"{name}-{width}px")
             found = tab.evaluate(SIDEWAYS)
             if found:
                 screenshot(tab, f"{name}-{width}px-sideways")
