@@ -42,7 +42,7 @@ from .common import (
     usage_text,
 )
 from .page import approval_diff_url, build_header, build_page, earlier_comments
-from .rows import check_facts, check_row
+from .rows import check_facts, check_running
 
 # ----------------------------------------------------------------------------- the views
 
@@ -293,7 +293,7 @@ class RunPages:
             record_url=reverse("admin:engine_check_change", args=[check.pk]), has_log=found is not None,
             log_path=check.log_path, text=text, size=size, shown=shown, cut=shown < size, limit=CHECK_LOG_BYTES,
             elsewhere=run.host if run.host and run.host != hosts.this_host() else "",
-            running=check_row(run, check).running,
+            running=check_running(check),
             tail_url=reverse("admin:engine_run_check_tail", args=[run.pk, check.pk]),
             raw_url=reverse("admin:engine_run_check_log", args=[run.pk, check.pk]) + "?raw=1")
         return TemplateResponse(request, "admin/engine/run/check_log.html", context)
@@ -309,7 +309,7 @@ class RunPages:
         if check is None:
             raise Http404("No such check in this run.")
         check.run = run
-        running = check_row(run, check).running
+        running = check_running(check)
         found = stored_file(run, check.log_path)
         size = found.stat().st_size if found is not None else 0
         if running and request.GET.get("size") == str(size):

@@ -188,9 +188,14 @@ def attempt_row(run: Run, attempt: Attempt, manifest_hrefs: dict | None = None) 
     return row
 
 
+def check_running(check: Check) -> bool:
+    """Whether ``check`` is still running: no end, no exit status, no signal, no failure recorded."""
+    return check.ended_at is None and check.exit_code is None and check.signal is None and not check.failure_kind
+
+
 def check_row(run: Run, check: Check, manifest_href: str = "") -> CheckRow:
     """A check as the page shows it; ``manifest_href`` links its files' digest to their manifest's entry."""
-    running = check.ended_at is None and check.exit_code is None and check.signal is None and not check.failure_kind
+    running = check_running(check)
     if running:
         outcome = "live"
     elif check.stale:
@@ -211,7 +216,7 @@ def check_facts(run: Run, check: Check, detail_url: str) -> list[tuple[str, str]
     """What a check's page says of it, ``[(label, HTML)]``: name and kind, outcome, exit status, the
     command (whole) and what was executed, the directory it ran in, its duration and times (with
     seconds), its run and stage (links to the run's page), the files it tested and its network."""
-    running = check.ended_at is None and check.exit_code is None and check.signal is None and not check.failure_kind
+    running = check_running(check)
     if running:
         outcome = mark_safe('<span class="cp-outcome cp-outcome-live">running</span>')
     else:
